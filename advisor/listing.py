@@ -1,0 +1,35 @@
+"""``advisor sessions``: the recorded sessions, newest last."""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+from rich.table import Table
+
+from advisor.errors import SessionError
+from advisor.paths import DB_NAME, sessions_dir
+from advisor.store import read_meta
+
+
+def print_sessions(console: Console | None = None) -> int:
+    console = console or Console()
+    rows = sorted(sessions_dir().glob(f"*/{DB_NAME}"))
+    if not rows:
+        console.print(f"no sessions yet in {sessions_dir()}; `advisor attach SCRIPT` records one")
+        return 0
+    table = Table(title=f"sessions in {sessions_dir()}")
+    for column in ("id", "created", "script", "status"):
+        table.add_column(column)
+    for db in rows:
+        try:
+            meta = read_meta(db)
+        except SessionError:
+            table.add_row(db.parent.name, "", "", "[red]unreadable[/red]")
+            continue
+        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(meta.get("created", 0)))
+        status = (f"exit {meta.get('exit_code')}: {meta.get('exit_reason', '')}" if meta.get("finished")
+                  else "running or interrupted")
+        table.add_row(db.parent.name, created, str(meta.get("script", "")), status)
+    console.print(table)
+    return 0

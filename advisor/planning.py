@@ -1,0 +1,33 @@
+"""``advisor plan SESSION -o plan.json``: from a recorded (perhaps OOM-ed) run to a plan that fits."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from advisor.errors import AdvisorError
+from advisor.report import build_report
+from advisor.store import load_state
+
+
+def write_plan_from_session(db_path: Path, output: str, *, budget_bytes: int | None,
+                            recommendation_id: str | None) -> int:
+    from apply.plan import save_plan
+
+    report = build_report(load_state(db_path), budget_bytes=budget_bytes)
+    recs = report.get("recommendations") or []
+    if recommendation_id:
+        chosen = next((r for r in recs if r["id"] == recommendation_id), None)
+        if chosen is None:
+            raise AdvisorError(f"no recommendation {recommendation_id!r} in this session",
+                               hint=f"valid: {', '.join(r['id'] for r in recs) or 'none'}")
+    else:
+        chosen = recs[0] if recs else None
+    if chosen is None:
+        diagnosis = report.get("diagnosis") or {}
+        raise AdvisorError(f"nothing to plan: {diagnosis.get('summary') or 'no recommendation for this session'}",
+                           hint="pass --memory-budget to plan against a smaller budget")
+    save_plan(output, [chosen])
+    print(f"wrote plan {output}: {chosen.get('title') or chosen['remedy']}; run it with "
+          f"`advisor attach --plan {output} ...`", file=sys.stderr)
+    return 0

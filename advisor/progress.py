@@ -1,0 +1,87 @@
+"""Headless live progress: one line per step (throttled), or a progress bar on a terminal."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import TextIO
+
+from probes.records import Event, ExitInfo, Record, StepSample
+
+
+def step_line(sample: StepSample) -> str:
+    phases = sample.phases or {}
+    total = sample.time_s or 1e-12
+    share = " ".join(f"{key[:-2]} {100 * phases.get(key, 0.0) / total:3.0f}%"
+                     for key in ("data_s", "forward_s", "backward_s", "optimizer_s"))
+    loss = "n/a" if sample.loss is None else f"{sample.loss:.4f}"
+    rank = f"rank {sample.rank} " if sample.rank else ""
+    return f"{rank}step {sample.index:>5} | {sample.time_s * 1e3:8.1f} ms | loss {loss} | {share}"
+
+
+class ProgressPrinter:
+    """Record listener printing progress to ``stream`` (stderr: the script owns stdout)."""
+
+    def __init__(self, *, total: int | None, stream: TextIO = sys.stderr, min_interval: float = 0.25) -> None:
+        self.stream = stream
+        self.total = total
+        self.min_interval = min_interval
+        self._last = 0.0
+        self._lock = threading.Lock()
+        self._bar = None
+        self._task = None
+        if stream.isatty():
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._bar = Progress(TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
+                                 console=Console(file=stream), transient=True)
+            self._task = self._bar.add_task("steps", total=total, info="")
+            self._bar.start()
+
+    def __call__(self, record: Record) -> None:
+        with self._lock:
+            if isinstance(record, StepSample):
+                if record.rank != 0:
+                    return
+                if self._bar is not None:
+                    self._bar.update(self._task, completed=record.index + 1,
+                                     info=f"{record.time_s * 1e3:.1f} ms/step, loss "
+                                          f"{'n/a' if record.loss is None else f'{record.loss:.4f}'}")
+                    return
+                now = time.monotonic()
+                last_step = self.total is not None and record.index + 1 >= self.total
+                if now - self._last >= self.min_interval or record.index < 3 or last_step:
+                    self._last = now
+                    print(f"advisor: {step_line(record)}", file=self.stream, flush=True)
+            elif isinstance(record, Event) and record.name in ("warning", "oom", "apply_result", "apply_started"):
+                self._print_event(record)
+            elif isinstance(record, ExitInfo) and record.code != 0:
+                print(f"advisor: rank {record.rank} ended: {record.reason}"
+                      + (f" ({record.exc_type}: {record.message})" if record.exc_type else ""),
+                      file=self.stream, flush=True)
+
+    def _print_event(self, event: Event) -> None:
+        data = event.data
+        if event.name == "warning":
+            text = f"warning: {data.get('message', '')}"
+        elif event.name == "oom":
+            text = (f"out of memory in {data.get('op', '?')} (module {data.get('module') or '?'}), "
+                    f"requested {data.get('requested_bytes', '?')} bytes")
+        elif event.name == "apply_started":
+            text = f"applied {data.get('remedy', '?')} at step {data.get('at_step', '?')}; measuring"
+        else:
+            text = (f"{data.get('remedy', '?')}: {data.get('status', '?')}"
+                    + (f" ({data.get('error')})" if data.get("error") else "")
+                    + (f" - {data.get('reason')}" if data.get("reason") else ""))
+        line = f"advisor: {text}"
+        if self._bar is not None:
+            self._bar.console.print(line, markup=False)
+        else:
+            print(line, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()

@@ -1,0 +1,101 @@
+"""The rich rendering of a report (``advisor report``, end of ``attach --headless``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+
+from advisor.tui.format import fmt_bytes, fmt_seconds
+
+
+def _run_panel(report: dict[str, Any]) -> Panel:
+    run = report["run"]
+    summary = report.get("summary", {})
+    exit_ = run.get("exit", {})
+    lines = [
+        f"[b]script[/b] {run.get('script')} {' '.join(run.get('argv') or [])}",
+        f"[b]device[/b] {run['device'].get('type')} · {run['device'].get('name')} · world size {run.get('world_size')}",
+        f"[b]steps[/b] {summary.get('steps', 0)}"
+        + (f" · median {fmt_seconds(summary['median_step_s'])}/step" if summary.get("median_step_s") else "")
+        + (f" · last loss {summary['last_loss']:.4f}" if isinstance(summary.get("last_loss"), float) else ""),
+        f"[b]exit[/b] code {exit_.get('code')} · {exit_.get('reason')}",
+    ]
+    for model in run.get("models", []):
+        lines.append(f"[b]model[/b] {model['name']}" + (f" in {model['wrapper']}" if model.get("wrapper") else "")
+                     + f" · {model['parameter_count']:,} parameters ({fmt_bytes(model['parameter_bytes'])})")
+    return Panel("\n".join(lines), title=f"session {report['session']['id']}", expand=False)
+
+
+def _phase_table(report: dict[str, Any]) -> Table | None:
+    share = report.get("summary", {}).get("phase_share")
+    if not share:
+        return None
+    table = Table(title="where a step's time goes (steady state)", expand=False)
+    for key in share:
+        table.add_column(key[:-2], justify="right")
+    table.add_row(*(f"{100 * v:.1f}%" for v in share.values()))
+    return table
+
+
+def _advice_panel(report: dict[str, Any]) -> Panel | None:
+    diagnosis = report.get("diagnosis")
+    if not diagnosis:
+        return None
+    lines = [f"[b]bottleneck[/b] {diagnosis.get('bottleneck')} · {diagnosis.get('summary', '')}"]
+    for rec in report.get("recommendations") or []:
+        predicted = rec.get("predicted") or {}
+        lines.append(f"  [b]{rec['id']}[/b] {rec.get('title') or rec['remedy']} → peak "
+                     f"{fmt_bytes(predicted.get('peak_memory_bytes'))}, step "
+                     f"{fmt_seconds(predicted.get('step_time_s'))}"
+                     + ("" if rec.get("live", True) else " (not live)"))
+    for applied in report.get("applied") or []:
+        after = (applied.get("measured") or {}).get("after") or {}
+        predicted = applied.get("predicted") or {}
+        lines.append(f"  applied {applied.get('remedy')} at step {applied.get('at_step')}: "
+                     f"[b]{applied.get('status')}[/b] · peak predicted {fmt_bytes(predicted.get('peak_memory_bytes'))} "
+                     f"measured {fmt_bytes(after.get('peak_memory_bytes'))}"
+                     + (f" · error: {applied['error']}" if applied.get("error") else ""))
+    return Panel("\n".join(lines), title="diagnosis", expand=False)
+
+
+def report_renderables(report: dict[str, Any]) -> list[Any]:
+    parts: list[Any] = [_run_panel(report)]
+    phases = _phase_table(report)
+    if phases is not None:
+        parts.append(phases)
+    for name, module, func, keys in (
+        ("memory", "advisor.sections.memory", "render_memory_section", ("memory",)),
+        ("compute", "advisor.sections.compute", "render_compute_section", ("ops", "compute")),
+        ("comm", "advisor.sections.comm", "render_comm_sections", ("collectives", "comm", "straggler")),
+    ):
+        if not any(report.get(k) for k in keys):
+            continue
+        try:
+            import importlib
+
+            render = getattr(importlib.import_module(module), func)
+            parts.extend(render(*(report.get(k) for k in keys)))
+        except Exception as exc:  # noqa: BLE001 - a rendering problem must not hide the rest
+            parts.append(f"[red]could not render {name}: {type(exc).__name__}: {exc}[/red]")
+    advice = _advice_panel(report)
+    if advice is not None:
+        parts.append(advice)
+    for warning in report.get("warnings") or []:
+        parts.append(f"[yellow]warning:[/yellow] {warning}")
+    return parts
+
+
+def print_report(report: dict[str, Any], console: Console | None = None) -> None:
+    (console or Console()).print(Group(*report_renderables(report)))
+
+
+def print_exit_summary(report: dict[str, Any], console: Console | None = None) -> None:
+    """After the TUI closes: the run panel and the diagnosis only."""
+    parts: list[Any] = [_run_panel(report)]
+    advice = _advice_panel(report)
+    if advice is not None:
+        parts.append(advice)
+    (console or Console(stderr=True)).print(Group(*parts))

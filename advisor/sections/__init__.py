@@ -1,0 +1,62 @@
+"""Report sections, one module per area; ``build_sections`` assembles them.
+
+A section that fails on odd data becomes a warning in the report instead of
+losing the whole report: the rest of a session is still worth reading.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from advisor.state import SessionState
+
+
+def _memory(state: SessionState, report: dict[str, Any], budget: int | None) -> dict[str, Any]:
+    from advisor.sections.memory import build_memory_section
+
+    return {"memory": build_memory_section(state, budget_bytes=budget)}
+
+
+def _compute(state: SessionState, report: dict[str, Any], budget: int | None) -> dict[str, Any]:
+    from advisor.sections.compute import build_compute_section, build_ops_section, device_fields
+
+    spec = device_spec(state)
+    if spec:
+        report["run"]["device"].update(device_fields(spec))
+    return {"ops": build_ops_section(state, spec), "compute": build_compute_section(state, spec)}
+
+
+def _comm(state: SessionState, report: dict[str, Any], budget: int | None) -> dict[str, Any]:
+    from advisor.sections.comm import build_collectives_section, build_comm_section, build_straggler_section
+
+    return {"collectives": build_collectives_section(state), "comm": build_comm_section(state),
+            "straggler": build_straggler_section(state)}
+
+
+def _advice(state: SessionState, report: dict[str, Any], budget: int | None) -> dict[str, Any]:
+    from advisor.advice import advise_report
+
+    diagnosis, recommendations = advise_report(report, state=state, budget_bytes=budget)
+    return {"diagnosis": diagnosis, "recommendations": recommendations, "applied": list(state.applied)}
+
+
+SECTIONS: list[tuple[str, Callable[[SessionState, dict[str, Any], int | None], dict[str, Any]]]] = [
+    ("memory", _memory), ("compute", _compute), ("comm", _comm), ("advice", _advice),
+]
+
+
+def device_spec(state: SessionState) -> dict[str, Any]:
+    """The DeviceSpec the agent of rank 0 (or any rank) sent, as a dict; {} if none."""
+    specs = [e for e in state.events if e.name == "device_spec"]
+    specs.sort(key=lambda e: e.rank)
+    return dict(specs[0].data) if specs else {}
+
+
+def build_sections(state: SessionState, report: dict[str, Any], *, budget_bytes: int | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, build in SECTIONS:
+        try:
+            out.update(build(state, report | out, budget_bytes))
+        except Exception as exc:  # noqa: BLE001 - reported, never fatal
+            report["warnings"].append(f"report section {name} failed: {type(exc).__name__}: {exc}")
+    return out

@@ -1,0 +1,157 @@
+"""The controller's live view of a session, read by the TUI and the headless printer.
+
+The session's receiver thread folds each incoming record into a
+``SessionState`` under a lock; readers take ``snapshot()`` copies, so the UI
+never sees a half-updated state and never blocks the receiver for long.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from probes.records import (
+    CollectiveStat,
+    Event,
+    ExitInfo,
+    MemorySample,
+    ModelInfo,
+    ModuleStat,
+    OpStat,
+    OptimizerInfo,
+    Record,
+    RunInfo,
+    StepSample,
+)
+
+MAX_LIVE_STEPS = 5000  # per rank, for the live view only; the store keeps everything
+
+
+@dataclass
+class SessionState:
+    """Everything the UI shows; plain data, cheap to copy."""
+
+    session_id: str = ""
+    session_path: str = ""
+    runs: dict[int, RunInfo] = field(default_factory=dict)
+    models: list[ModelInfo] = field(default_factory=list)
+    optimizers: list[OptimizerInfo] = field(default_factory=list)
+    steps: dict[int, list[StepSample]] = field(default_factory=dict)  # rank -> samples
+    exits: dict[int, ExitInfo] = field(default_factory=dict)
+    events: list[Event] = field(default_factory=list)
+    memory: list[MemorySample] = field(default_factory=list)
+    modules: list[ModuleStat] = field(default_factory=list)
+    ops: list[OpStat] = field(default_factory=list)
+    collectives: list[CollectiveStat] = field(default_factory=list)
+    # Filled by the controller from recommend/ (plain dicts in the report's shape).
+    diagnosis: dict[str, Any] | None = None
+    recommendations: list[dict[str, Any]] = field(default_factory=list)
+    applied: list[dict[str, Any]] = field(default_factory=list)
+    pending_apply: dict[str, Any] | None = None
+    finished: bool = False
+    exit_code: int | None = None
+    exit_reason: str = ""
+    output_tail: list[str] = field(default_factory=list)  # the script's last output lines (TUI mode)
+
+    @property
+    def world_size(self) -> int:
+        sizes = [r.world_size for r in self.runs.values()]
+        return max(sizes) if sizes else 1
+
+    def latest_step(self) -> int:
+        """Highest step index seen on any rank, or -1."""
+        return max((s[-1].index for s in self.steps.values() if s), default=-1)
+
+    def rank0_steps(self) -> list[StepSample]:
+        if not self.steps:
+            return []
+        return self.steps.get(0) or self.steps[min(self.steps)]
+
+
+class LiveState:
+    """Thread-safe holder of a ``SessionState`` fed record by record."""
+
+    def __init__(self, session_id: str = "", session_path: str = "") -> None:
+        self._lock = threading.Lock()
+        self._state = SessionState(session_id=session_id, session_path=session_path)
+        self.version = 0  # bumped on every change, so pollers can skip redraws
+
+    def add(self, record: Record) -> None:
+        with self._lock:
+            _fold(self._state, record)
+            self.version += 1
+
+    def update(self, **changes: Any) -> None:
+        with self._lock:
+            for key, value in changes.items():
+                setattr(self._state, key, value)
+            self.version += 1
+
+    def append_output(self, line: str, keep: int = 200) -> None:
+        with self._lock:
+            tail = self._state.output_tail
+            tail.append(line)
+            del tail[:-keep]
+            self.version += 1
+
+    def snapshot(self) -> SessionState:
+        with self._lock:
+            return copy.copy(_shallow_lists(self._state))
+
+
+def _shallow_lists(state: SessionState) -> SessionState:
+    """Copy the containers (not the frozen records inside) so readers see a stable view."""
+    out = copy.copy(state)
+    for name, value in vars(state).items():
+        if isinstance(value, list):
+            setattr(out, name, list(value))
+        elif isinstance(value, dict):
+            setattr(out, name, {k: (list(v) if isinstance(v, list) else v) for k, v in value.items()})
+    return out
+
+
+def _fold(state: SessionState, record: Record) -> None:
+    if isinstance(record, StepSample):
+        samples = state.steps.setdefault(record.rank, [])
+        samples.append(record)
+        if len(samples) > MAX_LIVE_STEPS:
+            del samples[: len(samples) - MAX_LIVE_STEPS]
+    elif isinstance(record, RunInfo):
+        state.runs[record.rank] = record
+    elif isinstance(record, ExitInfo):
+        state.exits[record.rank] = record
+    elif isinstance(record, ModelInfo):
+        state.models.append(record)
+    elif isinstance(record, OptimizerInfo):
+        state.optimizers.append(record)
+    elif isinstance(record, MemorySample):
+        state.memory.append(record)
+    elif isinstance(record, ModuleStat):
+        state.modules.append(record)
+    elif isinstance(record, OpStat):
+        state.ops.append(record)
+    elif isinstance(record, CollectiveStat):
+        state.collectives.append(record)
+    elif isinstance(record, Event):
+        state.events.append(record)
+        if record.name == "apply_result":
+            state.applied.append(dict(record.data))
+            state.pending_apply = None
+
+
+class Source(Protocol):
+    """What the TUI talks to: a live session, or a fake in tests."""
+
+    def snapshot(self) -> SessionState:
+        """A consistent copy of the state now."""
+
+    def apply(self, recommendation_id: str) -> str | None:
+        """Ask the training job to apply a recommendation; returns an error text or None."""
+
+    def revert(self) -> str | None:
+        """Ask the training job to revert the last applied remedy; returns an error text or None."""
+
+    def stop(self) -> None:
+        """The user quit the UI: stop following (training goes on unless the user asked to stop it)."""

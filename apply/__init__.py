@@ -1,0 +1,1 @@
+"""Remedies applied to a running job, each an ``apply_*`` function returning a revertible handle."""

@@ -1,0 +1,244 @@
+"""The records that cross process and package boundaries.
+
+Pure standard library on purpose: the agent (training process) builds them,
+the wire carries them as JSON, the store persists them, ``recommend/`` reads
+them back without importing torch.
+
+Every record is a frozen, keyword-only dataclass with a ``KIND`` tag. Times
+are seconds (``float``), sizes are bytes (``int``), wall-clock stamps are
+``time.time()`` seconds since the epoch unless a field says otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping
+
+MEMORY_CATEGORIES: tuple[str, ...] = (
+    "parameter",
+    "gradient",
+    "optimizer_state",
+    "activation",
+    "temporary",
+    "input",
+    "other",
+)
+
+PHASES: tuple[str, ...] = ("data_s", "forward_s", "backward_s", "optimizer_s", "other_s")
+
+
+def _jsonable(value: Any) -> Any:
+    """Turn a record field into plain JSON types (NaN and infinities become None)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return value
+
+
+class Record:
+    """Mixin: ``to_dict`` / ``from_dict`` for the frozen dataclasses below."""
+
+    KIND: ClassVar[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return _jsonable(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]):
+        """Build from a dict, ignoring unknown keys (newer agents may add fields)."""
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunInfo(Record):
+    """One training process, sent once when its agent starts."""
+
+    KIND: ClassVar[str] = "run"
+    script: str
+    argv: list[str]
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    pid: int = 0
+    hostname: str = ""
+    started_at: float = 0.0
+    torch_version: str = ""
+    python_version: str = ""
+    # {"type": "cpu"|"cuda", "name": str, "index": int|None, "memory_capacity": int|None, ...}
+    device: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)  # the agent's settings
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelInfo(Record):
+    """A model discovered by the agent: the outermost module run outside backward."""
+
+    KIND: ClassVar[str] = "model"
+    rank: int = 0
+    name: str  # class name of the unwrapped module
+    wrapper: str | None = None  # "DistributedDataParallel", "FullyShardedDataParallel", ...
+    parameter_count: int = 0
+    parameter_bytes: int = 0
+    trainable_parameter_count: int = 0
+    # [{"name": "layers.0.attn", "type": "Attention", "parameter_bytes": int, "depth": int}]
+    modules: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerInfo(Record):
+    """An optimizer discovered at its first step."""
+
+    KIND: ClassVar[str] = "optimizer"
+    rank: int = 0
+    name: str  # class name, e.g. "AdamW"
+    parameter_count: int = 0
+    param_groups: list[dict[str, Any]] = field(default_factory=list)  # hyperparameters only
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepSample(Record):
+    """One optimizer step on one rank. The phases add up to ``time_s`` by construction."""
+
+    KIND: ClassVar[str] = "step"
+    index: int  # 0-based count of optimizer steps on this rank
+    rank: int = 0
+    end_time: float = 0.0  # wall clock at the step boundary
+    time_s: float
+    loss: float | None = None  # mean of the tensors backward() ran on in this step
+    micro_batches: int = 0  # backward() calls in this step
+    phases: dict[str, float] = field(default_factory=dict)  # keys: PHASES
+    peak_memory_bytes: int | None = None  # allocator peak in this step, where measurable
+    deep: bool = False  # whether deep probes ran on this step
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemorySample(Record):
+    """Bytes by category at one instant of one rank."""
+
+    KIND: ClassVar[str] = "memory"
+    rank: int = 0
+    step: int
+    time: float  # seconds since the start of this step
+    event: str = ""  # what happened: an op name, or a phase boundary such as "forward_start"
+    module: str | None = None
+    categories: dict[str, int] = field(default_factory=dict)  # keys: MEMORY_CATEGORIES
+    total_bytes: int = 0
+    # CUDA only: allocator view and NVML (None elsewhere)
+    allocated_bytes: int | None = None
+    reserved_bytes: int | None = None
+    device_used_bytes: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModuleStat(Record):
+    """One module on one deep-sampled step."""
+
+    KIND: ClassVar[str] = "module"
+    rank: int = 0
+    step: int
+    name: str  # qualified name inside its model ("" is the model itself)
+    type: str = ""
+    depth: int = 0
+    parameter_bytes: int = 0
+    activation_bytes: int = 0  # saved for backward, produced by this module (innermost)
+    input_bytes: int = 0
+    output_bytes: int = 0
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    forward_flops: int = 0
+    backward_flops: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpStat(Record):
+    """One operator signature (name, shapes, dtype) aggregated over a deep-sampled step."""
+
+    KIND: ClassVar[str] = "op"
+    rank: int = 0
+    step: int
+    name: str  # aten overload packet, e.g. "aten.mm"
+    module: str = ""  # innermost module that ran it
+    phase: str = "forward"  # "forward" | "backward" | "optimizer" | "other"
+    input_shapes: list[list[int]] = field(default_factory=list)
+    dtype: str = ""
+    count: int = 0
+    flops: int = 0
+    bytes: int = 0
+    time_s: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectiveStat(Record):
+    """One collective or point-to-point call (or an aggregate of identical ones)."""
+
+    KIND: ClassVar[str] = "collective"
+    rank: int = 0
+    step: int
+    op: str  # "all_reduce", "all_gather", "reduce_scatter", "broadcast", "send", ...
+    group_size: int = 1
+    bytes: int = 0
+    dtype: str = ""
+    count: int = 1
+    start: float = 0.0  # wall clock
+    time_s: float = 0.0
+    exposed_s: float = 0.0
+    wait_s: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExitInfo(Record):
+    """How a training process ended, sent by its agent just before it exits."""
+
+    KIND: ClassVar[str] = "exit"
+    rank: int = 0
+    code: int = 0
+    reason: str = ""  # "completed", "stopped after N steps", "exception", "sys.exit", ...
+    exc_type: str | None = None
+    message: str | None = None
+    frame: dict[str, Any] | None = None  # {"file", "line", "function", "code"} in the user's code
+    steps: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event(Record):
+    """A free-form agent event (a warning, an OOM record, an apply result)."""
+
+    KIND: ClassVar[str] = "event"
+    rank: int = 0
+    step: int | None = None
+    name: str  # "warning", "oom", "apply_result", ...
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+RECORD_TYPES: dict[str, type[Record]] = {
+    cls.KIND: cls
+    for cls in (
+        RunInfo,
+        ModelInfo,
+        OptimizerInfo,
+        StepSample,
+        MemorySample,
+        ModuleStat,
+        OpStat,
+        CollectiveStat,
+        ExitInfo,
+        Event,
+    )
+}
+
+
+def record_from_message(kind: str, data: Mapping[str, Any]) -> Record:
+    """Rebuild a record from its wire form; raises ``ValueError`` for an unknown kind."""
+    try:
+        cls = RECORD_TYPES[kind]
+    except KeyError:
+        raise ValueError(f"unknown record kind {kind!r}; valid: {sorted(RECORD_TYPES)}") from None
+    return cls.from_dict(data)

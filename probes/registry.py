@@ -1,0 +1,72 @@
+"""Which probes an agent runs, and what it says about its device."""
+
+from __future__ import annotations
+
+import importlib
+import platform
+from typing import Any
+
+import torch
+
+from probes.probe import Probe
+
+# name -> "module:Class"; probes are imported only when enabled.
+PROBES: dict[str, str] = {
+    "memory": "probes.memory.probe:MemoryProbe",
+    "compute": "probes.compute.probe:ComputeProbe",
+    "comm": "probes.comm.probe:CommProbe",
+}
+
+
+def probe_names(value: str | None) -> list[str]:
+    """Parse ``--probes memory,compute`` ("all" and "none" allowed); ValueError names valid ones."""
+    if value is None or value == "all":
+        return list(PROBES)
+    if value == "none":
+        return []
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in PROBES]
+    if unknown:
+        raise ValueError(f"unknown probe(s) {', '.join(unknown)}; valid: {', '.join(PROBES)}, all, none")
+    return names
+
+
+def build_probes(config: dict[str, Any]) -> list[Probe]:
+    probes: list[Probe] = []
+    for name in config.get("probes", list(PROBES)):
+        module_name, _, cls_name = PROBES[name].partition(":")
+        cls = getattr(importlib.import_module(module_name), cls_name)
+        probes.append(cls())
+    return probes
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_info(local_rank: int = 0) -> dict[str, Any]:
+    """The device this rank trains on: CUDA device ``local_rank`` when CUDA is usable, else the CPU.
+
+    Source: ``torch.cuda.get_device_properties`` (name, total_memory in bytes).
+    """
+    if torch.cuda.is_available():
+        index = local_rank % max(1, torch.cuda.device_count())
+        props = torch.cuda.get_device_properties(index)
+        return {"type": "cuda", "name": props.name, "index": index,
+                "memory_capacity": int(props.total_memory),
+                "capability": f"{props.major}.{props.minor}"}
+    try:
+        import os
+
+        pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        pages = None
+    return {"type": "cpu", "name": _cpu_name(), "index": None, "memory_capacity": pages,
+            "threads": torch.get_num_threads()}

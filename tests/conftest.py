@@ -1,0 +1,33 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # for `fakes`
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except Exception:  # pragma: no cover - torch missing entirely
+        has_cuda = False
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords and not has_cuda:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def repo_root() -> Path:
+    return ROOT
+
+
+@pytest.fixture(autouse=True)
+def _private_home(tmp_path, monkeypatch):
+    """Sessions of a test land in its own folder, never in the user's."""
+    monkeypatch.setenv("ADVISOR_HOME", str(tmp_path / "advisor-home"))
+    os.environ.setdefault("PYTHONHASHSEED", "0")
