@@ -1,0 +1,213 @@
+"""The report's memory section: categories over time and at peak, heaviest modules, the OOM record.
+
+``build_memory_section`` returns plain data (the JSON report's ``memory`` object, a public
+contract); ``render_memory_section`` turns it into rich renderables; ``memory_trace_events``
+exports the timeline as Chrome/Perfetto counter events.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from advisor.state import SessionState
+from probes.memory.budget import format_size
+from probes.records import MEMORY_CATEGORIES, MemorySample, ModuleStat
+
+MAX_TIMELINE_POINTS = 2000
+
+
+def _rank_of_interest(ranks: set[int]) -> int | None:
+    if not ranks:
+        return None
+    return 0 if 0 in ranks else min(ranks)
+
+
+def _ordered(samples: list[MemorySample], state: SessionState) -> list[tuple[float, MemorySample]]:
+    """(seconds since the first sampled step began, sample), in order.
+
+    A sample's ``time`` counts from the start of its step; steps are laid end to end using the
+    step's own duration (``StepSample.time_s``) where known, else the last sample time seen.
+    """
+    durations = {s.index: s.time_s for rank_steps in state.steps.values() for s in rank_steps}
+    by_step: dict[int, list[MemorySample]] = {}
+    for sample in samples:
+        by_step.setdefault(sample.step, []).append(sample)
+    out: list[tuple[float, MemorySample]] = []
+    offset = 0.0
+    for step in sorted(by_step):
+        group = sorted(by_step[step], key=lambda s: s.time)
+        out.extend((offset + s.time, s) for s in group)
+        offset += max(durations.get(step, 0.0), group[-1].time)
+    return out
+
+
+def _downsample(points: list[tuple[float, MemorySample]], limit: int) -> list[tuple[float, MemorySample]]:
+    """At most ``limit`` points, keeping the highest total of each bucket (so the peak survives)."""
+    if len(points) <= limit:
+        return points
+    size = -(-len(points) // limit)
+    return [max(points[i : i + size], key=lambda p: p[1].total_bytes) for i in range(0, len(points), size)]
+
+
+def build_memory_section(state: SessionState, *, budget_bytes: int | None) -> dict[str, Any]:
+    """The ``memory`` object of the JSON report, from one rank (0 unless only others reported)."""
+    rank = _rank_of_interest({s.rank for s in state.memory} | {m.rank for m in state.modules})
+    samples = [s for s in state.memory if s.rank == rank]
+    points = _ordered(samples, state)
+    peak = max(samples, key=lambda s: s.total_bytes, default=None)
+    categories_max = {c: max((s.categories.get(c, 0) for s in samples), default=0) for c in MEMORY_CATEGORIES}
+    categories_at_peak = (
+        {c: int(peak.categories.get(c, 0)) for c in MEMORY_CATEGORIES} if peak is not None else {}
+    )
+    timeline = [
+        {
+            "time": round(t, 6),
+            "step": s.step,
+            "event": s.event,
+            "module": s.module,
+            "total_bytes": s.total_bytes,
+            "categories": {c: int(s.categories.get(c, 0)) for c in MEMORY_CATEGORIES},
+        }
+        for t, s in _downsample(points, MAX_TIMELINE_POINTS)
+    ]
+    section: dict[str, Any] = {
+        "budget_bytes": budget_bytes,
+        "peak_bytes": peak.total_bytes if peak is not None else None,
+        "peak_step": peak.step if peak is not None else None,
+        "categories_at_peak": categories_at_peak,
+        "categories_max": categories_max,
+        "timeline": timeline,
+        "modules": _modules(state, rank),
+        "oom": _oom(state, rank),
+    }
+    cuda = _cuda(state, samples, rank)
+    if cuda is not None:
+        section["cuda"] = cuda
+    return section
+
+
+def _modules(state: SessionState, rank: int | None) -> list[dict[str, Any]]:
+    latest: dict[str, ModuleStat] = {}
+    for stat in state.modules:
+        if stat.rank == rank and (stat.name not in latest or stat.step >= latest[stat.name].step):
+            latest[stat.name] = stat
+    inclusive: dict[tuple[int, str], int] = {}
+    for event in state.events:
+        if event.name == "module_activations" and event.rank == rank and event.step is not None:
+            for name, nbytes in (event.data.get("inclusive_bytes") or {}).items():
+                inclusive[(event.step, name)] = int(nbytes)
+    rows = [
+        {
+            "name": s.name,
+            "type": s.type,
+            "depth": s.depth,
+            "step": s.step,
+            "parameter_bytes": s.parameter_bytes,
+            "activation_bytes": s.activation_bytes,
+            "activation_inclusive_bytes": inclusive.get((s.step, s.name)),
+            "input_bytes": s.input_bytes,
+            "output_bytes": s.output_bytes,
+            "forward_s": s.forward_s,
+            "backward_s": s.backward_s,
+        }
+        for s in latest.values()
+    ]
+    rows.sort(key=lambda r: (-r["activation_bytes"], r["name"]))
+    return rows
+
+
+def _oom(state: SessionState, rank: int | None) -> dict[str, Any] | None:
+    ooms = [e for e in state.events if e.name == "oom"]
+    if not ooms:
+        return None
+    mine = [e for e in ooms if e.rank == rank] or ooms
+    event = mine[-1]
+    return {"rank": event.rank, "step": event.step, **event.data}
+
+
+def _cuda(state: SessionState, samples: list[MemorySample], rank: int | None) -> dict[str, Any] | None:
+    allocated = [s.allocated_bytes for s in samples if s.allocated_bytes is not None]
+    views = [e.data for e in state.events if e.name == "cuda_memory" and e.rank == rank]
+    if not allocated and not views:
+        return None
+    reserved = [s.reserved_bytes for s in samples if s.reserved_bytes is not None]
+    last = views[-1] if views else {}
+    peak_reserved = max(reserved, default=None)
+    peak_allocated = max(allocated, default=None)
+    return {
+        "peak_allocated_bytes": peak_allocated,
+        "peak_reserved_bytes": peak_reserved,
+        "reserved_minus_allocated_bytes": last.get("reserved_minus_allocated_bytes"),
+        "alloc_retries": last.get("alloc_retries"),
+        "device_used_bytes": last.get("device_used_bytes"),
+        "device_used_outside_torch_bytes": last.get("device_used_outside_torch_bytes"),
+    }
+
+
+def render_memory_section(section: dict[str, Any]) -> list[Any]:
+    """Rich renderables: the breakdown at peak, the heaviest modules, the OOM record if any."""
+    from rich.panel import Panel
+    from rich.table import Table
+
+    out: list[Any] = []
+    peak = section.get("peak_bytes")
+    budget = section.get("budget_bytes")
+    title = f"Memory at peak: {format_size(peak)}"
+    if budget is not None:
+        title += f" (budget {format_size(budget)})"
+    table = Table(title=title)
+    table.add_column("category")
+    table.add_column("at peak", justify="right")
+    table.add_column("max", justify="right")
+    for category in MEMORY_CATEGORIES:
+        at_peak = section.get("categories_at_peak", {}).get(category, 0)
+        table.add_row(category, format_size(at_peak), format_size(section.get("categories_max", {}).get(category, 0)))
+    out.append(table)
+    modules = section.get("modules") or []
+    if modules:
+        heavy = Table(title="Heaviest modules (saved for backward)")
+        for column in ("module", "type", "params", "activations", "input", "fwd ms", "bwd ms"):
+            heavy.add_column(column, justify="left" if column in ("module", "type") else "right")
+        for row in modules[:10]:
+            heavy.add_row(
+                row["name"] or "(model)",
+                row.get("type", ""),
+                format_size(row["parameter_bytes"]),
+                format_size(row["activation_bytes"]),
+                format_size(row["input_bytes"]),
+                f"{row['forward_s'] * 1e3:.2f}",
+                f"{row['backward_s'] * 1e3:.2f}",
+            )
+        out.append(heavy)
+    oom = section.get("oom")
+    if oom:
+        lines = [
+            f"op {oom.get('op') or '?'} in module {oom.get('module') or '?'}",
+            f"requested {format_size(oom.get('requested_bytes'))} at step {oom.get('step')}",
+        ]
+        cats = oom.get("categories") or {}
+        lines.append(", ".join(f"{c} {format_size(v)}" for c, v in cats.items() if v))
+        for frame in (oom.get("frames") or [])[-3:]:
+            lines.append(f"  {frame['file']}:{frame['line']} in {frame['function']}: {frame['code']}")
+        if oom.get("snapshot_path"):
+            lines.append(f"snapshot: {oom['snapshot_path']} (open in https://pytorch.org/memory_viz)")
+        out.append(Panel("\n".join(lines), title="Out of memory", border_style="red"))
+    return out
+
+
+def memory_trace_events(state: SessionState) -> list[dict[str, Any]]:
+    """Chrome/Perfetto counter events ("ph": "C"), one per sample, one track per rank (pid)."""
+    events: list[dict[str, Any]] = []
+    for rank in sorted({s.rank for s in state.memory}):
+        for t, sample in _ordered([s for s in state.memory if s.rank == rank], state):
+            events.append(
+                {
+                    "name": "memory by category",
+                    "ph": "C",
+                    "ts": round(t * 1e6, 3),
+                    "pid": rank,
+                    "tid": 0,
+                    "args": {c: int(sample.categories.get(c, 0)) for c in MEMORY_CATEGORIES},
+                }
+            )
+    return events

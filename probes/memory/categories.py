@@ -1,0 +1,100 @@
+"""Which storages are parameters, gradients and optimizer state, and how categories are chosen.
+
+A storage is keyed by ``untyped_storage()._cdata`` (the address of its ``StorageImpl``): views
+and in-place results share it, so one allocation is counted once whatever tensors point at it.
+The key is only valid while the storage lives; the tracker drops it when the storage is freed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable, Iterator
+
+from probes.records import MEMORY_CATEGORIES
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+# Roles found by walking the models and optimizers, strongest first.
+ROLE_CATEGORIES: tuple[str, ...] = ("parameter", "gradient", "optimizer_state")
+
+# When a storage qualifies for several categories the first wins. The data batch counts as input
+# even when the first layer saves it for backward: checkpointing could not free it.
+PRIORITY: tuple[str, ...] = MEMORY_CATEGORIES
+
+
+def storage_of(tensor: "torch.Tensor") -> "torch.UntypedStorage | None":
+    """The tensor's untyped storage, or None for tensors without one (sparse, wrapper subclasses)."""
+    try:
+        return tensor.untyped_storage()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+
+
+def storage_key(tensor: "torch.Tensor") -> tuple[int, int] | None:
+    """(key, nbytes) of the tensor's storage; None when it has none or it is empty."""
+    storage = storage_of(tensor)
+    if storage is None:
+        return None
+    nbytes = storage.nbytes()
+    if nbytes == 0:
+        return None
+    return storage._cdata, nbytes
+
+
+def tensors_in(value: object) -> Iterator["torch.Tensor"]:
+    """Tensors inside an op's or module's arguments/outputs (lists, tuples and dicts, recursively)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from tensors_in(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from tensors_in(item)
+
+
+def role_tensors(
+    models: Iterable["torch.nn.Module"], optimizers: Iterable["torch.optim.Optimizer"]
+) -> Iterator[tuple[str, "torch.Tensor"]]:
+    """(role, tensor) for parameters, their ``.grad`` and every tensor in ``optimizer.state``.
+
+    Optimizer parameters not in a discovered model still count as parameters. Adam's scalar
+    ``step`` tensors live in ``optimizer.state`` and so count as optimizer state.
+    """
+    params: list["torch.Tensor"] = []
+    for model in models:
+        params.extend(model.parameters())
+    for opt in optimizers:
+        for group in opt.param_groups:
+            params.extend(group["params"])
+    for p in params:
+        yield "parameter", p
+    for p in params:
+        if p.grad is not None:
+            yield "gradient", p.grad
+    for opt in optimizers:
+        for state in opt.state.values():
+            for value in tensors_in(state):
+                yield "optimizer_state", value
+
+
+def choose_category(
+    role: str | None, *, saved: bool, created_step: int, step: int, origin: str
+) -> str:
+    """The category of one live storage now (see ``PRIORITY``).
+
+    ``origin`` is ``"input"`` for storages created in the data phase of ``created_step``,
+    ``"temporary"`` for the rest created by an op, ``"other"`` for storages found already alive.
+    """
+    if role is not None:
+        return role
+    current = created_step == step
+    if current and origin == "input":
+        return "input"
+    if saved:
+        return "activation"
+    if current and origin == "temporary":
+        return "temporary"
+    return "other"

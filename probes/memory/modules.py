@@ -1,0 +1,225 @@
+"""Per-module attribution on deep-sampled steps: a module stack from global forward hooks.
+
+What each ``ModuleStat`` field measures:
+
+- ``parameter_bytes``: storage bytes of the module's parameters, its submodules' included
+  (``Module.parameters()``, each storage once).
+- ``activation_bytes``: storage bytes autograd saved for backward (``saved_tensors_hooks`` pack)
+  while this module was the innermost one running, each storage once per module, parameters
+  excluded. A storage saved by two modules (the same input to q, k and v projections) counts in
+  each. The inclusive figure (submodules included, each storage once) goes out as an
+  ``Event(name="module_activations")``: it is what checkpointing the module would drop.
+- ``input_bytes`` / ``output_bytes``: storage bytes of the tensors passed positionally to / returned
+  by ``forward``, each storage once per call, summed over calls.
+- ``forward_s``: wall time from the forward pre-hook to the forward hook (``time.perf_counter``),
+  submodules included, summed over calls; recomputation during backward is ignored.
+- ``backward_s``: wall time of the backward ops run by autograd nodes created inside this module's
+  forward, submodules included (nodes are tagged in ``grad_fn.metadata`` after forward; the
+  dispatch mode times each op under ``torch._C._current_autograd_node()``). On CUDA this is host
+  time spent launching, not kernel time. Gradient accumulation into ``.grad`` is not attributed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from probes.memory.categories import storage_key, tensors_in
+from probes.records import ModuleStat
+
+TAG = "advisor.module"
+
+
+@dataclass
+class _Acc:
+    type: str
+    depth: int
+    parameter_bytes: int
+    input_bytes: int = 0
+    output_bytes: int = 0
+    forward_s: float = 0.0
+    activation_bytes: int = 0
+    inclusive_bytes: int = 0
+    own_keys: set[int] = field(default_factory=set)
+    inclusive_keys: set[int] = field(default_factory=set)
+
+
+def _bytes_of(value: Any, device_type: str) -> int:
+    seen: dict[int, int] = {}
+    for tensor in tensors_in(value):
+        if tensor.device.type != device_type:
+            continue
+        found = storage_key(tensor)
+        if found is not None:
+            seen[found[0]] = found[1]
+    return sum(seen.values())
+
+
+def _parameter_bytes(module: torch.nn.Module) -> int:
+    seen: dict[int, int] = {}
+    for p in module.parameters():
+        found = storage_key(p)
+        if found is not None:
+            seen[found[0]] = found[1]
+    return sum(seen.values())
+
+
+class ModuleAttributor:
+    """Keeps the stack of running modules and accumulates their figures for one deep step."""
+
+    def __init__(
+        self,
+        *,
+        name_of: Callable[[torch.nn.Module], str | None],
+        in_backward: Callable[[], bool],
+        device_type: str = "cpu",
+    ) -> None:
+        self._name_of = name_of
+        self._in_backward = in_backward
+        self.device_type = device_type
+        self.stack: list[tuple[str | None, float, set[Any]]] = []
+        self.acc: dict[str, _Acc] = {}
+        self.backward_own: dict[str, float] = {}
+        self._handles: list[Any] = []
+
+    def start(self) -> None:
+        from torch.nn.modules import module as module_mod
+
+        self._handles = [
+            module_mod.register_module_forward_pre_hook(self._pre),
+            module_mod.register_module_forward_hook(self._post),
+        ]
+
+    def stop(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self.stack.clear()
+
+    def reset(self) -> None:
+        self.acc.clear()
+        self.backward_own.clear()
+        self.stack.clear()
+
+    def current(self) -> str | None:
+        """Qualified name of the innermost running module with a name, or None.
+
+        In backward the module is the one whose forward created the running autograd node.
+        """
+        for name, _, _ in reversed(self.stack):
+            if name is not None:
+                return name
+        node = torch._C._current_autograd_node()
+        if node is not None:
+            try:
+                return node.metadata.get(TAG)
+            except Exception:
+                return None
+        return None
+
+    # -- hooks -----------------------------------------------------------------------------
+    def _pre(self, module: torch.nn.Module, args: Any) -> None:
+        if self._in_backward():  # recomputation under checkpointing: not this step's forward
+            return
+        name = self._name_of(module)
+        stop_nodes: set[Any] = set()
+        if name is not None:
+            acc = self.acc.get(name)
+            if acc is None:
+                depth = 0 if name == "" else name.count(".") + 1
+                acc = _Acc(type(module).__name__, depth, _parameter_bytes(module))
+                self.acc[name] = acc
+            acc.input_bytes += _bytes_of(args, self.device_type)
+            stop_nodes = {t.grad_fn for t in tensors_in(args) if t.grad_fn is not None}
+        self.stack.append((name, time.perf_counter(), stop_nodes))
+
+    def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self._in_backward() or not self.stack:
+            return
+        name, started, stop_nodes = self.stack.pop()
+        if name is None:
+            return
+        acc = self.acc[name]
+        acc.forward_s += time.perf_counter() - started
+        acc.output_bytes += _bytes_of(output, self.device_type)
+        self._tag(output, name, stop_nodes)
+
+    def _tag(self, output: Any, name: str, stop_nodes: set[Any]) -> None:
+        """Tag the autograd nodes this module's forward created with its name (innermost wins:
+        submodules tagged theirs first). Stops at the inputs' nodes and at nodes of modules that
+        are not inside this one."""
+        prefix = name + "."
+        todo = [t.grad_fn for t in tensors_in(output) if t.grad_fn is not None]
+        seen: list[Any] = []  # keeps the Python wrappers alive so ids stay unique
+        seen_ids: set[int] = set()
+        while todo:
+            node = todo.pop()
+            if node is None or id(node) in seen_ids or node in stop_nodes:
+                continue
+            seen.append(node)
+            seen_ids.add(id(node))
+            if type(node).__name__ == "AccumulateGrad":
+                continue
+            meta = node.metadata
+            tag = meta.get(TAG)
+            if tag is None:
+                meta[TAG] = name
+            elif name and tag != name and not tag.startswith(prefix):
+                continue  # another module's graph: everything upstream is outside this one
+            todo.extend(next_node for next_node, _ in node.next_functions)
+
+    def on_saved(self, key: int, nbytes: int, is_role: bool) -> None:
+        """A storage was saved for backward (called by the tracker's pack hook)."""
+        if is_role or self._in_backward():
+            return
+        innermost = True
+        for name, _, _ in reversed(self.stack):
+            if name is None:
+                continue
+            acc = self.acc[name]
+            if innermost and key not in acc.own_keys:
+                acc.own_keys.add(key)
+                acc.activation_bytes += nbytes
+            innermost = False
+            if key not in acc.inclusive_keys:
+                acc.inclusive_keys.add(key)
+                acc.inclusive_bytes += nbytes
+
+    def on_backward_op(self, node: Any, seconds: float) -> None:
+        try:
+            tag = node.metadata.get(TAG)
+        except Exception:  # nodes without metadata support
+            return
+        if tag is not None:
+            self.backward_own[tag] = self.backward_own.get(tag, 0.0) + seconds
+
+    # -- results ---------------------------------------------------------------------------
+    def backward_inclusive(self, name: str) -> float:
+        prefix = name + "."
+        return sum(
+            s for tag, s in self.backward_own.items() if name == "" or tag == name or tag.startswith(prefix)
+        )
+
+    def stats(self, *, step: int, rank: int) -> list[ModuleStat]:
+        return [
+            ModuleStat(
+                rank=rank,
+                step=step,
+                name=name,
+                type=acc.type,
+                depth=acc.depth,
+                parameter_bytes=acc.parameter_bytes,
+                activation_bytes=acc.activation_bytes,
+                input_bytes=acc.input_bytes,
+                output_bytes=acc.output_bytes,
+                forward_s=acc.forward_s,
+                backward_s=self.backward_inclusive(name),
+            )
+            for name, acc in self.acc.items()
+        ]
+
+    def inclusive_activations(self) -> dict[str, int]:
+        return {name: acc.inclusive_bytes for name, acc in self.acc.items()}

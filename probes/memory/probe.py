@@ -1,0 +1,363 @@
+"""``MemoryProbe``: the agent-facing side of the memory probe.
+
+Light steps (every step): on CUDA one ``MemorySample`` per phase boundary from the caching
+allocator (``torch.cuda.memory_allocated``; parameter, gradient and optimizer-state bytes read
+off the model, the rest shown as other); on CPU one sample per step, at the start of the
+optimizer phase, with parameter, gradient and optimizer-state bytes only. Deep steps: the storage
+tracker gives exact categories after every op that allocates, plus one ``ModuleStat`` per module.
+
+With ``enforce_budget`` on CPU the tracker runs on every step from ``attach`` on, so that
+exceeding the budget raises a real ``torch.OutOfMemoryError``: every step then costs what a deep
+step costs (every op goes through Python; several times a plain step, see
+``bench/memory_accuracy.py``), though op-level samples are still only emitted on deep steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import time
+import traceback
+from typing import Any
+
+import torch
+
+from probes.memory.budget import apply_cuda_budget
+from probes.memory.categories import role_tensors, storage_key
+from probes.memory.cuda import (
+    Nvml,
+    allocator_view,
+    device_uuid,
+    dump_snapshot,
+    start_memory_history,
+    stop_memory_history,
+)
+from probes.memory.modules import ModuleAttributor
+from probes.memory.oom import (
+    is_oom,
+    module_from_traceback,
+    requested_bytes_from_message,
+    session_folder,
+    user_frames,
+)
+from probes.memory.tracker import BudgetExceeded, StorageTracker
+from probes.probe import AgentContext, Probe
+from probes.records import MEMORY_CATEGORIES, Event, MemorySample
+
+LIGHT_REFRESH_STEPS = 100  # re-read parameter and optimizer-state sizes this often on light steps
+
+
+class MemoryProbe(Probe):
+    """Memory by category and by module, the budget, and the OOM flight recorder."""
+
+    name = "memory"
+
+    def __init__(
+        self, *, scan_gc: bool = True, nvml: Nvml | None = None, history_max_entries: int = 100_000
+    ) -> None:
+        self.scan_gc = scan_gc  # count every live tensor at start_deep, not only model state
+        self.nvml = nvml or Nvml()
+        self.history_max_entries = history_max_entries
+        self.budget_bytes: int | None = None
+        self.enforce = False
+        self.cuda = False
+        self.continuous = False  # tracker on every step (enforced budget on CPU)
+        self.deep = False
+        self.tracker: StorageTracker | None = None
+        self.attributor: ModuleAttributor | None = None
+        self._ctx: AgentContext | None = None
+        self._handles: list[Any] = []
+        self._light: dict[str, int] = {}
+        self._light_step = -(10**9)
+        self._retries = 0
+        self._params: list[torch.Tensor] = []
+        self._deep_peak: tuple[int, int] | None = None  # (step, tracked peak) of the last deep step
+
+    # -- Probe hooks -----------------------------------------------------------------------
+    def attach(self, ctx: AgentContext) -> None:
+        self._ctx = ctx
+        budget = ctx.config.get("memory_budget_bytes")
+        self.budget_bytes = int(budget) if budget is not None else None
+        self.enforce = bool(ctx.config.get("enforce_budget")) and self.budget_bytes is not None
+        self.cuda = torch.cuda.is_available()
+        if self.cuda:
+            start_memory_history(self.history_max_entries)
+            if self.enforce:
+                apply_cuda_budget(self.budget_bytes)  # type: ignore[arg-type]
+        elif self.enforce:
+            self.continuous = True
+            self._start_tracking(ctx, ctx.step, "cpu")
+
+    def on_phase(self, ctx: AgentContext, phase: str, now: float) -> None:
+        tracker = self.tracker
+        if tracker is not None:
+            tracker.phase = phase
+            tracker.set_step(ctx.step)
+            tracker.refresh_roles(ctx.models(), ctx.optimizers())
+            self._emit_tracked(ctx, f"{phase}_start", None)
+        elif self.cuda or phase == "optimizer":
+            self._emit_light(ctx, phase)
+
+    def start_deep(self, ctx: AgentContext, step: int) -> None:
+        self.deep = True
+        device_type = ctx.device.type
+        if self.tracker is None:
+            self._start_tracking(ctx, step, device_type)
+        tracker, attributor = self.tracker, self.attributor
+        assert tracker is not None and attributor is not None  # set by _start_tracking
+        tracker.phase = "data"
+        tracker.set_step(step)
+        tracker.reset_peak()
+        attributor.reset()
+        for p in _parameters(ctx):
+            self._handles.append(p.register_post_accumulate_grad_hook(self._grad_ready))
+        for opt in ctx.optimizers():
+            self._handles.append(opt.register_step_post_hook(self._optimizer_stepped))
+
+    def stop_deep(self, ctx: AgentContext, step: int) -> None:
+        tracker, attributor = self.tracker, self.attributor
+        self.deep = False
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        if tracker is None or attributor is None:
+            return
+        tracker.refresh_roles(ctx.models(), ctx.optimizers())
+        self._emit_tracked(ctx, "step_end", None, step=step, force=True)
+        for stat in attributor.stats(step=step, rank=ctx.rank):
+            ctx.emit(stat)
+        ctx.emit(
+            Event(
+                rank=ctx.rank,
+                step=step,
+                name="module_activations",
+                data={"inclusive_bytes": attributor.inclusive_activations()},
+            )
+        )
+        if self.cuda:
+            ctx.emit(Event(rank=ctx.rank, step=step, name="cuda_memory", data=self._cuda_view(ctx)))
+        attributor.reset()
+        self._deep_peak = (step, tracker.peak_total)
+        if not self.continuous:
+            self._stop_tracking()
+
+    def on_step_end(self, ctx: AgentContext, step: int) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self._deep_peak is not None and self._deep_peak[0] == step:
+            out["peak_memory_bytes"] = self._deep_peak[1]
+        elif self.tracker is not None:
+            out["peak_memory_bytes"] = self.tracker.peak_total
+            if self.continuous and not self.deep:
+                self.tracker.reset_peak()
+        if self.cuda:
+            index = _cuda_index(ctx)
+            out["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated(index))
+            torch.cuda.reset_peak_memory_stats(index)
+            retries = int(torch.cuda.memory_stats(index).get("num_alloc_retries", 0))
+            if retries != self._retries:  # the allocator had to flush its cache: worth a record
+                self._retries = retries
+                ctx.emit(Event(rank=ctx.rank, step=step, name="cuda_memory", data=self._cuda_view(ctx)))
+        return out
+
+    def on_exception(self, ctx: AgentContext, exc: BaseException) -> None:
+        if not is_oom(exc) or getattr(exc, "advisor_oom_recorded", False):
+            return
+        tracker = self.tracker
+        op, module = (tracker.failed_op or (None, None)) if tracker is not None else (None, None)
+        message = str(exc)
+        data: dict[str, Any] = {
+            "kind": "cuda" if self.cuda else "error",
+            "message": message[:2000],
+            "op": op,
+            "module": module or module_from_traceback(exc.__traceback__, ctx.module_name),
+            "requested_bytes": requested_bytes_from_message(message),
+            "budget_bytes": self.budget_bytes,
+            "categories": dict(tracker.totals) if tracker is not None else self._light_categories(ctx),
+            "top_modules": tracker.top_modules() if tracker is not None else [],
+            "frames": user_frames(traceback.extract_tb(exc.__traceback__)),
+            "step": ctx.step,
+            "phase": ctx.phase,
+            "snapshot_path": None,
+        }
+        if self.cuda:
+            data.update(self._cuda_view(ctx))
+            data["snapshot_path"] = dump_snapshot(session_folder(ctx.config))
+        ctx.emit(Event(rank=ctx.rank, step=ctx.step, name="oom", data=data))
+        try:
+            exc.advisor_oom_recorded = True  # type: ignore[attr-defined]
+        except AttributeError:
+            pass
+
+    def detach(self, ctx: AgentContext) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self._stop_tracking()
+        if self.cuda:
+            stop_memory_history()
+
+    # -- tracking --------------------------------------------------------------------------
+    def _start_tracking(self, ctx: AgentContext, step: int, device_type: str) -> None:
+        attributor = ModuleAttributor(
+            name_of=ctx.module_name, in_backward=ctx.in_backward, device_type=device_type
+        )
+        tracker = StorageTracker(
+            device_type=device_type,
+            budget_bytes=self.budget_bytes if self.continuous else None,
+            current_module=attributor.current,
+            on_op=self._on_op,
+            on_saved=attributor.on_saved,
+            on_backward_op=attributor.on_backward_op,
+            on_budget_exceeded=self._on_budget_exceeded,
+        )
+        tracker.step = step
+        tracker.phase = ctx.phase
+        tracker.start()
+        attributor.start()
+        self.tracker, self.attributor = tracker, attributor
+        tracker.refresh_roles(ctx.models(), ctx.optimizers())
+        if self.scan_gc:
+            # Tensors alive before tracking began (the user's own buffers, the last loss): other.
+            # type() not isinstance(): isinstance consults __class__, which some module objects
+            # answer with a deprecation warning.
+            tracker.add_existing(o for o in gc.get_objects() if issubclass(type(o), torch.Tensor))
+        tracker.reset_peak()
+
+    def _stop_tracking(self) -> None:
+        if self.attributor is not None:
+            self.attributor.stop()
+        if self.tracker is not None:
+            self.tracker.stop()
+        self.tracker = self.attributor = None
+
+    def _grad_ready(self, param: torch.Tensor) -> None:
+        if self.tracker is not None and param.grad is not None:
+            self.tracker.set_role(param.grad, "gradient")
+
+    def _optimizer_stepped(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self.tracker is not None and self._ctx is not None:
+            self.tracker.refresh_roles(self._ctx.models(), self._ctx.optimizers())
+            self._emit_tracked(self._ctx, "optimizer_end", None)
+
+    def _on_op(self, op: str, module: str | None) -> None:
+        if self.deep and self._ctx is not None:
+            self._emit_tracked(self._ctx, op, module)
+
+    def _on_budget_exceeded(self, info: BudgetExceeded) -> None:
+        ctx = self._ctx
+        if ctx is None:
+            return
+        data = dataclasses.asdict(info)
+        data.update(
+            kind="budget",
+            message=f"{info.op} asked for {info.requested_bytes} bytes beyond the budget",
+            frames=user_frames(traceback.extract_stack()),
+            snapshot_path=None,
+        )
+        ctx.emit(Event(rank=ctx.rank, step=info.step, name="oom", data=data))
+
+    # -- samples ---------------------------------------------------------------------------
+    def _emit_tracked(
+        self, ctx: AgentContext, event: str, module: str | None, *, step: int | None = None, force: bool = False
+    ) -> None:
+        tracker = self.tracker
+        if tracker is None or not (self.deep or self.continuous or force):
+            return
+        allocated = reserved = None
+        if self.cuda:
+            index = _cuda_index(ctx)
+            allocated = int(torch.cuda.memory_allocated(index))
+            reserved = int(torch.cuda.memory_reserved(index))
+        ctx.emit(
+            MemorySample(
+                rank=ctx.rank,
+                step=ctx.step if step is None else step,
+                time=time.perf_counter() - ctx.step_start,
+                event=event,
+                module=module,
+                categories=dict(tracker.totals),
+                total_bytes=tracker.total,
+                allocated_bytes=allocated,
+                reserved_bytes=reserved,
+            )
+        )
+
+    def _light_categories(self, ctx: AgentContext) -> dict[str, int]:
+        """Parameter and optimizer-state bytes (re-read every ``LIGHT_REFRESH_STEPS``) and
+        gradient bytes now, from ``untyped_storage().nbytes()`` of the model's tensors."""
+        if ctx.step - self._light_step >= LIGHT_REFRESH_STEPS or ctx.step < self._light_step:
+            self._light_step = ctx.step
+            sizes = dict.fromkeys(("parameter", "optimizer_state"), 0)
+            seen: set[int] = set()
+            for role, tensor in role_tensors(ctx.models(), ctx.optimizers()):
+                found = storage_key(tensor)
+                if role in sizes and found is not None and found[0] not in seen:
+                    seen.add(found[0])
+                    sizes[role] += found[1]
+            self._light = sizes
+            self._params = _parameters(ctx)
+        grads = 0
+        for p in self._params:
+            grad = p.grad
+            if grad is not None:
+                grads += grad.untyped_storage().nbytes()
+        categories = dict.fromkeys(MEMORY_CATEGORIES, 0)
+        categories.update(self._light)
+        categories["gradient"] = grads
+        return categories
+
+    def _emit_light(self, ctx: AgentContext, phase: str) -> None:
+        categories = self._light_categories(ctx)
+        allocated = reserved = None
+        if self.cuda:
+            index = _cuda_index(ctx)
+            allocated = int(torch.cuda.memory_allocated(index))
+            reserved = int(torch.cuda.memory_reserved(index))
+            known = sum(categories.values())
+            categories["other"] = max(0, allocated - known)  # activations, temporaries, inputs
+        ctx.emit(
+            MemorySample(
+                rank=ctx.rank,
+                step=ctx.step,
+                time=time.perf_counter() - ctx.step_start,
+                event=f"{phase}_start",
+                categories=categories,
+                total_bytes=sum(categories.values()),
+                allocated_bytes=allocated,
+                reserved_bytes=reserved,
+            )
+        )
+
+    def _cuda_view(self, ctx: AgentContext) -> dict[str, Any]:
+        """Allocator counters plus NVML's view of this process (bytes; None where NVML cannot say)."""
+        import os
+
+        index = _cuda_index(ctx)
+        view: dict[str, Any] = dict(allocator_view(index))
+        uuid = device_uuid(index)
+        used = self.nvml.process_used_bytes(index, os.getpid(), uuid)
+        view["device_used_bytes"] = used
+        view["device_used_outside_torch_bytes"] = (
+            used - view["reserved_bytes"] if used is not None else None
+        )
+        view["device_total_used_bytes"] = self.nvml.device_used_bytes(index, uuid)
+        return view
+
+
+def _parameters(ctx: AgentContext) -> list[torch.Tensor]:
+    seen: dict[int, torch.Tensor] = {}
+    for model in ctx.models():
+        for p in model.parameters():
+            seen.setdefault(id(p), p)
+    for opt in ctx.optimizers():
+        for group in opt.param_groups:
+            for p in group["params"]:
+                seen.setdefault(id(p), p)
+    return list(seen.values())
+
+
+def _cuda_index(ctx: AgentContext) -> int:
+    device = ctx.device
+    if device.type == "cuda" and device.index is not None:
+        return device.index
+    return torch.cuda.current_device()

@@ -1,0 +1,332 @@
+"""Exact storage accounting by category: a dispatch mode plus saved-tensor hooks.
+
+Each op's output storages are registered when an op first produces them (outputs whose storage
+is already known, i.e. views and in-place results, are not counted again), and
+``weakref.finalize`` on the untyped storage sees the free. ``torch.autograd.graph
+.saved_tensors_hooks`` marks the storages autograd saves for backward; the packed holder's
+release tells when autograd lets go of them. Costs about a few times a step (every op goes
+through Python), so it runs on deep-sampled steps only, or on every step under an enforced
+budget on CPU.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from probes.memory.categories import choose_category, role_tensors, storage_of, tensors_in
+from probes.records import MEMORY_CATEGORIES
+
+
+def _op_name(func: Any) -> str:
+    packet = getattr(func, "overloadpacket", None)
+    return str(packet) if packet is not None else str(func)
+
+
+class _Entry:
+    __slots__ = ("nbytes", "origin", "step", "module", "op", "category", "finalizer")
+
+    def __init__(self, nbytes: int, origin: str, step: int, module: str | None, op: str) -> None:
+        self.nbytes = nbytes
+        self.origin = origin
+        self.step = step
+        self.module = module
+        self.op = op
+        self.category = "other"
+        self.finalizer: weakref.finalize | None = None
+
+
+class _Packed:
+    """What autograd keeps for a saved tensor while our hooks are on; its death means release."""
+
+    __slots__ = ("tensor", "key", "tracker", "generation")
+
+    def __init__(self, tensor: torch.Tensor, key: int, tracker: "StorageTracker") -> None:
+        # detach(): keeping the saved output itself (with its grad_fn) makes a reference cycle
+        # through the C++ graph that is never freed; autograd rebuilds the link on unpack.
+        self.tensor = tensor.detach()
+        self.key = key
+        self.tracker = tracker
+        self.generation = tracker.generation
+
+    def __del__(self) -> None:
+        self.tracker._unsave(self.key, self.generation)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BudgetExceeded:
+    """What the tracker knew when an op's outputs would have exceeded the budget."""
+
+    op: str
+    module: str | None
+    requested_bytes: int
+    budget_bytes: int
+    tracked_bytes: int
+    categories: dict[str, int]
+    top_modules: list[dict[str, Any]]
+    step: int
+    phase: str
+
+
+class StorageTracker(TorchDispatchMode):
+    """Live bytes by category of the storages on ``device_type``, updated op by op.
+
+    ``current_module`` names the innermost module running (for attribution); ``on_op`` is called
+    after each op that allocated (the timeline); ``on_saved(key, nbytes, is_role)`` when autograd
+    saves a storage; ``on_backward_op(node, seconds)`` for each op run by an autograd node;
+    ``on_budget_exceeded`` just before ``torch.OutOfMemoryError`` is raised.
+    """
+
+    def __init__(
+        self,
+        *,
+        device_type: str = "cpu",
+        budget_bytes: int | None = None,
+        current_module: Callable[[], str | None] = lambda: None,
+        on_op: Callable[[str, str | None], None] | None = None,
+        on_saved: Callable[[int, int, bool], None] | None = None,
+        on_backward_op: Callable[[Any, float], None] | None = None,
+        on_budget_exceeded: Callable[[BudgetExceeded], None] | None = None,
+    ) -> None:
+        super().__init__()
+        self.device_type = device_type
+        self.budget_bytes = budget_bytes
+        self.current_module = current_module
+        self.on_op = on_op
+        self.on_saved = on_saved
+        self.on_backward_op = on_backward_op
+        self.on_budget_exceeded = on_budget_exceeded
+        self.entries: dict[int, _Entry] = {}
+        self.roles: dict[int, str] = {}
+        self.saved: dict[int, int] = {}  # storage key -> number of live saved references
+        self.totals: dict[str, int] = dict.fromkeys(MEMORY_CATEGORIES, 0)
+        self.total = 0
+        self.peak_total = 0
+        self.peak_categories: dict[str, int] = dict(self.totals)
+        self.step = 0
+        self.phase = "data"
+        self.generation = 0
+        self.active = False
+        self.failed_op: tuple[str, str | None] | None = None
+        self._hooks: Any = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Enter the dispatch mode and the saved-tensor hooks on this thread."""
+        self.generation += 1
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._hooks.__enter__()
+        self.__enter__()
+        self.active = True
+
+    def stop(self) -> None:
+        """Leave the mode and hooks (in reverse order) and forget every storage."""
+        if not self.active:
+            return
+        self.active = False
+        self.__exit__(None, None, None)
+        self._hooks.__exit__(None, None, None)
+        self._hooks = None
+        for entry in self.entries.values():
+            if entry.finalizer is not None:
+                entry.finalizer.detach()
+        self.entries.clear()
+        self.roles.clear()
+        self.saved.clear()
+        self.totals = dict.fromkeys(MEMORY_CATEGORIES, 0)
+        self.total = 0
+        self.generation += 1
+
+    def reset_peak(self) -> None:
+        self.peak_total = self.total
+        self.peak_categories = dict(self.totals)
+
+    # -- what is alive ---------------------------------------------------------------------
+    def add_existing(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Count storages that were alive before tracking began (category other unless a role)."""
+        for tensor in tensors:
+            self._ensure(tensor, origin="other", step=-1, op="existing")
+
+    def refresh_roles(
+        self, models: Iterable[torch.nn.Module], optimizers: Iterable[torch.optim.Optimizer]
+    ) -> None:
+        """Re-read parameters, ``.grad`` and ``optimizer.state``; re-classify what changed."""
+        new: dict[int, str] = {}
+        for role, tensor in role_tensors(models, optimizers):
+            key = self._ensure(tensor, origin="other", step=-1, op="existing")
+            if key is not None and key not in new:
+                new[key] = role
+        changed = {k for k in new.keys() | self.roles.keys() if new.get(k) != self.roles.get(k)}
+        self.roles = new
+        for key in changed:
+            self._reclassify(key)
+
+    def set_role(self, tensor: torch.Tensor, role: str) -> None:
+        key = self._ensure(tensor, origin="other", step=-1, op="existing")
+        if key is not None and self.roles.get(key) != role:
+            self.roles[key] = role
+            self._reclassify(key)
+
+    def set_step(self, step: int) -> None:
+        if step != self.step:
+            self.step = step
+            for key in list(self.entries):
+                self._reclassify(key)
+
+    def top_modules(self, limit: int = 5) -> list[dict[str, Any]]:
+        """Live bytes by the module whose op created them, largest first."""
+        by_module: dict[str, int] = {}
+        for entry in list(self.entries.values()):
+            if entry.module is not None:
+                by_module[entry.module] = by_module.get(entry.module, 0) + entry.nbytes
+        ranked = sorted(by_module.items(), key=lambda kv: -kv[1])[:limit]
+        return [{"name": name, "bytes": nbytes} for name, nbytes in ranked]
+
+    # -- bookkeeping -----------------------------------------------------------------------
+    def _ensure(self, tensor: torch.Tensor, *, origin: str, step: int, op: str) -> int | None:
+        storage = storage_of(tensor)
+        if storage is None or storage.device.type != self.device_type:
+            return None
+        key = storage._cdata
+        if key not in self.entries:
+            nbytes = storage.nbytes()
+            if nbytes == 0:
+                return None
+            self._add(key, storage, nbytes, origin, step, op)
+        return key
+
+    def _add(
+        self, key: int, storage: torch.UntypedStorage, nbytes: int, origin: str, step: int, op: str
+    ) -> None:
+        entry = _Entry(nbytes, origin, step, self.current_module(), op)
+        entry.category = self._category(key, entry)
+        entry.finalizer = weakref.finalize(storage, self._freed, key, self.generation)
+        entry.finalizer.atexit = False
+        self.entries[key] = entry
+        self.totals[entry.category] += nbytes
+        self.total += nbytes
+
+    def _category(self, key: int, entry: _Entry) -> str:
+        return choose_category(
+            self.roles.get(key),
+            saved=self.saved.get(key, 0) > 0,
+            created_step=entry.step,
+            step=self.step,
+            origin=entry.origin,
+        )
+
+    def _reclassify(self, key: int) -> None:
+        entry = self.entries.get(key)
+        if entry is None:
+            return
+        category = self._category(key, entry)
+        if category != entry.category:
+            self.totals[entry.category] -= entry.nbytes
+            self.totals[category] += entry.nbytes
+            entry.category = category
+
+    def _freed(self, key: int, generation: int) -> None:
+        if generation != self.generation:
+            return
+        entry = self.entries.pop(key, None)
+        self.roles.pop(key, None)
+        self.saved.pop(key, None)
+        if entry is not None:
+            self.totals[entry.category] -= entry.nbytes
+            self.total -= entry.nbytes
+
+    def _note_peak(self) -> None:
+        if self.total > self.peak_total:
+            self.peak_total = self.total
+            self.peak_categories = dict(self.totals)
+
+    # -- saved tensors ---------------------------------------------------------------------
+    def _pack(self, tensor: torch.Tensor) -> Any:
+        key = self._ensure(tensor, origin="other", step=-1, op="existing")
+        if key is None:
+            return tensor
+        self.saved[key] = self.saved.get(key, 0) + 1
+        self._reclassify(key)
+        if self.on_saved is not None:
+            self.on_saved(key, self.entries[key].nbytes, key in self.roles)
+        return _Packed(tensor, key, self)
+
+    @staticmethod
+    def _unpack(packed: Any) -> torch.Tensor:
+        return packed.tensor if isinstance(packed, _Packed) else packed
+
+    def _unsave(self, key: int, generation: int) -> None:
+        if generation != self.generation or key not in self.saved:
+            return
+        self.saved[key] -= 1
+        if self.saved[key] <= 0:
+            del self.saved[key]
+            self._reclassify(key)
+
+    # -- every op --------------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        node = torch._C._current_autograd_node() if self.on_backward_op is not None else None
+        start = time.perf_counter()
+        try:
+            out = func(*args, **(kwargs or {}))
+        except torch.OutOfMemoryError:
+            # A real allocator OOM inside an op: the flight recorder names it from here.
+            self.failed_op = (_op_name(func), self.current_module())
+            raise
+        if node is not None:
+            self.on_backward_op(node, time.perf_counter() - start)  # type: ignore[misc]
+        self._register_outputs(func, out)
+        return out
+
+    def _register_outputs(self, func: Any, out: Any) -> None:
+        fresh: list[tuple[int, torch.UntypedStorage, int]] = []
+        for tensor in tensors_in(out):
+            storage = storage_of(tensor)
+            if storage is None or storage.device.type != self.device_type:
+                continue
+            key = storage._cdata
+            # Views and in-place results share a storage we already count.
+            if key in self.entries or any(key == k for k, _, _ in fresh):
+                continue
+            nbytes = storage.nbytes()
+            if nbytes:
+                fresh.append((key, storage, nbytes))
+        if not fresh:
+            return
+        op = _op_name(func)
+        requested = sum(n for _, _, n in fresh)
+        if self.budget_bytes is not None and self.total + requested > self.budget_bytes:
+            self._exceeded(op, requested)
+        origin = "input" if self.phase == "data" else "temporary"
+        for key, storage, nbytes in fresh:
+            self._add(key, storage, nbytes, origin, self.step, op)
+        self._note_peak()
+        if self.on_op is not None:
+            self.on_op(op, self.current_module())
+
+    def _exceeded(self, op: str, requested: int) -> None:
+        budget = int(self.budget_bytes or 0)
+        info = BudgetExceeded(
+            op=op,
+            module=self.current_module(),
+            requested_bytes=requested,
+            budget_bytes=budget,
+            tracked_bytes=self.total,
+            categories=dict(self.totals),
+            top_modules=self.top_modules(),
+            step=self.step,
+            phase=self.phase,
+        )
+        if self.on_budget_exceeded is not None:
+            self.on_budget_exceeded(info)
+        error = torch.OutOfMemoryError(
+            f"advisor memory budget exceeded: {op} asked for {requested} bytes with {self.total} "
+            f"tracked, budget {budget} bytes (enforced by --memory-budget)"
+        )
+        error.advisor_oom_recorded = True  # type: ignore[attr-defined]
+        raise error
