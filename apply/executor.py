@@ -1,0 +1,413 @@
+"""Enact remedies in the training process at step boundaries, measure them, keep or revert.
+
+Threads: ``submit`` is called by the agent's socket-reader thread and only
+queues the command (under a lock). Everything else (``on_boundary``,
+``on_step_end``, ``close``, the model changes, ``ctx.request_deep`` and
+``ctx.emit``) runs on the training thread, between optimizer steps, where no
+forward or backward is in flight.
+
+Flow of one ``{"type": "apply", ...}`` command:
+
+1. *Before window.* If no deep-sampled step (one with a peak) was seen in the
+   last ``max(2 * measure_steps, 8)`` steps, ask for ``measure_steps`` deep steps
+   and, when no ``at_step`` was given, wait for them (at most
+   ``measure_steps + 1`` boundaries: on CPU deep steps carry no peak).
+2. *Apply* at the boundary starting step ``at_step`` (or the next boundary once
+   step 1 is done; an ``at_step`` already past means the next boundary). Emit
+   ``Event("apply_started")`` and ``ctx.request_deep(measure_steps + 1)``.
+3. *After window*: steps ``at_step .. at_step + measure_steps``. The first one is
+   a warm-up: it counts for the peak (its peak is real; a job must fit it) but
+   not for the step time (first-call costs, allocator growth).
+4. *Decide* with ``decide`` below, emit ``Event("apply_result")``; a revert
+   happens at the next boundary, before the result is emitted.
+
+Failures: an exception while applying (the apply functions are atomic; the
+registry reverts a handle when it fails after returning) gives status
+"failed" and training goes on unchanged. An exception raised later *inside*
+the remedied forward or backward (e.g. a recomputation that fails during the
+measured steps) happens in the user's ``loss.backward()`` and cannot be caught
+here: it reaches the script like any training error (the agent's exit record
+reports it).
+
+Multiple ranks: each rank runs its own executor; the controller must send the
+same explicit ``at_step`` to all ranks, since "next boundary" differs by rank.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from torch import nn
+
+from apply import registry
+from apply.results import ApplyResult, Measurement
+from probes.probe import AgentContext
+from probes.records import Event, StepSample
+
+logger = logging.getLogger("advisor.apply")
+
+DEFAULT_MEASURE_STEPS = 3
+DEFAULT_TIME_MARGIN = 0.25  # ctx.config["apply_time_margin"]: tolerated slowdown beyond the reference
+HISTORY = 64
+
+
+def decide(
+    *,
+    before: Measurement,
+    after: Measurement,
+    predicted: Measurement,
+    budget_bytes: int | None,
+    margin: float = DEFAULT_TIME_MARGIN,
+) -> tuple[bool, str]:
+    """Keep or revert a remedy that applied without error; returns (keep, reason).
+
+    - With a memory budget and a measured peak: keep iff the peak fits the budget.
+    - Otherwise keep iff the peak went down, or the step time stayed within
+      ``(1 + margin)`` of the reference: the predicted step time when there is
+      one (a remedy may be expected to cost time), else the measured before time.
+    - With nothing measured on either side, keep: there is no evidence against it.
+    """
+    peak = after.peak_memory_bytes
+    if budget_bytes is not None and peak is not None:
+        if peak <= budget_bytes:
+            return True, f"peak {_gb(peak)} fits the budget {_gb(budget_bytes)}"
+        return False, f"peak {_gb(peak)} exceeds the budget {_gb(budget_bytes)}"
+    peak_down = peak is not None and before.peak_memory_bytes is not None and peak < before.peak_memory_bytes
+    reference = predicted.step_time_s if predicted.step_time_s is not None else before.step_time_s
+    limit = reference * (1.0 + margin) if reference is not None else None
+    time_ok = after.step_time_s is None or limit is None or after.step_time_s <= limit
+    if peak_down:
+        return True, f"peak went down from {_gb(before.peak_memory_bytes)} to {_gb(peak)}"
+    if time_ok:
+        if after.step_time_s is None or limit is None:
+            return True, "no slowdown measurable and no error"
+        return True, f"step time {after.step_time_s:.4g} s within {limit:.4g} s (reference +{margin:.0%})"
+    return False, (f"peak did not go down and step time {after.step_time_s:.4g} s exceeds "
+                   f"{limit:.4g} s (reference +{margin:.0%})")
+
+
+def _gb(value: int | None) -> str:
+    return "?" if value is None else f"{value / 2**30:.3g} GiB"
+
+
+def measure(samples: list[StepSample], *, warmup: int = 0) -> Measurement:
+    """Peak over all ``samples``; median step time over those after the first ``warmup``.
+
+    Deep-sampled steps are slower (the deep probes run), so the time comes
+    from light steps when there are any, else from the deep ones.
+    """
+    peaks = [s.peak_memory_bytes for s in samples if s.peak_memory_bytes is not None]
+    timed = samples[warmup:]
+    light = [s for s in timed if not s.deep]
+    use = light or timed
+    return Measurement(
+        peak_memory_bytes=max(peaks) if peaks else None,
+        step_time_s=statistics.median(s.time_s for s in use) if use else None,
+        steps=tuple(s.index for s in samples),
+    )
+
+
+def _measure_steps(command: Mapping[str, Any]) -> Any:
+    value = command.get("measure_steps")
+    return DEFAULT_MEASURE_STEPS if value is None else value  # JSON null means the default
+
+
+def _prewarm() -> None:
+    """Import ``torch._dynamo`` here, on the socket thread, not at the apply boundary.
+
+    ``torch.utils.checkpoint`` is wrapped in ``torch._disable_dynamo``, which
+    imports dynamo lazily on the first call: seconds of stall inside the user's
+    first checkpointed step otherwise. Best effort; the first call imports it anyway.
+    """
+    try:
+        import torch._dynamo  # noqa: F401
+    except Exception:  # pragma: no cover - an import problem shows up at the first call instead
+        pass
+
+
+@dataclass(kw_only=True)
+class _Request:
+    """An apply command waiting for its boundary."""
+
+    remedy: str
+    params: dict[str, Any]
+    recommendation_id: str | None
+    predicted: Measurement
+    at_step: int | None
+    measure_steps: int
+    deep_requested_at: int | None = None
+
+
+@dataclass(kw_only=True)
+class _Active:
+    """Remedies applied at ``applied_at`` whose after window is being measured."""
+
+    results: list[ApplyResult]  # status "kept" placeholders until decided
+    handles: list[registry.RemedyHandle]
+    applied_at: int
+    measure_steps: int
+    from_plan: bool = False
+    after: list[StepSample] = field(default_factory=list)
+
+
+class Executor:
+    """Applies, measures and reverts remedies; see the module docstring for who calls what."""
+
+    def __init__(self, ctx: AgentContext) -> None:
+        self.ctx = ctx
+        self._lock = threading.Lock()
+        self._inbox: deque[dict[str, Any]] = deque()
+        self._queue: deque[_Request] = deque()
+        self._history: deque[StepSample] = deque(maxlen=HISTORY)
+        self._active: _Active | None = None
+        self._to_revert: _Active | None = None  # decided "revert", done at the next boundary
+        self._kept: list[_Active] = []  # applied and kept, newest last (for "revert")
+        self.results: list[ApplyResult] = []  # every result emitted, in order
+
+    # -- socket thread -------------------------------------------------------------
+
+    def submit(self, command: Mapping[str, Any]) -> None:
+        """Queue a controller command; ``ValueError`` (for the controller's reply) when malformed."""
+        kind = command.get("type") if isinstance(command, Mapping) else None
+        if kind == "apply":
+            rec = command.get("recommendation")
+            if not isinstance(rec, Mapping) or not isinstance(rec.get("remedy"), str):
+                raise ValueError("apply needs a recommendation with a 'remedy' name")
+            params = rec.get("params") or {}
+            if not isinstance(params, Mapping):
+                raise ValueError("recommendation params must be an object")
+            clean, _ = registry.split_params(params)
+            registry.check_params(rec["remedy"], clean)  # also rejects unknown remedies
+            at_step = command.get("at_step")
+            if at_step is not None and (not isinstance(at_step, int) or at_step < 0):
+                raise ValueError(f"at_step must be a step index >= 0 or null, not {at_step!r}")
+            steps = _measure_steps(command)
+            if not isinstance(steps, int) or steps < 1:
+                raise ValueError(f"measure_steps must be an integer >= 1, not {steps!r}")
+        elif kind != "revert":
+            raise ValueError(f"unknown command type {kind!r}; valid: ['apply', 'revert']")
+        with self._lock:
+            self._inbox.append(dict(command))
+        if kind == "apply":
+            _prewarm()
+
+    # -- training thread -----------------------------------------------------------
+
+    def on_step_end(self, sample: StepSample) -> None:
+        """Record a finished step's sample (the agent calls this once per step, rank-local)."""
+        try:
+            self._history.append(sample)
+            active = self._active
+            if active is None or sample.index < active.applied_at:
+                return
+            active.after.append(sample)
+            if len(active.after) >= active.measure_steps + 1:  # warm-up + the measured steps
+                self._decide(active, complete=True)
+        except Exception as exc:  # the executor must never break training
+            self._internal_error("on_step_end", exc)
+
+    def on_boundary(self, step: int) -> None:
+        """At the boundary that starts step ``step`` (right after the previous optimizer step)."""
+        try:
+            self._drain()
+            if self._to_revert is not None:
+                self._revert_active(self._to_revert, step)
+                self._to_revert = None
+            if self._queue and self._active is None and self._to_revert is None:
+                request = self._queue[0]
+                if self._ready(request, step):
+                    self._queue.popleft()
+                    self._apply(request, step)
+        except Exception as exc:
+            self._internal_error("on_boundary", exc)
+
+    def adopt(self, results: list[ApplyResult], handles: list[registry.RemedyHandle], *,
+              at_step: int, measure_steps: int = DEFAULT_MEASURE_STEPS) -> None:
+        """Measure remedies applied outside a boundary (a plan, before step 0); they are always kept."""
+        self._active = _Active(results=results, handles=handles, applied_at=at_step,
+                               measure_steps=measure_steps, from_plan=True)
+        self.ctx.request_deep(measure_steps + 1)
+
+    def close(self) -> None:
+        """Training ended: report what is being measured with the steps seen (nothing is reverted)."""
+        if self._active is not None:
+            self._decide(self._active, complete=False)
+        if self._to_revert is not None:  # decided but no boundary left to revert at: report as kept
+            active, self._to_revert = self._to_revert, None
+            self._emit_results(active, status="kept", reason="training ended before the revert")
+
+    # -- internals -----------------------------------------------------------------
+
+    def _drain(self) -> None:
+        with self._lock:
+            commands = list(self._inbox)
+            self._inbox.clear()
+        for command in commands:
+            if command["type"] == "revert":
+                if self._queue:  # not applied yet: cancelling it is the revert the user meant
+                    self._cancel(self._queue.pop())
+                else:
+                    self._user_revert()
+                continue
+            rec = command["recommendation"]
+            pred = rec.get("predicted") or {}
+            self._queue.append(_Request(
+                remedy=rec["remedy"],
+                params=dict(rec.get("params") or {}),
+                recommendation_id=rec.get("id"),
+                predicted=Measurement(peak_memory_bytes=pred.get("peak_memory_bytes"),
+                                      step_time_s=pred.get("step_time_s")),
+                at_step=command.get("at_step"),
+                measure_steps=_measure_steps(command),
+            ))
+
+    def _recent_deep(self, step: int, measure_steps: int) -> bool:
+        horizon = step - max(2 * measure_steps, 8)
+        return any(s.peak_memory_bytes is not None and s.index >= horizon for s in self._history)
+
+    def _ready(self, request: _Request, step: int) -> bool:
+        m = request.measure_steps
+        need_before = not self._recent_deep(step, m)
+        if request.at_step is not None:
+            if need_before and request.deep_requested_at is None and request.at_step - step <= m + 1:
+                self.ctx.request_deep(m)
+                request.deep_requested_at = step
+            return step >= request.at_step
+        if request.deep_requested_at is None:
+            if not need_before:
+                return True
+            self.ctx.request_deep(m)
+            request.deep_requested_at = step
+            return False
+        seen = sum(1 for s in self._history if s.deep and s.index >= request.deep_requested_at)
+        # Deep steps may carry no peak (CPU), or start a step late: bound the wait.
+        return seen >= m or step >= request.deep_requested_at + m + 1
+
+    def _before(self, step: int, measure_steps: int) -> Measurement:
+        window = [s for s in self._history if step - max(2 * measure_steps, 8) <= s.index < step]
+        peaks = [s for s in window if s.peak_memory_bytes is not None][-measure_steps:]
+        light = [s for s in window if not s.deep][-measure_steps:]
+        timed = light or window[-measure_steps:]
+        return Measurement(
+            peak_memory_bytes=max(s.peak_memory_bytes for s in peaks) if peaks else None,  # type: ignore[misc]
+            step_time_s=statistics.median(s.time_s for s in timed) if timed else None,
+            steps=tuple(sorted({s.index for s in peaks} | {s.index for s in timed})),
+        )
+
+    def _target(self, params: Mapping[str, Any]) -> nn.Module:
+        models = self.ctx.models()
+        if not models:
+            raise RuntimeError("no model discovered yet in this process")
+        names = params.get("modules")
+        if len(models) > 1 and isinstance(names, (list, tuple)):
+            for model in models:
+                table = dict(model.named_modules())
+                if all(n in table for n in names):
+                    return model
+        return models[0]
+
+    def _apply(self, request: _Request, step: int) -> None:
+        before = self._before(step, request.measure_steps)
+        result = ApplyResult(
+            remedy=request.remedy, recommendation_id=request.recommendation_id,
+            params={k: v for k, v in request.params.items() if k != registry.FAULT_KEY},
+            rank=self.ctx.rank, at_step=step, predicted=request.predicted, before=before, status="kept",
+        )
+        try:
+            handle = registry.apply_remedy(self._target(request.params), request.remedy, request.params)
+        except Exception as exc:  # atomic apply: the model is as it was
+            logger.warning("Applying %s failed, training goes on unchanged: %s", request.remedy, exc)
+            self._emit(step, "apply_result", result.with_(
+                status="failed", at_step=None, error=f"{type(exc).__name__}: {exc}",
+                reason="applying raised; nothing was changed"), record=True)
+            return
+        self._emit(step, "apply_started", {
+            "remedy": request.remedy, "recommendation_id": request.recommendation_id,
+            "params": result.params, "at_step": step, "measure_steps": request.measure_steps,
+            "before": before.to_dict(),
+        })
+        self._active = _Active(results=[result], handles=[handle], applied_at=step,
+                               measure_steps=request.measure_steps)
+        self.ctx.request_deep(request.measure_steps + 1)
+
+    def _decide(self, active: _Active, *, complete: bool) -> None:
+        self._active = None
+        after = measure(active.after, warmup=1 if len(active.after) > 1 else 0)
+        active.results = [r.with_(after=after) for r in active.results]
+        if active.from_plan:
+            reason = "applied from the plan before the first step"
+            self._finish(active, keep=True, reason=reason if complete else reason + "; training ended early")
+            return
+        budget = self.ctx.config.get("memory_budget_bytes")
+        margin = float(self.ctx.config.get("apply_time_margin", DEFAULT_TIME_MARGIN))
+        first = active.results[0]
+        keep, reason = decide(before=first.before, after=after, predicted=first.predicted,
+                              budget_bytes=budget, margin=margin)
+        if not complete:
+            keep, reason = True, reason + "; training ended before the window completed, not reverted"
+        self._finish(active, keep=keep, reason=reason)
+
+    def _finish(self, active: _Active, *, keep: bool, reason: str) -> None:
+        if keep:
+            self._kept.append(active)
+            self._emit_results(active, status="kept", reason=reason)
+        else:
+            active.results = [r.with_(reason=reason) for r in active.results]
+            self._to_revert = active  # reverted at the next boundary, then reported
+
+    def _revert_active(self, active: _Active, step: int, reason: str | None = None) -> None:
+        error = None
+        for handle in reversed(active.handles):
+            try:
+                handle.revert()
+            except Exception as exc:  # report it; the other handles still get reverted
+                error = f"{type(exc).__name__}: {exc}"
+        self._emit_results(active, status="failed" if error else "reverted",
+                           reason=reason or active.results[0].reason, error=error)
+
+    def _cancel(self, request: _Request) -> None:
+        result = ApplyResult(remedy=request.remedy, recommendation_id=request.recommendation_id,
+                             params={k: v for k, v in request.params.items() if k != registry.FAULT_KEY},
+                             rank=self.ctx.rank, predicted=request.predicted, status="reverted",
+                             reason="cancelled on request before it was applied")
+        self._emit(self.ctx.step, "apply_result", result, record=True)
+
+    def _user_revert(self) -> None:
+        step = self.ctx.step
+        if self._active is not None:
+            active, self._active = self._active, None
+            active.results = [r.with_(after=measure(active.after, warmup=1)) for r in active.results]
+            self._revert_active(active, step, reason="reverted on request during measurement")
+        elif self._to_revert is not None:
+            active, self._to_revert = self._to_revert, None
+            self._revert_active(active, step)
+        elif self._kept:
+            active = self._kept.pop()
+            for handle in reversed(active.handles):
+                handle.revert()
+            for r in active.results:
+                self._emit(step, "apply_reverted", {"remedy": r.remedy, "recommendation_id": r.recommendation_id,
+                                                    "at_step": step, "reason": "reverted on request"})
+        else:
+            self._emit(step, "warning", {"source": "apply", "message": "revert requested; nothing is applied"})
+
+    def _emit_results(self, active: _Active, *, status: str, reason: str, error: str | None = None) -> None:
+        for r in active.results:
+            self._emit(self.ctx.step, "apply_result", r.with_(status=status, reason=reason, error=error),
+                       record=True)
+
+    def _emit(self, step: int, name: str, data: Any, *, record: bool = False) -> None:
+        if record:
+            self.results.append(data)
+            data = data.to_dict()
+        self.ctx.emit(Event(rank=self.ctx.rank, step=step, name=name, data=data))
+
+    def _internal_error(self, where: str, exc: Exception) -> None:
+        logger.exception("advisor apply executor failed in %s", where)
+        self.ctx.emit(Event(rank=self.ctx.rank, step=None, name="warning",
+                            data={"source": "apply", "message": f"executor error in {where}: {exc}"}))

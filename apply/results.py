@@ -1,0 +1,108 @@
+"""The outcome of applying one remedy: predicted against measured, and what was decided.
+
+Pure standard library: the executor builds it in the training process, it
+travels as ``Event(name="apply_result", data=result.to_dict())`` and the
+report reads it back with ``ApplyResult.from_dict``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, Mapping
+
+Status = Literal["kept", "reverted", "failed"]
+STATUSES: tuple[str, ...] = ("kept", "reverted", "failed")
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is None or math.isfinite(value) else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measurement:
+    """Peak memory and step time over a window of steps (None where not measured).
+
+    ``peak_memory_bytes``: the highest ``StepSample.peak_memory_bytes`` (the
+    allocator peak of deep-sampled steps, ``torch.cuda.max_memory_allocated``)
+    in the window, bytes. ``step_time_s``: median ``StepSample.time_s``
+    (wall clock between optimizer-step boundaries), seconds.
+    """
+
+    peak_memory_bytes: int | None = None
+    step_time_s: float | None = None
+    steps: tuple[int, ...] = ()  # the StepSample indexes the figures come from
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "step_time_s": _finite(self.step_time_s),
+            "steps": list(self.steps),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> "Measurement":
+        data = data or {}
+        return cls(
+            peak_memory_bytes=data.get("peak_memory_bytes"),
+            step_time_s=data.get("step_time_s"),
+            steps=tuple(data.get("steps") or ()),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApplyResult:
+    """One remedy applied (or attempted) at a step boundary of one rank."""
+
+    remedy: str
+    recommendation_id: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    rank: int = 0
+    at_step: int | None = None  # first step that ran with the remedy (None: never applied)
+    predicted: Measurement = field(default_factory=Measurement)
+    before: Measurement = field(default_factory=Measurement)
+    after: Measurement = field(default_factory=Measurement)
+    status: Status
+    error: str | None = None  # "ExcType: message" when status is "failed"
+    reason: str = ""  # why kept / reverted, in one sentence
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"status {self.status!r}; valid: {list(STATUSES)}")
+
+    def with_(self, **changes: Any) -> "ApplyResult":
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "remedy": self.remedy,
+            "recommendation_id": self.recommendation_id,
+            "params": dict(self.params),
+            "rank": self.rank,
+            "at_step": self.at_step,
+            "predicted": {
+                "peak_memory_bytes": self.predicted.peak_memory_bytes,
+                "step_time_s": _finite(self.predicted.step_time_s),
+            },
+            "measured": {"before": self.before.to_dict(), "after": self.after.to_dict()},
+            "status": self.status,
+            "error": self.error,
+            "reason": self.reason,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ApplyResult":
+        measured = data.get("measured") or {}
+        return cls(
+            remedy=data["remedy"],
+            recommendation_id=data.get("recommendation_id"),
+            params=dict(data.get("params") or {}),
+            rank=data.get("rank", 0),
+            at_step=data.get("at_step"),
+            predicted=Measurement.from_dict(data.get("predicted")),
+            before=Measurement.from_dict(measured.get("before")),
+            after=Measurement.from_dict(measured.get("after")),
+            status=data["status"],
+            error=data.get("error"),
+            reason=data.get("reason", ""),
+        )

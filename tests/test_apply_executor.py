@@ -1,0 +1,229 @@
+"""Executor: applies at the requested boundary, measures before/after, keeps or reverts, survives failures."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+from fakes import FakeContext
+from test_apply_checkpoint import VOCAB, batches, make, train
+
+from apply import registry
+from apply.activation_checkpoint import is_checkpointed
+from apply.executor import Executor, decide
+from apply.results import ApplyResult, Measurement
+from probes.records import Event, StepSample
+
+REC = {"id": "r1", "remedy": "activation_checkpointing", "params": {"modules": ["blocks.0", "blocks.2"]},
+       "predicted": {"peak_memory_bytes": 1000, "step_time_s": 0.11}}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def drive(ctx: FakeContext, ex: Executor, model, opt, steps: int, *, deep_from: int = 0,
+          submit_at: dict[int, dict] | None = None) -> tuple[list[float], list[bool]]:
+    """The agent's side: boundary hook, the step, then the step's sample.
+
+    The sample's peak is the bytes autograd saved in the forward (what
+    checkpointing reduces); its time is synthetic (checkpointed steps slower).
+    Steps before ``deep_from`` are light: no peak.
+    """
+    torch.manual_seed(7)  # same dropout stream as test_apply_checkpoint.train
+    losses, flags = [], []
+    for i, (x, y) in enumerate(batches(steps)):
+        ctx.step = i
+        for command in (submit_at or {}).get(i, []):
+            ex.submit(command)
+        ex.on_boundary(i)
+        flags.append(is_checkpointed(model.blocks[0]))
+        saved = 0
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            nonlocal saved
+            saved += t.numel() * t.element_size()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = F.cross_entropy(model(x).view(-1, VOCAB), y.view(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        deep = i >= deep_from
+        ex.on_step_end(StepSample(index=i, time_s=0.12 if flags[-1] else 0.10,
+                                  peak_memory_bytes=saved if deep else None, deep=deep))
+    return losses, flags
+
+
+def events(ctx: FakeContext, name: str) -> list[Event]:
+    return [r for r in ctx.of_kind("event") if r.name == name]
+
+
+def setup(config: dict | None = None):
+    model, opt = make()
+    ctx = FakeContext([model], [opt], config=config)
+    return model, opt, ctx, Executor(ctx)
+
+
+def baseline(steps: int = 8) -> list[float]:
+    model, opt = make()
+    return train(model, opt, steps)
+
+
+def test_applies_at_requested_step_measures_and_keeps() -> None:
+    model, opt, ctx, ex = setup()
+    # The agent's socket thread submits; the training thread enacts.
+    t = threading.Thread(target=ex.submit, args=({"type": "apply", "recommendation": REC,
+                                                  "at_step": 3, "measure_steps": 2},))
+    t.start()
+    t.join()
+    losses, flags = drive(ctx, ex, model, opt, 8)
+    assert losses == baseline()
+    assert flags == [False, False, False, True, True, True, True, True]
+    started = events(ctx, "apply_started")
+    assert [e.step for e in started] == [3] and started[0].data["remedy"] == "activation_checkpointing"
+    [result] = events(ctx, "apply_result")
+    data = result.data
+    assert data["status"] == "kept" and data["error"] is None and data["at_step"] == 3
+    assert data["recommendation_id"] == "r1" and data["predicted"]["peak_memory_bytes"] == 1000
+    before, after = data["measured"]["before"], data["measured"]["after"]
+    assert before["steps"] == [1, 2] and after["steps"] == [3, 4, 5]  # last 2; warm-up + 2 measured
+    assert after["peak_memory_bytes"] < before["peak_memory_bytes"]
+    assert before["step_time_s"] == 0.10 and after["step_time_s"] == 0.12
+    assert "peak went down" in data["reason"]
+    assert 3 in ctx.deep_requests  # measure_steps + 1 deep steps requested at apply
+    assert ApplyResult.from_dict(data).to_dict() == data
+
+
+def test_over_budget_is_reverted_at_next_boundary_and_training_unchanged() -> None:
+    model, opt, ctx, ex = setup({"memory_budget_bytes": 1})
+    ex.submit({"type": "apply", "recommendation": REC, "at_step": 2, "measure_steps": 1})
+    losses, flags = drive(ctx, ex, model, opt, 8)
+    assert losses == baseline()
+    assert flags == [False, False, True, True, False, False, False, False]
+    [result] = events(ctx, "apply_result")
+    assert result.data["status"] == "reverted" and "exceeds the budget" in result.data["reason"]
+    assert result.step == 4
+    assert "forward" not in model.blocks[0].__dict__
+
+
+def test_injected_failure_reverts_and_training_goes_on(monkeypatch) -> None:
+    monkeypatch.setenv(registry.FAULTS_ENV, "1")
+    model, opt, ctx, ex = setup()
+    rec = dict(REC, params={**REC["params"], registry.FAULT_KEY: "apply"})
+    ex.submit({"type": "apply", "recommendation": rec, "at_step": 3})
+    losses, flags = drive(ctx, ex, model, opt, 8)
+    assert losses == baseline()
+    assert not any(flags)
+    assert events(ctx, "apply_started") == []
+    [result] = events(ctx, "apply_result")
+    assert result.data["status"] == "failed" and "injected failure" in result.data["error"]
+    assert registry.FAULT_KEY not in result.data["params"]
+    assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+def test_fault_key_ignored_without_env(monkeypatch) -> None:
+    monkeypatch.delenv(registry.FAULTS_ENV, raising=False)
+    model, opt, ctx, ex = setup()
+    rec = dict(REC, params={**REC["params"], registry.FAULT_KEY: "apply"})
+    ex.submit({"type": "apply", "recommendation": rec, "at_step": 1, "measure_steps": 1})
+    drive(ctx, ex, model, opt, 4)
+    assert [e.data["status"] for e in events(ctx, "apply_result")] == ["kept"]
+
+
+def test_registry_override_failing_after_partial_change() -> None:
+    """A remedy that raises half-way is the registry's contract breach; the error is reported, training continues."""
+    model, opt, ctx, ex = setup()
+
+    def broken(model, *, modules):
+        raise RuntimeError("boom")
+
+    registry.register("broken", broken)
+    try:
+        ex.submit({"type": "apply", "recommendation": {"id": "b", "remedy": "broken",
+                                                       "params": {"modules": []}}, "at_step": 1})
+        losses, _ = drive(ctx, ex, model, opt, 3)
+    finally:
+        registry.unregister("broken")
+    assert losses == baseline(3)
+    [result] = events(ctx, "apply_result")
+    assert result.data["status"] == "failed" and result.data["error"] == "RuntimeError: boom"
+
+
+def test_bad_module_name_fails_with_valid_names() -> None:
+    model, opt, ctx, ex = setup()
+    rec = dict(REC, params={"modules": ["blocks.7"]})
+    ex.submit({"type": "apply", "recommendation": rec, "at_step": 1})
+    drive(ctx, ex, model, opt, 3)
+    [result] = events(ctx, "apply_result")
+    assert result.data["status"] == "failed" and "blocks.1" in result.data["error"]
+
+
+def test_malformed_commands_rejected_on_submit() -> None:
+    _, _, _, ex = setup()
+    with pytest.raises(ValueError, match="activation_checkpointing"):
+        ex.submit({"type": "apply", "recommendation": {"remedy": "nope", "params": {}}})
+    with pytest.raises(ValueError, match="missing"):
+        ex.submit({"type": "apply", "recommendation": {"remedy": "activation_checkpointing", "params": {}}})
+    with pytest.raises(ValueError, match="valid"):
+        ex.submit({"type": "frobnicate"})
+    with pytest.raises(ValueError, match="measure_steps"):
+        ex.submit({"type": "apply", "recommendation": REC, "measure_steps": 0})
+
+
+def test_waits_for_a_deep_before_window_when_none_recent() -> None:
+    model, opt, ctx, ex = setup()
+    # Light steps 0-1 (no peak); apply submitted at step 2 without at_step; deep from step 2 on.
+    command = {"type": "apply", "recommendation": REC, "at_step": None, "measure_steps": 2}
+    _, flags = drive(ctx, ex, model, opt, 9, deep_from=2, submit_at={2: [command]})
+    assert ctx.deep_requests[0] == 2  # the before window, asked at boundary 2
+    assert flags.index(True) == 4  # applied once deep steps 2 and 3 were measured
+    [result] = events(ctx, "apply_result")
+    assert result.data["measured"]["before"]["peak_memory_bytes"] is not None
+    assert result.data["status"] == "kept"
+
+
+def test_user_revert_after_keep_and_cancel_before_apply() -> None:
+    model, opt, ctx, ex = setup()
+    apply = {"type": "apply", "recommendation": REC, "at_step": 1, "measure_steps": 1}
+    losses, flags = drive(ctx, ex, model, opt, 8, submit_at={1: [apply], 5: [{"type": "revert"}],
+                                                              6: [apply, {"type": "revert"}]})
+    assert losses == baseline()
+    assert flags == [False, True, True, True, True, False, False, False]
+    assert [e.step for e in events(ctx, "apply_reverted")] == [5]
+    results = [e.data for e in events(ctx, "apply_result")]
+    assert [r["status"] for r in results] == ["kept", "reverted"]
+    assert "cancelled" in results[1]["reason"] and results[1]["at_step"] is None
+
+
+def test_close_reports_an_unfinished_window() -> None:
+    model, opt, ctx, ex = setup()
+    ex.submit({"type": "apply", "recommendation": REC, "at_step": 1, "measure_steps": 5})
+    drive(ctx, ex, model, opt, 3)
+    assert events(ctx, "apply_result") == []
+    ex.close()
+    [result] = events(ctx, "apply_result")
+    assert result.data["status"] == "kept" and "ended" in result.data["reason"]
+    assert result.data["measured"]["after"]["steps"] == [1, 2]
+
+
+def test_decide_rule() -> None:
+    before = Measurement(peak_memory_bytes=100, step_time_s=1.0)
+    none = Measurement()
+    assert decide(before=before, after=Measurement(peak_memory_bytes=90, step_time_s=5.0),
+                  predicted=none, budget_bytes=None)[0]  # memory went down: kept despite slower
+    assert not decide(before=before, after=Measurement(peak_memory_bytes=100, step_time_s=1.3),
+                      predicted=none, budget_bytes=None)[0]  # no memory gain, 30% slower
+    assert decide(before=before, after=Measurement(peak_memory_bytes=100, step_time_s=1.3),
+                  predicted=Measurement(step_time_s=1.2), budget_bytes=None)[0]  # slowdown was predicted
+    assert not decide(before=before, after=Measurement(peak_memory_bytes=90, step_time_s=1.0),
+                      predicted=none, budget_bytes=80)[0]  # a budget overrides "went down"
+    assert decide(before=none, after=none, predicted=none, budget_bytes=80)[0]  # nothing measured
