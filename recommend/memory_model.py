@@ -1,0 +1,224 @@
+"""Predicted peak memory and recompute time when a set of modules is checkpointed.
+
+The model (REFERENCE.md, "Peak during training"): the peak is reached at the
+start of backward, when everything kept for backward is live, plus the working
+memory of the layer being differentiated. For a list of candidate units
+(blocks of a chain, or any non-overlapping modules) and a selection S:
+
+    peak(S) = fixed + other + kept(S) + max_{i in S} a_i        (max over {} = 0)
+
+    kept(S) = sum_{i not in S} a_i
+            + sum_{i in S} x_i                                   (a checkpoint keeps its input)
+            + sum_{i in S, next(i) not in S} y_i                 (and the output leaving a run)
+
+- a_i: activation bytes produced inside unit i and its descendants (probes
+  attribute saved tensors to the innermost producing module).
+- x_i, y_i: the unit's input and output bytes. In a contiguous chain y_i is
+  x_{i+1}, so a run of checkpointed blocks [l..r] keeps x_l..x_r and y_r, each
+  boundary once. For units that are not a chain, next(i) is "none", so both
+  x_i and y_i are counted.
+- Conservative on purpose: x_l may already be inside a_{l-1} (the previous
+  block produced it and the next one saved it), and y_r may be inside a_{r+1}
+  under another attribution; counting them again can only over-predict.
+- max a_i: in backward, a checkpointed unit recomputes its forward and its
+  activations live together with all that is still kept. Counting all kept
+  bytes (not only those of earlier units) is exact for the last unit and an
+  over-estimate for earlier ones.
+
+Calibration from the measured step (``chain_from_profile``):
+    fixed = measured peak - activation bytes at the peak   (model states, temporaries, inputs, other)
+    other = max(0, activation at peak - sum of candidate a_i)   (embedding, head, loss: not candidates)
+so peak({}) = max(measured peak, fixed + sum a_i): never below what was measured.
+Recompute time: sum_{i in S} forward_s_i, scaled to ordinary (non-probed) steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from recommend.profile import ModuleProfile, Profile
+
+COST_MODEL = "peak = fixed + kept(S) + max recomputed block; time += sum forward_s (REFERENCE.md)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Block:
+    """One candidate unit for checkpointing (bytes; seconds of an ordinary step)."""
+
+    name: str
+    activation_bytes: int
+    input_bytes: int
+    output_bytes: int
+    forward_s: float
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "activation_bytes": self.activation_bytes,
+            "input_bytes": self.input_bytes,
+            "output_bytes": self.output_bytes,
+            "forward_s": self.forward_s,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Chain:
+    """Candidate units plus the calibrated memory that is not theirs.
+
+    ``contiguous``: unit i's output is unit i+1's input (a ModuleList/Sequential run in order).
+    ``baseline_step_time_s``: measured step time without the remedy (None if unknown).
+    """
+
+    blocks: tuple[Block, ...]
+    fixed_bytes: int = 0
+    other_activation_bytes: int = 0
+    contiguous: bool = True
+    baseline_step_time_s: float | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(b.name for b in self.blocks)
+
+    @property
+    def base_bytes(self) -> int:
+        """Everything that checkpointing these units cannot change."""
+        return self.fixed_bytes + self.other_activation_bytes
+
+    @property
+    def baseline_peak_bytes(self) -> int:
+        return self.base_bytes + sum(b.activation_bytes for b in self.blocks)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "blocks": [b.to_dict() for b in self.blocks],
+            "fixed_bytes": self.fixed_bytes,
+            "other_activation_bytes": self.other_activation_bytes,
+            "contiguous": self.contiguous,
+            "baseline_step_time_s": self.baseline_step_time_s,
+        }
+
+
+def _mask(chain: Chain, selected: Sequence[bool] | Sequence[int] | set[int]) -> list[bool]:
+    """Accept a boolean mask of length n or a collection of block indices."""
+    if isinstance(selected, (set, frozenset)) or (selected and not isinstance(next(iter(selected)), bool)):
+        idx = set(int(i) for i in selected)
+        bad = [i for i in idx if not 0 <= i < chain.n]
+        if bad:
+            raise ValueError(f"block indices {sorted(bad)} out of range; valid: 0..{chain.n - 1}")
+        return [i in idx for i in range(chain.n)]
+    mask = [bool(s) for s in selected]
+    if mask and len(mask) != chain.n:
+        raise ValueError(f"selection mask has {len(mask)} entries; valid: {chain.n} (one per block)")
+    return mask or [False] * chain.n
+
+
+def kept_bytes(chain: Chain, selected: Sequence[bool] | Sequence[int] | set[int]) -> int:
+    """Bytes the candidate units keep for backward under the selection (see module docstring)."""
+    mask = _mask(chain, selected)
+    total = 0
+    for i, (block, on) in enumerate(zip(chain.blocks, mask)):
+        if not on:
+            total += block.activation_bytes
+            continue
+        total += block.input_bytes
+        next_on = chain.contiguous and i + 1 < chain.n and mask[i + 1]
+        if not next_on:
+            total += block.output_bytes
+    return total
+
+
+def predicted_peak(chain: Chain, selected: Sequence[bool] | Sequence[int] | set[int]) -> int:
+    """Predicted peak bytes with the selected units checkpointed."""
+    mask = _mask(chain, selected)
+    recompute = max((b.activation_bytes for b, on in zip(chain.blocks, mask) if on), default=0)
+    return chain.base_bytes + kept_bytes(chain, mask) + recompute
+
+
+def recompute_s(chain: Chain, selected: Sequence[bool] | Sequence[int] | set[int]) -> float:
+    """Extra seconds per step: one more forward of each checkpointed unit."""
+    mask = _mask(chain, selected)
+    return sum(b.forward_s for b, on in zip(chain.blocks, mask) if on)
+
+
+def measured_peak(profile: Profile) -> int:
+    """The peak to calibrate against; after an OOM, at least what the failed step asked for."""
+    fixed, activation = _calibration(profile)
+    return max(profile.peak_bytes, fixed + activation)
+
+
+def _calibration(profile: Profile) -> tuple[int, int]:
+    """(bytes that are not activations at the peak, activation bytes at the peak).
+
+    After an OOM the failed step never reached its peak: its activations are
+    at least what was live plus the failed request, and at least every
+    module's measured activations (from an earlier deep step, if any).
+    """
+    activation = profile.activation_at_peak
+    fixed = max(0, profile.peak_bytes - activation) if profile.peak_bytes else 0
+    oom = profile.oom
+    if oom:
+        cats = {k: int(v) for k, v in (oom.get("categories") or {}).items()}
+        at_failure = cats.get("activation", 0)
+        fixed = max(fixed, sum(cats.values()) - at_failure)
+        activation = max(activation, at_failure + int(oom.get("requested_bytes") or 0), profile.module_activation_total)
+    return fixed, activation
+
+
+def find_chain(profile: Profile) -> list[ModuleProfile]:
+    """The sibling run of numbered modules ("blocks.0".."blocks.N") holding the most activation bytes.
+
+    Requires at least two members; returns [] when the model has no such run.
+    """
+    groups: dict[str, list[ModuleProfile]] = {}
+    for module in profile.modules:
+        head, _, last = module.name.rpartition(".")
+        if last.isdigit():
+            groups.setdefault(head, []).append(module)
+    best: list[ModuleProfile] = []
+    best_bytes = -1
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        total = sum(profile.subtree_activation(m.name) for m in members)
+        if total > best_bytes:
+            best, best_bytes = members, total
+    return sorted(best, key=lambda m: int(m.name.rpartition(".")[2]))
+
+
+def units_from_modules(profile: Profile, modules: Sequence[ModuleProfile], *, contiguous: bool | None = None) -> Chain:
+    """Calibrate a ``Chain`` over the given non-overlapping modules (see module docstring)."""
+    blocks = tuple(
+        Block(
+            name=m.name,
+            activation_bytes=profile.subtree_activation(m.name),
+            input_bytes=m.input_bytes,
+            output_bytes=m.output_bytes,
+            forward_s=m.forward_s * profile.time_scale,
+        )
+        for m in modules
+    )
+    if contiguous is None:
+        # Consecutive numbered siblings feed each other when each output has the next input's size.
+        contiguous = len(blocks) > 1 and all(
+            a.output_bytes == b.input_bytes for a, b in zip(blocks, blocks[1:])
+        )
+    fixed, activation = _calibration(profile)
+    candidates = sum(b.activation_bytes for b in blocks)
+    return Chain(
+        blocks=blocks,
+        fixed_bytes=fixed,
+        other_activation_bytes=max(0, activation - candidates),
+        contiguous=contiguous,
+        baseline_step_time_s=profile.step_time_s,
+    )
+
+
+def chain_from_profile(profile: Profile) -> Chain | None:
+    """The calibrated chain of the model's repeated blocks, or None when it has none."""
+    members = find_chain(profile)
+    return units_from_modules(profile, members) if members else None

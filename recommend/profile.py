@@ -1,0 +1,235 @@
+"""The plain data the recommender reads, built from a report (live or saved).
+
+``profile_from_report(report)`` takes the headless report's JSON (its
+``memory`` and ``steps`` sections); ``profile_from_memory(memory, steps)`` is
+the same from the pieces, for the controller which holds them separately.
+Nothing here imports torch: any saved session can be re-advised.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModuleProfile:
+    """One module as measured on deep-sampled steps (source: probes' ``ModuleStat``).
+
+    ``activation_bytes`` is owned by the innermost module that produced the
+    tensors (so a parent's own figure excludes its children; see ``subtree_activation``).
+    """
+
+    name: str
+    type: str = ""
+    depth: int = 0
+    parameter_bytes: int = 0
+    activation_bytes: int = 0
+    input_bytes: int = 0
+    output_bytes: int = 0
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile:
+    """Memory and time of one training process, as ``recommend/`` needs them.
+
+    Sizes in bytes, times in seconds. ``budget_bytes`` is the user's memory
+    budget or else the device capacity (None when neither is known).
+    ``time_scale`` turns module times measured on deep-sampled steps (which
+    run probes at 3-6x cost) into times of an ordinary step.
+    """
+
+    peak_bytes: int
+    budget_bytes: int | None = None
+    categories_at_peak: dict[str, int] = field(default_factory=dict)
+    categories_max: dict[str, int] = field(default_factory=dict)
+    modules: tuple[ModuleProfile, ...] = ()
+    step_time_s: float | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+    oom: dict[str, Any] | None = None
+    time_scale: float = 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "peak_bytes": self.peak_bytes,
+            "budget_bytes": self.budget_bytes,
+            "categories_at_peak": dict(self.categories_at_peak),
+            "categories_max": dict(self.categories_max),
+            "modules": [m.to_dict() for m in self.modules],
+            "step_time_s": self.step_time_s,
+            "phases": dict(self.phases),
+            "oom": self.oom,
+            "time_scale": self.time_scale,
+        }
+
+    # --- module tree, from qualified names -------------------------------------------------
+    def module(self, name: str) -> ModuleProfile | None:
+        return self._by_name().get(name)
+
+    def parent(self, name: str) -> str | None:
+        """Nearest measured ancestor by dotted name ("" is the model itself); None for the root."""
+        if name == "":
+            return None
+        by_name = self._by_name()
+        parts = name.split(".")
+        for cut in range(len(parts) - 1, 0, -1):
+            candidate = ".".join(parts[:cut])
+            if candidate in by_name:
+                return candidate
+        return "" if "" in by_name else None
+
+    def children(self, name: str) -> list[ModuleProfile]:
+        return [m for m in self.modules if m.name != name and self.parent(m.name) == name]
+
+    def is_ancestor(self, ancestor: str, name: str) -> bool:
+        """Whether ``ancestor`` contains ``name`` (a module contains itself)."""
+        return ancestor == "" or name == ancestor or name.startswith(ancestor + ".")
+
+    def subtree_activation(self, name: str) -> int:
+        """Activation bytes produced inside ``name`` and all its descendants."""
+        return sum(m.activation_bytes for m in self.modules if self.is_ancestor(name, m.name))
+
+    @property
+    def module_activation_total(self) -> int:
+        return sum(m.activation_bytes for m in self.modules)
+
+    @property
+    def activation_at_peak(self) -> int:
+        """Activation bytes live at the peak (falls back to the largest seen, then to the modules' sum)."""
+        for source in (self.categories_at_peak, self.categories_max):
+            if "activation" in source:
+                return int(source["activation"])
+        return self.module_activation_total
+
+    def _by_name(self) -> dict[str, ModuleProfile]:
+        cache = self.__dict__.get("_cache_by_name")
+        if cache is None:
+            cache = {m.name: m for m in self.modules}
+            object.__setattr__(self, "_cache_by_name", cache)  # frozen: cache outside the fields
+        return cache
+
+
+def profile_from_report(report: Mapping[str, Any], *, budget_bytes: int | None = None) -> Profile:
+    """Build a ``Profile`` from a headless report (or a saved session's report).
+
+    Reads ``report["memory"]`` and ``report["steps"]``; the device capacity,
+    when the memory section has no budget, comes from ``report["run"]["device"]``
+    or ``report["runs"][*]["device"]["memory_capacity"]``.
+    """
+    memory = report.get("memory") or {}
+    steps = report.get("steps") or []
+    return profile_from_memory(memory, steps, capacity_bytes=_capacity(report), budget_bytes=budget_bytes)
+
+
+def profile_from_memory(
+    memory: Mapping[str, Any],
+    steps: Iterable[Any] = (),
+    *,
+    capacity_bytes: int | None = None,
+    budget_bytes: int | None = None,
+) -> Profile:
+    """Build a ``Profile`` from the report's memory section and its steps (dicts or ``StepSample``s)."""
+    step_dicts = [_as_dict(s) for s in steps]
+    rank = min((int(s.get("rank", 0)) for s in step_dicts), default=0)
+    step_dicts = [s for s in step_dicts if int(s.get("rank", 0)) == rank]
+    light = [s for s in step_dicts if not s.get("deep")] or step_dicts
+    modules = _aggregate_modules(memory.get("modules") or [])
+    step_time = _median([s.get("time_s") for s in light])
+    phases = {}
+    for key in ("data_s", "forward_s", "backward_s", "optimizer_s", "other_s"):
+        value = _median([(s.get("phases") or {}).get(key) for s in light])
+        if value is not None:
+            phases[key] = value
+    budget = budget_bytes or memory.get("budget_bytes") or capacity_bytes
+    return Profile(
+        peak_bytes=int(memory.get("peak_bytes") or 0),
+        budget_bytes=int(budget) if budget else None,
+        categories_at_peak={k: int(v) for k, v in (memory.get("categories_at_peak") or {}).items()},
+        categories_max={k: int(v) for k, v in (memory.get("categories_max") or {}).items()},
+        modules=modules,
+        step_time_s=step_time,
+        phases=phases,
+        oom=dict(memory["oom"]) if memory.get("oom") else None,
+        time_scale=_time_scale(modules, step_dicts, phases.get("forward_s")),
+    )
+
+
+def _aggregate_modules(rows: Sequence[Any]) -> tuple[ModuleProfile, ...]:
+    """One entry per module name (lowest rank): largest byte counts, median times over deep steps."""
+    dicts = [_as_dict(r) for r in rows]
+    if not dicts:
+        return ()
+    rank = min(int(d.get("rank", 0)) for d in dicts)
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for d in dicts:
+        if int(d.get("rank", 0)) == rank:
+            groups.setdefault(str(d.get("name", "")), []).append(d)
+    out = []
+    for name, group in groups.items():
+        out.append(
+            ModuleProfile(
+                name=name,
+                type=str(group[-1].get("type", "")),
+                depth=int(group[-1].get("depth", name.count(".") + 1 if name else 0)),
+                parameter_bytes=max(int(g.get("parameter_bytes") or 0) for g in group),
+                activation_bytes=max(int(g.get("activation_bytes") or 0) for g in group),
+                input_bytes=max(int(g.get("input_bytes") or 0) for g in group),
+                output_bytes=max(int(g.get("output_bytes") or 0) for g in group),
+                forward_s=_median([g.get("forward_s") for g in group]) or 0.0,
+                backward_s=_median([g.get("backward_s") for g in group]) or 0.0,
+            )
+        )
+    return tuple(out)
+
+
+def _time_scale(modules: Sequence[ModuleProfile], steps: list[dict[str, Any]], light_forward: float | None) -> float:
+    """Ordinary-step forward time over the probed forward time, clamped to (0, 1].
+
+    Module times come from deep steps, which run slower; the model's own
+    forward time (module "") or the deep steps' forward phase gives the ratio.
+    Never above 1: a probed module is not faster than an ordinary one.
+    """
+    if not light_forward:
+        return 1.0
+    root = next((m for m in modules if m.name == ""), None)
+    probed = root.forward_s if root and root.forward_s > 0 else None
+    if probed is None:
+        probed = _median([(s.get("phases") or {}).get("forward_s") for s in steps if s.get("deep")])
+    if not probed:
+        return 1.0
+    return max(1e-3, min(1.0, light_forward / probed))
+
+
+def _capacity(report: Mapping[str, Any]) -> int | None:
+    runs: list[Any] = []
+    if isinstance(report.get("run"), Mapping):
+        runs.append(report["run"])
+    if isinstance(report.get("runs"), list):
+        runs.extend(report["runs"])
+    elif isinstance(report.get("runs"), Mapping):
+        runs.extend(report["runs"].values())
+    for run in runs:
+        device = (run or {}).get("device") or {}
+        if device.get("memory_capacity"):
+            return int(device["memory_capacity"])
+    return None
+
+
+def _as_dict(item: Any) -> dict[str, Any]:
+    if isinstance(item, Mapping):
+        return dict(item)
+    to_dict = getattr(item, "to_dict", None)
+    if callable(to_dict):
+        return dict(to_dict())
+    raise ValueError(f"expected a dict or a record with to_dict(), got {type(item).__name__}")
+
+
+def _median(values: Iterable[Any]) -> float | None:
+    clean = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return statistics.median(clean) if clean else None
