@@ -1,0 +1,86 @@
+"""Why training ended: the reason, the exit code, and per rank the exception and where it was raised."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from advisor.state import SessionState
+from probes.records import ExitInfo
+
+OUTPUT_LINES = 6  # shown only when no rank reported an exception: the script's own last words
+
+
+def exit_text(state: SessionState) -> Text:
+    """What a person needs to know first when the job is gone; empty while it runs."""
+    if not state.finished:
+        return Text()
+    failed = bool(state.exit_code) or any(e.exc_type for e in state.exits.values())
+    reason = state.exit_reason or _first_reason(state) or ("failed" if failed else "completed")
+    text = Text()
+    text.append("Training ended: ", style="bold")
+    text.append(reason, style="bold red" if failed else "bold green")
+    if state.exit_code is not None:
+        text.append(f" (exit code {state.exit_code})")
+    steps = state.latest_step() + 1
+    if steps:
+        text.append(f" after {steps} step{'s' if steps != 1 else ''}", style="dim")
+    many = len(state.exits) > 1
+    for rank in sorted(state.exits):
+        info = state.exits[rank]
+        if info.exc_type or info.message:
+            text.append("\n")
+            text.append_text(_exception(info, show_rank=many))
+    if failed and not any(e.exc_type for e in state.exits.values()) and state.output_tail:
+        text.append("\nlast output:", style="dim")
+        for line in state.output_tail[-OUTPUT_LINES:]:
+            text.append(f"\n  {line}", style="dim")
+    text.append("\nEverything measured stays on screen; press q to quit.", style="italic")
+    return text
+
+
+def _first_reason(state: SessionState) -> str:
+    return next((e.reason for _, e in sorted(state.exits.items()) if e.reason), "")
+
+
+def _exception(info: ExitInfo, *, show_rank: bool) -> Text:
+    text = Text()
+    if show_rank:
+        text.append(f"rank {info.rank}: ", style="bold")
+    text.append(info.exc_type or "error", style="bold red")
+    if info.message:
+        text.append(f": {info.message}")
+    frame = info.frame or {}
+    if frame.get("file"):
+        text.append(f"\n  at {frame['file']}:{frame.get('line', '?')}")
+        if frame.get("function"):
+            text.append(f" in {frame['function']}")
+        if frame.get("code"):
+            text.append(f"\n    {str(frame['code']).strip()}", style="yellow")
+    return text
+
+
+class ExitBanner(Static):
+    """Hidden while training runs; once it ends, says why, above everything else."""
+
+    DEFAULT_CSS = """
+    ExitBanner { height: auto; max-height: 16; padding: 0 1; border: heavy $error; display: none; }
+    ExitBanner.-completed { border: heavy $success; }
+    """
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__("", id=id)
+        self.border_title = "Training ended"
+
+    @property
+    def plain(self) -> str:
+        return str(self.content)
+
+    def update_state(self, state: SessionState) -> None:
+        if not state.finished:
+            self.display = False
+            return
+        self.update(exit_text(state))
+        ok = not state.exit_code and not any(e.exc_type for e in state.exits.values())
+        self.set_class(ok, "-completed")
+        self.display = True

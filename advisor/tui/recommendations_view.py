@@ -1,0 +1,185 @@
+"""The diagnosis and the ranked recommendations with predicted memory and time against baseline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.message import Message
+from textual.widgets import DataTable, Static
+
+from advisor.state import SessionState
+from advisor.tui.format import fmt_bytes, fmt_change, fmt_seconds
+
+Recommendation = dict[str, Any]
+
+
+def diagnosis_text(diagnosis: dict[str, Any] | None, recommendations: list[Recommendation] | None = None) -> Text:
+    """The bottleneck, its one-line summary, the evidence under it, and the baseline remedies start from."""
+    if not diagnosis:
+        return Text("no diagnosis yet: it comes after the first measured steps", style="dim")
+    text = Text()
+    text.append("Bottleneck: ", style="bold")
+    text.append(str(diagnosis.get("bottleneck", "unknown")), style="bold yellow")
+    summary = diagnosis.get("summary")
+    if summary:
+        text.append(f"  {summary}")
+    for item in diagnosis.get("evidence") or []:
+        text.append("\n  • ")
+        text.append(_evidence_line(item))
+    baseline = next((r.get("baseline") for r in recommendations or [] if r.get("baseline")), None)
+    if baseline:
+        # The table shows predictions only, to fit; this line is what they are compared with.
+        text.append("\nBaseline: ", style="bold")
+        text.append(
+            f"peak {fmt_bytes(baseline.get('peak_memory_bytes'))}, {fmt_seconds(baseline.get('step_time_s'))}/step"
+        )
+    return text
+
+
+def _evidence_line(item: dict[str, Any] | str) -> str:
+    if not isinstance(item, dict):
+        return str(item)
+    unit = f" {item['unit']}" if item.get("unit") else ""
+    line = f"{item.get('what', '?')}: {item.get('value', '?')}{unit}"
+    if item.get("threshold") is not None:
+        line += f" (threshold {item['threshold']}{unit})"
+    return line
+
+
+def status_by_recommendation(state: SessionState) -> dict[str, str]:
+    """The latest outcome per recommendation id, and "applying…" for the one in flight."""
+    out: dict[str, str] = {}
+    for result in state.applied:
+        out[str(result.get("recommendation_id"))] = str(result.get("status", "?"))
+    if state.pending_apply and not state.finished:
+        out[str(state.pending_apply.get("recommendation_id"))] = "applying…"
+    return out
+
+
+class RecommendationsTable(DataTable[str | Text]):
+    """A DataTable whose Enter is labelled for the footer: it opens the evidence screen."""
+
+    BINDINGS = [Binding("enter", "select_cursor", "Evidence")]
+
+
+class RecommendationsView(Vertical):
+    """Diagnosis on top, then one row per recommendation in rank order; Enter opens its evidence."""
+
+    DEFAULT_CSS = """
+    RecommendationsView { height: 1fr; border: round $secondary; }
+    RecommendationsView > #diagnosis { height: auto; max-height: 8; padding: 0 1; }
+    RecommendationsView > DataTable { height: 1fr; }
+    """
+
+    class Opened(Message):
+        """The user chose a recommendation to read its evidence."""
+
+        def __init__(self, recommendation: Recommendation) -> None:
+            super().__init__()
+            self.recommendation = recommendation
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.border_title = "Diagnosis and recommendations"
+        self._recommendations: list[Recommendation] = []
+        self._signature: object = None
+
+    def compose(self) -> ComposeResult:
+        yield Static(diagnosis_text(None), id="diagnosis")
+        yield RecommendationsTable(id="recs-table", cursor_type="row", zebra_stripes=True)
+
+    def on_mount(self) -> None:
+        table = self.query_one("#recs-table", DataTable)
+        for label, key in (
+            ("#", "rank"),
+            ("remedy", "title"),
+            ("peak memory", "memory"),
+            ("step time", "time"),
+            ("conf", "confidence"),
+            ("", "flags"),
+            ("status", "status"),
+        ):
+            table.add_column(label, key=key)
+
+    @property
+    def diagnosis_plain(self) -> str:
+        return str(self.query_one("#diagnosis", Static).content)
+
+    @property
+    def recommendations(self) -> list[Recommendation]:
+        return list(self._recommendations)
+
+    @property
+    def selected(self) -> Recommendation | None:
+        """The recommendation under the table's cursor, or None when there is none."""
+        table = self.query_one("#recs-table", DataTable)
+        if not self._recommendations or table.row_count == 0:
+            return None
+        row = min(max(table.cursor_row, 0), len(self._recommendations) - 1)
+        return self._recommendations[row]
+
+    def update_state(self, state: SessionState) -> None:
+        statuses = status_by_recommendation(state)
+        signature = (
+            repr(state.diagnosis),
+            tuple(str(r.get("id")) for r in state.recommendations),
+            tuple(sorted(statuses.items())),
+        )
+        if signature == self._signature:
+            return
+        self._signature = signature
+        self.query_one("#diagnosis", Static).update(diagnosis_text(state.diagnosis, state.recommendations))
+        table = self.query_one("#recs-table", DataTable)
+        before = self.selected
+        self._recommendations = list(state.recommendations)
+        table.clear()
+        for rank, rec in enumerate(self._recommendations, start=1):
+            table.add_row(*_row(rank, rec, statuses.get(str(rec.get("id")))), key=str(rec.get("id")))
+        # Keep the cursor on the same recommendation when the ranking or statuses change.
+        if before is not None:
+            for row, rec in enumerate(self._recommendations):
+                if rec.get("id") == before.get("id"):
+                    table.move_cursor(row=row)
+                    break
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        row = event.cursor_row
+        if 0 <= row < len(self._recommendations):
+            self.post_message(self.Opened(self._recommendations[row]))
+
+
+def _row(rank: int, rec: Recommendation, status: str | None) -> list[str | Text]:
+    predicted = rec.get("predicted") or {}
+    baseline = rec.get("baseline") or {}
+    memory = _predicted(fmt_bytes, baseline.get("peak_memory_bytes"), predicted.get("peak_memory_bytes"))
+    time = _predicted(fmt_seconds, baseline.get("step_time_s"), predicted.get("step_time_s"))
+    confidence = rec.get("confidence")
+    conf = f"{confidence:.0%}" if isinstance(confidence, (int, float)) else str(confidence or "—")
+    flags = ("live" if rec.get("live") else "restart") + (" exact" if rec.get("exact") else "")
+    style = {"kept": "green", "failed": "bold red", "reverted": "yellow", "applying…": "cyan"}.get(status or "", "")
+    return [
+        str(rank),
+        str(rec.get("title") or rec.get("remedy") or rec.get("id")),
+        _colour_change(memory, baseline.get("peak_memory_bytes"), predicted.get("peak_memory_bytes")),
+        _colour_change(time, baseline.get("step_time_s"), predicted.get("step_time_s")),
+        conf,
+        Text(flags, style="" if rec.get("live") else "dim"),
+        Text(status or "", style=style),
+    ]
+
+
+def _predicted(fmt: Any, before: float | None, after: float | None) -> str:
+    """``2.00 GiB (-33%)``: the predicted figure and its change against the baseline."""
+    return f"{fmt(after)} ({fmt_change(before, after)})"
+
+
+def _colour_change(text: str, before: float | None, after: float | None) -> Text:
+    """Green when the prediction lowers the figure, red when it raises it (both are costs)."""
+    change = fmt_change(before, after)
+    style = "green" if change.startswith("-") else "red" if change.startswith("+") else ""
+    return Text(text, style=style)
