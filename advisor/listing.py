@@ -19,8 +19,10 @@ def print_sessions(console: Console | None = None) -> int:
         console.print(f"no sessions yet in {sessions_dir()}; `advisor attach SCRIPT` records one")
         return 0
     table = Table(title=f"sessions in {sessions_dir()}")
-    for column in ("id", "created", "script", "status"):
-        table.add_column(column)
+    table.add_column("id", no_wrap=True)
+    table.add_column("created", no_wrap=True)
+    table.add_column("script", overflow="ellipsis", max_width=40)
+    table.add_column("status")
     for db in rows:
         try:
             meta = read_meta(db)

@@ -142,7 +142,7 @@ class Session:
         self.server.wait_readers(timeout=5.0)
         state = self.live.snapshot()
         code, reason = decide_exit(state, returncode, self.options.nproc_per_node)
-        self.live.update(finished=True, exit_code=code, exit_reason=reason)
+        self.live.update(finished=True, exit_code=code, exit_reason=reason, pending_apply=None)
         self.store.set_meta(finished=True, exit_code=code, exit_reason=reason)
         return code, reason
 

@@ -139,6 +139,8 @@ def _fold(state: SessionState, record: Record) -> None:
         if record.name == "apply_result":
             state.applied.append(dict(record.data))
             state.pending_apply = None
+        elif record.name == "apply_reverted":  # a kept remedy reverted later, on the user's request
+            state.applied.append({**record.data, "status": "reverted"})
 
 
 class Source(Protocol):

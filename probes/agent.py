@@ -181,7 +181,8 @@ class Agent:
         from apply.plan import apply_plan_before_first_step, load_plan
 
         plan = load_plan(path)
-        self.on_first_forward(lambda model: apply_plan_before_first_step(self, plan))
+        self.on_first_forward(lambda model: apply_plan_before_first_step(
+            self, plan, model=model, executor=self._ensure_executor()))
 
     # -- phases ----------------------------------------------------------------------
     def _set_phase(self, phase: str) -> None:
@@ -328,7 +329,8 @@ class Agent:
         step = self._step
         deep = self._deep_active
         if deep:
-            for probe in list(self.probes):
+            # Reverse order: probes push dispatch modes and saved-tensor hooks, which pop LIFO.
+            for probe in reversed(list(self.probes)):
                 self._call(probe, "stop_deep", step)
         extra: dict[str, Any] = {}
         for probe in list(self.probes):
@@ -394,7 +396,9 @@ class Agent:
     def close(self) -> None:
         """At exit: emit what is pending, stop probes."""
         self.flush(sync=True)
-        for probe in list(self.probes):
+        if self.executor is not None:
+            self.executor.close()  # reports a measurement window cut short by the exit
+        for probe in reversed(list(self.probes)):
             self._call(probe, "detach")
         self.disabled = True
 
