@@ -1,0 +1,3 @@
+import torch  # noqa: F401
+
+raise RuntimeError("broken at import")

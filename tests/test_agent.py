@@ -1,0 +1,151 @@
+"""The agent in-process: discovery, step boundaries, phases, loss, --steps."""
+
+import time
+
+import pytest
+import torch
+
+from probes.agent import Agent, StopTraining, unwrap
+from probes.hooks import install
+from probes.records import ModelInfo, OptimizerInfo, StepSample
+
+
+@pytest.fixture
+def agent_run():
+    """Yield (agent, emitted) with global hooks installed; removed afterwards."""
+    emitted = []
+    agent = Agent(emit=emitted.append, config={"deep_steps": []})
+    hooks = install(agent)
+    try:
+        yield agent, emitted
+    finally:
+        hooks.remove()
+
+
+def _steps(emitted):
+    return [r for r in emitted if isinstance(r, StepSample)]
+
+
+def _train(model, opt, steps, *, accumulate=1, sleep_data=0.0):
+    losses = []
+    for _ in range(steps):
+        if sleep_data:
+            time.sleep(sleep_data)
+        total = 0.0
+        for _ in range(accumulate):
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            loss.backward()
+            total += loss.item()
+        opt.step()
+        opt.zero_grad()
+        losses.append(total / accumulate)
+    return losses
+
+
+def test_steps_losses_and_phases(agent_run):
+    agent, emitted = agent_run
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = torch.optim.Adam(model.parameters())
+    losses = _train(model, opt, 4, sleep_data=0.02)
+    agent.flush(sync=True)
+    steps = _steps(emitted)
+    assert [s.index for s in steps] == [0, 1, 2, 3]
+    assert [s.loss for s in steps] == losses
+    for s in steps:
+        assert sum(s.phases.values()) == pytest.approx(s.time_s, rel=1e-9)
+        assert s.phases["forward_s"] > 0 and s.phases["backward_s"] > 0 and s.phases["optimizer_s"] > 0
+    # The sleep before each forward is data time (step 0 starts at its first event, so it has none).
+    assert all(s.phases["data_s"] >= 0.015 for s in steps[1:])
+    models = [r for r in emitted if isinstance(r, ModelInfo)]
+    assert len(models) == 1 and models[0].parameter_count == sum(p.numel() for p in model.parameters())
+    assert [r.name for r in emitted if isinstance(r, OptimizerInfo)] == ["Adam"]
+
+
+def test_gradient_accumulation_counts_micro_batches(agent_run):
+    agent, emitted = agent_run
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = _train(model, opt, 2, accumulate=3)
+    agent.flush(sync=True)
+    steps = _steps(emitted)
+    assert [s.micro_batches for s in steps] == [3, 3]
+    assert steps[0].loss == pytest.approx(losses[0])
+
+
+def test_dataloader_wait_is_data_time(agent_run):
+    agent, emitted = agent_run
+
+    class Slow(torch.utils.data.Dataset):
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            time.sleep(0.005)
+            return torch.randn(8)
+
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for batch in torch.utils.data.DataLoader(Slow(), batch_size=4):
+        model(batch).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        if agent.step >= 4:
+            break
+    agent.flush(sync=True)
+    steps = _steps(emitted)[1:]
+    assert all(s.phases["data_s"] >= 0.015 for s in steps)  # 4 samples x 5 ms each
+
+
+def test_checkpoint_recompute_does_not_count_as_forward(agent_run):
+    from torch.utils.checkpoint import checkpoint
+
+    agent, emitted = agent_run
+    inner = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = inner
+            self.head = torch.nn.Linear(8, 1)
+
+        def forward(self, x):
+            return self.head(checkpoint(self.inner, x, use_reentrant=False))
+
+    model = Model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    _train(model, opt, 2)
+    assert [type(m).__name__ for m in agent.models()] == ["Model"]
+    assert agent.module_name(inner) == "inner"
+
+
+def test_max_steps_stops_cleanly():
+    emitted = []
+    agent = Agent(emit=emitted.append, config={"max_steps": 2, "deep_steps": []})
+    hooks = install(agent)
+    try:
+        model = torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with pytest.raises(StopTraining, match="after 2 steps"):
+            _train(model, opt, 10)
+    finally:
+        hooks.remove()
+    assert [s.index for s in _steps(emitted)] == [0, 1]
+
+
+def test_unwrap_ddp_like_wrappers():
+    inner = torch.nn.Linear(2, 2)
+
+    class DistributedDataParallel(torch.nn.Module):
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+    model, wrapper = unwrap(DistributedDataParallel(inner))
+    assert model is inner and wrapper == "DistributedDataParallel"
+    assert unwrap(inner) == (inner, None)
+
+
+def test_deep_schedule_and_requests():
+    agent = Agent(emit=lambda r: None, config={"deep_steps": [1, 2], "deep_every": 10})
+    assert [s for s in range(25) if agent.is_deep(s)] == [1, 2, 10, 20]

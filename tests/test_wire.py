@@ -1,0 +1,117 @@
+"""The channel: signed JSON frames, forged or malformed ones dropped, nothing unpickled."""
+
+import socket
+import struct
+import threading
+import time
+
+import pytest
+
+from advisor.server import ChannelServer
+from probes.records import StepSample
+from probes.wire import MAX_FRAME, FrameReader, WireError, decode, encode, new_secret
+
+
+def test_roundtrip_and_tamper_detection():
+    secret = new_secret()
+    frame = encode({"kind": "step", "data": {"index": 1}}, secret)
+    assert decode(frame[4:], secret) == {"kind": "step", "data": {"index": 1}}
+    with pytest.raises(WireError, match="HMAC"):
+        decode(frame[4:], new_secret())  # forged: another secret
+    tampered = bytearray(frame[4:])
+    tampered[-3] ^= 0xFF
+    with pytest.raises(WireError):
+        decode(bytes(tampered), secret)
+
+
+def test_non_object_and_non_json_rejected():
+    import hashlib
+    import hmac
+
+    secret = new_secret()
+    for payload in (b"[1, 2]", b"\x80\x04pickle"):
+        body = hmac.new(secret, payload, hashlib.sha256).digest() + payload
+        with pytest.raises(WireError):
+            decode(body, secret)
+
+
+def test_reader_skips_bad_frames_and_keeps_reading():
+    secret = new_secret()
+    a, b = socket.socketpair()
+    a.sendall(encode({"n": 1}, new_secret()) + encode({"n": 2}, secret))
+    a.close()
+    reader = FrameReader(b, secret)
+    assert reader.read() == {"n": 2}
+    assert reader.rejected == 1
+    assert reader.read() is None
+
+
+def test_server_drops_forged_messages_and_accepts_signed_ones():
+    secret = new_secret()
+    received = []
+    server = ChannelServer(secret, received.append)
+    try:
+        good = StepSample(index=3, time_s=0.5, loss=1.25)
+        with socket.socket(socket.AF_UNIX) as forger:
+            forger.connect(server.path)
+            forger.sendall(encode({"kind": "step", "data": {"index": 99, "time_s": 1.0}}, b"wrong-secret"))
+            forger.sendall(struct.pack(">I", MAX_FRAME + 1))  # out-of-bounds length: connection dropped
+        with socket.socket(socket.AF_UNIX) as agent:
+            agent.connect(server.path)
+            agent.sendall(encode({"kind": "nonsense", "data": {}}, secret))  # unknown kind: dropped
+            agent.sendall(encode({"kind": "step", "data": good.to_dict()}, secret))
+        deadline = time.monotonic() + 5
+        while not received and time.monotonic() < deadline:
+            time.sleep(0.01)
+        server.wait_readers(2)
+        assert received == [good]
+        assert server.rejected >= 3
+    finally:
+        server.close()
+
+
+def test_socket_is_owner_only():
+    import os
+    import stat
+
+    server = ChannelServer(new_secret(), lambda r: None)
+    try:
+        assert stat.S_IMODE(os.stat(server.path).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(os.path.dirname(server.path)).st_mode) == 0o700
+    finally:
+        server.close()
+
+
+def test_commands_reach_connected_agents():
+    from probes.channel import AgentChannel
+
+    secret = new_secret()
+    server = ChannelServer(secret, lambda r: None)
+    got = []
+    done = threading.Event()
+    channel = AgentChannel(server.path, secret, spill_path=None,
+                           on_command=lambda c: (got.append(c), done.set()))
+    try:
+        deadline = time.monotonic() + 5
+        while server.connections == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server.broadcast({"type": "revert"}) == 1
+        assert done.wait(5)
+        assert got == [{"type": "revert"}]
+    finally:
+        channel.close(1)
+        server.close()
+
+
+def test_agent_spills_locally_when_controller_is_gone(tmp_path):
+    import json
+
+    from probes.channel import AgentChannel
+
+    spill = tmp_path / "spill-rank0.jsonl"
+    channel = AgentChannel(str(tmp_path / "no-such.sock"), new_secret(), spill_path=str(spill))
+    channel.emit({"kind": "step", "data": StepSample(index=0, time_s=0.1).to_dict()})
+    channel.close(10)
+    lines = spill.read_text().splitlines()
+    assert json.loads(lines[0])["data"]["index"] == 0
+    assert oct(spill.stat().st_mode & 0o777) == oct(0o600)
