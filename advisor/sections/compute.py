@@ -1,0 +1,188 @@
+"""The report's compute section: ops against the roofline, MFU, per-module figures.
+
+Inputs are the session's ``OpStat`` records (rank 0, or the lowest rank present)
+and the device spec dict the agent sent as ``Event(name="device_spec")``
+(``probes.device.spec.DeviceSpec.to_dict()``). Op figures are per-step averages
+over the deep-sampled steps that carry ``OpStat`` records (the timed steps).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from typing import Any, Mapping
+
+from advisor.state import SessionState
+from probes.records import OpStat
+from recommend.roofline import OpFigures, op_verdict, step_summary
+
+DEVICE_FIELDS: tuple[str, ...] = (
+    "peak_flops", "memory_bandwidth", "memory_capacity", "source", "part",
+    "spec_peak_flops", "spec_memory_bandwidth", "measured_peak_flops", "measured_memory_bandwidth",
+)
+
+
+def device_spec_from_state(state: SessionState) -> dict[str, Any] | None:
+    """The last ``device_spec`` event of the lowest rank, or None."""
+    found = [e for e in state.events if e.name == "device_spec"]
+    if not found:
+        return None
+    rank = min(e.rank for e in found)
+    return dict([e for e in found if e.rank == rank][-1].data)
+
+
+def device_fields(spec: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Additions to the report's ``run.device``: ceilings and where they came from."""
+    spec = spec or {}
+    return {name: spec.get(name) for name in DEVICE_FIELDS}
+
+
+def _rank_ops(state: SessionState) -> list[OpStat]:
+    if not state.ops:
+        return []
+    rank = min(op.rank for op in state.ops)
+    return [op for op in state.ops if op.rank == rank]
+
+
+def _ceilings(spec: Mapping[str, Any] | None) -> tuple[dict[str, float], float | None]:
+    spec = spec or {}
+    return dict(spec.get("peak_flops") or {}), spec.get("memory_bandwidth")
+
+
+def build_ops_section(state: SessionState, spec: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """One item per op signature (name, module, phase, shapes, dtype), per-step averages over
+    the deep steps, sorted by time descending. Ops that move no bytes (views, aliases) are left
+    out: their intensity is undefined and their time is negligible."""
+    ops = _rank_ops(state)
+    steps = sorted({op.step for op in ops})
+    if not steps:
+        return []
+    peaks, bandwidth = _ceilings(spec)
+    groups: dict[tuple, list[float]] = defaultdict(lambda: [0, 0, 0, 0.0])
+    for op in ops:
+        if op.bytes <= 0:
+            continue
+        key = (op.name, op.module, op.phase, tuple(tuple(s) for s in op.input_shapes), op.dtype)
+        g = groups[key]
+        g[0] += op.count
+        g[1] += op.flops
+        g[2] += op.bytes
+        g[3] += op.time_s
+    n = len(steps)
+    items = []
+    for (name, module, phase, shapes, dtype), (count, flops, nbytes, time_s) in groups.items():
+        flops, nbytes, time_s = flops / n, nbytes / n, time_s / n
+        v = op_verdict(flops=flops, bytes=nbytes, time_s=time_s, dtype=dtype, peak_flops=peaks,
+                       bandwidth=bandwidth)
+        items.append({
+            "name": name, "module": module, "phase": phase, "input_shapes": [list(s) for s in shapes],
+            "dtype": dtype, "count": count / n, "flops": flops, "bytes": nbytes,
+            "intensity": v.intensity, "time_s": time_s, "achieved_flops_per_s": v.achieved_flops_per_s,
+            "bound": v.bound, "roof_fraction": v.roof_fraction,
+        })
+    items.sort(key=lambda item: item["time_s"], reverse=True)
+    return items
+
+
+def _light_step_time(state: SessionState, deep: set[int]) -> float | None:
+    samples = state.steps.get(min(state.steps)) if state.steps else []
+    light = [s.time_s for s in samples or [] if not s.deep and s.index not in deep and s.time_s > 0]
+    return statistics.median(light) if light else None
+
+
+def build_compute_section(state: SessionState, spec: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Step-level roofline figures, averaged over the deep steps.
+
+    ``mfu`` and ``achieved_flops_per_s`` divide the deep step's FLOPs by the median
+    light (non-deep) step time, undisturbed by probes (the deep step's own time when
+    no light step exists); ``memory_bound_share`` and ``unaccounted_share`` are
+    fractions of the timed deep step's own time (``StepSample.time_s``).
+    """
+    ops = _rank_ops(state)
+    peaks, bandwidth = _ceilings(spec)
+    steps = sorted({op.step for op in ops})
+    empty: dict[str, Any] = {
+        "mfu": None, "achieved_flops_per_s": None, "memory_bound_share": None, "unaccounted_share": None,
+        "dominant_dtype": None, "flops_per_step": None, "op_time_s": None, "step_time_s": None,
+        "light_step_time_s": None, "deep_steps": steps, "per_module": [],
+    }
+    if not steps:
+        return empty
+    samples = {s.index: s for s in (state.steps.get(min(state.steps)) if state.steps else [])}
+    light = _light_step_time(state, set(steps))
+    summaries = []
+    for step in steps:
+        figures = [OpFigures(flops=o.flops, bytes=o.bytes, time_s=o.time_s, dtype=o.dtype)
+                   for o in ops if o.step == step]
+        sample = samples.get(step)
+        step_time = sample.time_s if sample and sample.time_s > 0 else sum(f.time_s for f in figures)
+        summaries.append(step_summary(figures, step_time_s=step_time, peak_flops=peaks,
+                                      bandwidth=bandwidth, mfu_step_time_s=light))
+
+    def mean(name: str) -> float | None:
+        values = [getattr(s, name) for s in summaries if getattr(s, name) is not None]
+        return sum(values) / len(values) if values else None
+
+    out = dict(empty)
+    out.update({
+        "mfu": mean("mfu"), "achieved_flops_per_s": mean("achieved_flops_per_s"),
+        "memory_bound_share": mean("memory_bound_share"), "unaccounted_share": mean("unaccounted_share"),
+        "dominant_dtype": summaries[-1].dominant_dtype, "flops_per_step": mean("flops"),
+        "op_time_s": mean("op_time_s"), "step_time_s": mean("step_time_s"), "light_step_time_s": light,
+        "per_module": _per_module(ops, len(steps)),
+    })
+    return out
+
+
+def _per_module(ops: list[OpStat], n_steps: int) -> list[dict[str, Any]]:
+    """Per innermost module: per-step FLOPs, bytes, op time, achieved FLOP/s, share of op time."""
+    groups: dict[str, list[float]] = defaultdict(lambda: [0, 0, 0.0])
+    for op in ops:
+        g = groups[op.module]
+        g[0] += op.flops
+        g[1] += op.bytes
+        g[2] += op.time_s
+    total = sum(g[2] for g in groups.values())
+    rows = [{
+        "module": module, "flops": flops / n_steps, "bytes": nbytes / n_steps, "time_s": t / n_steps,
+        "achieved_flops_per_s": flops / t if t > 0 else None,
+        "time_share": t / total if total > 0 else None,
+    } for module, (flops, nbytes, t) in groups.items()]
+    rows.sort(key=lambda r: r["time_s"], reverse=True)
+    return rows
+
+
+def _si(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.1f} {prefix}{unit}"
+    return f"{value:.3g} {unit}"
+
+
+def render_compute_section(ops: list[dict[str, Any]], compute: Mapping[str, Any], *, top: int = 10) -> list[Any]:
+    """Rich renderables: a summary line and the top ops by time with their verdicts."""
+    from rich.table import Table
+    from rich.text import Text
+
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{100 * v:.0f}%"
+
+    summary = Text(
+        f"MFU {pct(compute.get('mfu'))}  achieved {_si(compute.get('achieved_flops_per_s'), 'FLOP/s')}  "
+        f"memory-bound {pct(compute.get('memory_bound_share'))} of step  "
+        f"outside ops {pct(compute.get('unaccounted_share'))}"
+    )
+    table = Table(title="Top ops by time (per step)", expand=True)
+    for col in ("op", "module", "phase", "dtype", "time", "FLOP/s", "FLOP/B", "bound", "of roof"):
+        table.add_column(col, justify="right" if col in ("time", "FLOP/s", "FLOP/B", "of roof") else "left")
+    for item in ops[:top]:
+        bound = item.get("bound") or "-"
+        style = "yellow" if bound == "memory" else "green" if bound == "compute" else ""
+        intensity = item.get("intensity")
+        table.add_row(item["name"], item["module"] or "(root)", item.get("phase", ""), item["dtype"],
+                      f"{1e3 * item['time_s']:.2f} ms", _si(item.get("achieved_flops_per_s"), ""),
+                      "-" if intensity is None else f"{intensity:.1f}", Text(bound, style=style),
+                      pct(item.get("roof_fraction")))
+    return [summary, table]

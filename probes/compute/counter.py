@@ -1,0 +1,77 @@
+"""A dispatch mode that records every aten op of a step with its FLOPs and bytes.
+
+The mode sees ops below autograd, after composite ops (``linear``, ``sdpa``)
+have been decomposed into the kernels that actually run, and the same ops in
+backward. It costs tens of microseconds of Python per op, which is why
+``ComputeProbe`` counts on one step and times on the next (see probe.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from probes.compute import formulas
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpCall:
+    """One op call as the counter saw it."""
+
+    name: str  # aten overload packet, e.g. "aten.mm"
+    module: str
+    phase: str
+    input_shapes: tuple[tuple[int, ...], ...]
+    dtype: str
+    flops: int
+    bytes: int
+    inline_s: float  # perf_counter time of the call inside the mode (a fallback; inflated on CUDA)
+
+
+# Ops that exist only to satisfy the dispatcher and never run anything.
+_SKIP: frozenset[str] = frozenset({"sym_size", "sym_stride", "sym_numel", "sym_storage_offset"})
+
+
+class OpCounter(TorchDispatchMode):
+    """Records ``OpCall``s; ``where()`` returns (module, phase) for the op in progress."""
+
+    def __init__(self, where: Callable[[], tuple[str, str]]) -> None:
+        super().__init__()
+        self._where = where
+        self.calls: list[OpCall] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        t0 = time.perf_counter()
+        out = func(*args, **kwargs)
+        elapsed = time.perf_counter() - t0
+        packet = func.overloadpacket
+        if packet.__name__ in _SKIP or func.namespace != "aten":  # e.g. profiler._record_function_*
+            return out
+        cost = formulas.op_cost(func, args, kwargs, out)
+        module, phase = self._where()
+        self.calls.append(
+            OpCall(
+                name=str(packet),
+                module=module,
+                phase=phase,
+                input_shapes=tuple(tuple(s) for s in formulas.input_shapes(args, kwargs)),
+                dtype=formulas.op_dtype(args, kwargs, out),
+                flops=cost.flops,
+                bytes=cost.bytes,
+                inline_s=elapsed,
+            )
+        )
+        return out
+
+
+def count_ops(fn: Callable[[], Any], *, phase: str = "forward") -> list[OpCall]:
+    """Run ``fn`` under a counter (no module attribution); for tests and benches."""
+    counter = OpCounter(lambda: ("", phase))
+    with counter:
+        fn()
+    return counter.calls

@@ -1,0 +1,143 @@
+"""ComputeProbe: per-op FLOPs, bytes and time on deep-sampled steps.
+
+Why two steps: the counting dispatch mode costs tens of microseconds of Python
+per op, which would inflate the op times the profiler reports. So the probe
+counts on one deep step (dispatch mode plus module hooks) and asks the agent
+(``ctx.request_deep(1)``) to deep-sample the next step, which it times with the
+profiler alone; the two op sequences are joined in order (timing.py). Training
+steps repeat the same ops, so the counts of one step describe the next.
+
+When no timed step follows (the run ended, or the agent ignored the request),
+the counted step is emitted with the counter's inline times on CPU (inflated by
+the mode) and 0.0 on CUDA, where inline time would be launch time.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+from probes.compute.counter import OpCall, OpCounter
+from probes.compute.modules import ModuleTracker
+from probes.compute.timing import join_times, start_profiler, stop_profiler
+from probes.probe import AgentContext, Probe
+from probes.records import Event, OpStat
+
+_PHASES = {"forward": "forward", "backward": "backward", "optimizer": "optimizer"}
+
+
+def op_phase(ctx: AgentContext) -> str:
+    """The OpStat phase now: "forward" | "backward" | "optimizer" | "other"."""
+    if ctx.in_backward():
+        return "backward"
+    return _PHASES.get(ctx.phase, "other")
+
+
+def aggregate(calls: list[OpCall], times: list[float | None], *, rank: int, step: int) -> list[OpStat]:
+    """One OpStat per (name, module, phase, shapes, dtype), totals over the step."""
+    groups: dict[tuple, list[Any]] = defaultdict(lambda: [0, 0, 0, 0.0])
+    for call, t in zip(calls, times):
+        key = (call.name, call.module, call.phase, call.input_shapes, call.dtype)
+        g = groups[key]
+        g[0] += 1
+        g[1] += call.flops
+        g[2] += call.bytes
+        g[3] += t or 0.0
+    return [
+        OpStat(rank=rank, step=step, name=name, module=module, phase=phase,
+               input_shapes=[list(s) for s in shapes], dtype=dtype,
+               count=count, flops=flops, bytes=nbytes, time_s=time_s)
+        for (name, module, phase, shapes, dtype), (count, flops, nbytes, time_s) in groups.items()
+    ]
+
+
+class ComputeProbe(Probe):
+    """Counts on a deep step, times on the next; emits ``OpStat`` records.
+
+    ``emit_device_spec``: at the first deep step, detect the device's ceilings
+    (probes.device.spec) and emit ``Event(name="device_spec", data=spec.to_dict())``.
+    Leave it False when the agent sends that event itself.
+    """
+
+    name = "compute"
+
+    def __init__(self, *, emit_device_spec: bool = False) -> None:
+        self._emit_spec = emit_device_spec
+        self._spec_sent = False
+        self._counter: OpCounter | None = None
+        self._tracker: ModuleTracker | None = None
+        self._profiler: torch.profiler.profile | None = None
+        self._pending: list[OpCall] | None = None  # counted, waiting for its timed step
+        self._pending_step = -1
+
+    def _use_cuda(self, ctx: AgentContext) -> bool:
+        return ctx.device.type == "cuda" and torch.cuda.is_available()
+
+    def start_deep(self, ctx: AgentContext, step: int) -> None:
+        if self._emit_spec and not self._spec_sent:
+            self._send_spec(ctx)
+        if self._pending is not None and step == self._pending_step + 1:
+            self._profiler = start_profiler(self._use_cuda(ctx))
+            return
+        self._flush_pending(ctx)
+        tracker = ModuleTracker(ctx.module_name)
+
+        def where() -> tuple[str, str]:
+            phase = op_phase(ctx)
+            if phase != "backward":
+                tracker.end_backward()
+            return tracker.current(phase == "backward"), phase
+
+        tracker.start()
+        self._tracker = tracker
+        self._counter = OpCounter(where)
+        self._counter.__enter__()
+
+    def stop_deep(self, ctx: AgentContext, step: int) -> None:
+        if self._profiler is not None:
+            events = stop_profiler(self._profiler)
+            self._profiler = None
+            calls = self._pending or []
+            times = join_times(calls, events, use_cuda=self._use_cuda(ctx))
+            self._emit(ctx, calls, times, step)
+            self._pending = None
+            return
+        if self._counter is None:
+            return
+        self._counter.__exit__(None, None, None)
+        if self._tracker is not None:
+            self._tracker.stop()
+        self._pending, self._pending_step = self._counter.calls, step
+        self._counter = self._tracker = None
+        ctx.request_deep(1)
+
+    def detach(self, ctx: AgentContext) -> None:
+        if self._counter is not None:
+            self.stop_deep(ctx, ctx.step)
+        if self._profiler is not None:
+            self._profiler.__exit__(None, None, None)
+            self._profiler = None
+        self._flush_pending(ctx)
+
+    def _flush_pending(self, ctx: AgentContext) -> None:
+        """Emit a counted step that got no timed step, with the fallback times."""
+        if self._pending is None:
+            return
+        cuda = self._use_cuda(ctx)
+        times: list[float | None] = [0.0 if cuda else c.inline_s for c in self._pending]
+        self._emit(ctx, self._pending, times, self._pending_step)
+        self._pending = None
+
+    def _emit(self, ctx: AgentContext, calls: list[OpCall], times: list[float | None], step: int) -> None:
+        for record in aggregate(calls, times, rank=ctx.rank, step=step):
+            ctx.emit(record)
+
+    def _send_spec(self, ctx: AgentContext) -> None:
+        from probes.device.spec import detect_device_spec
+
+        self._spec_sent = True
+        spec = detect_device_spec(ctx.device, peak_flops=ctx.config.get("peak_flops"),
+                                  peak_bandwidth=ctx.config.get("peak_bandwidth"))
+        ctx.emit(Event(rank=ctx.rank, step=ctx.step, name="device_spec", data=spec.to_dict()))

@@ -1,0 +1,1 @@
+"""Device ceilings for the roofline: spec table, NVML, micro-benchmarks."""

@@ -1,0 +1,125 @@
+"""Short micro-benchmarks of a device's ceilings, cached per device and driver.
+
+- Matmul peak per dtype: a square matmul timed after a warm-up; FLOP/s = 2 n^3 / time.
+- Bandwidth: a device-to-device copy; bytes/s = (bytes read + bytes written) / time.
+
+On CUDA times come from ``torch.cuda.Event`` pairs; on CPU from ``time.perf_counter``
+(best of a few repeats). The CPU run stays well under 2 s (fp32 only: bf16
+matmul on CPU is a hundred times slower and not what training uses there).
+Results are cached in ``$ADVISOR_HOME/device_cache.json`` (default
+``~/.cache/advisor``), keyed by device name, driver and torch version.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+CUDA_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16,
+                                        "tf32": torch.float32, "fp32": torch.float32}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measured:
+    """What the micro-benchmarks measured: FLOP/s per dtype key and copy bytes/s."""
+
+    peak_flops: dict[str, float] = field(default_factory=dict)
+    memory_bandwidth: float | None = None
+
+
+def cache_path() -> Path:
+    home = os.environ.get("ADVISOR_HOME")
+    base = Path(home) if home else Path.home() / ".cache" / "advisor"
+    return base / "device_cache.json"
+
+
+def _load_cache(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def cached_measure(key: str, measure: Callable[[], Measured]) -> Measured:
+    """``measure()`` once per ``key``; later calls read the JSON cache."""
+    path = cache_path()
+    cache = _load_cache(path)
+    hit = cache.get(key)
+    if isinstance(hit, dict):
+        return Measured(peak_flops={k: float(v) for k, v in hit.get("peak_flops", {}).items()},
+                        memory_bandwidth=hit.get("memory_bandwidth"))
+    result = measure()
+    cache[key] = {"peak_flops": result.peak_flops, "memory_bandwidth": result.memory_bandwidth}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only home only costs a re-measurement next time
+    return result
+
+
+def _best_cpu(fn: Callable[[], object], repeats: int) -> float:
+    fn()  # warm-up (thread pool, page faults)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def measure_cpu(*, n: int = 1024, copy_bytes: int = 64 * 2**20) -> Measured:
+    """CPU fp32 matmul FLOP/s and copy bandwidth (bytes read + written per second)."""
+    a = torch.randn(n, n)
+    b = torch.randn(n, n)
+    out = torch.empty(n, n)
+    t_mm = _best_cpu(lambda: torch.mm(a, b, out=out), repeats=5)
+    src = torch.empty(copy_bytes // 4, dtype=torch.float32).fill_(1.0)
+    dst = torch.empty_like(src)
+    t_copy = _best_cpu(lambda: dst.copy_(src), repeats=5)
+    return Measured(peak_flops={"fp32": 2 * n**3 / t_mm}, memory_bandwidth=2 * copy_bytes / t_copy)
+
+
+def _cuda_time(fn: Callable[[], object], device: torch.device, iters: int) -> float:
+    """Seconds per call of ``fn`` from CUDA events after a warm-up."""
+    for _ in range(3):
+        fn()
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize(device)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / iters
+
+
+def measure_cuda(device: torch.device, *, n: int = 8192, copy_bytes: int = 2**30) -> Measured:
+    """CUDA matmul FLOP/s for bf16, fp16, tf32, fp32 and device copy bytes/s."""
+    peaks: dict[str, float] = {}
+    old_tf32 = torch.backends.cuda.matmul.allow_tf32
+    try:
+        with torch.cuda.device(device):
+            for key, dtype in CUDA_DTYPES.items():
+                torch.backends.cuda.matmul.allow_tf32 = key == "tf32"
+                a = torch.randn(n, n, device=device, dtype=dtype)
+                b = torch.randn(n, n, device=device, dtype=dtype)
+                iters = 20 if dtype in (torch.bfloat16, torch.float16) else 5
+                peaks[key] = 2 * n**3 / _cuda_time(lambda: torch.mm(a, b), device, iters)
+                del a, b
+            src = torch.empty(copy_bytes, dtype=torch.uint8, device=device)
+            dst = torch.empty_like(src)
+            t_copy = _cuda_time(lambda: dst.copy_(src), device, 20)
+            del src, dst
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old_tf32
+    return Measured(peak_flops=peaks, memory_bandwidth=2 * copy_bytes / t_copy)

@@ -1,0 +1,77 @@
+"""DeviceSpec: spec table, measured/spec choice, overrides, the CPU micro-benchmark cache."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from probes.device import microbench
+from probes.device.microbench import Measured
+from probes.device.spec import DeviceSpec, combine, detect_device_spec
+from probes.device.spec_table import lookup
+
+
+@pytest.mark.parametrize(("name", "part"), [
+    ("NVIDIA H200", "H200 SXM"), ("NVIDIA H100 80GB HBM3", "H100 SXM"), ("NVIDIA H100 PCIe", "H100 PCIe"),
+    ("NVIDIA A100-SXM4-80GB", "A100 SXM 80GB"), ("NVIDIA A100-SXM4-40GB", "A100 40GB"),
+    ("NVIDIA A100 80GB PCIe", "A100 80GB PCIe"), ("NVIDIA L4", "L4"), ("Tesla V100-SXM2-32GB", "V100"),
+    ("NVIDIA A10", "A10"), ("NVIDIA L40S", None), ("NVIDIA A10G", None), ("Radeon", None),
+])
+def test_spec_table_lookup(name: str, part: str | None) -> None:
+    found = lookup(name)
+    assert (found.name if found else None) == part
+
+
+def test_measured_wins_only_when_it_disagrees() -> None:
+    part = lookup("NVIDIA H200")
+    close = combine(type="cuda", name="NVIDIA H200", part=part,
+                    measured=Measured(peak_flops={"bf16": 790e12, "fp32": 30e12}, memory_bandwidth=4.3e12))
+    assert close.peak_flops["bf16"] == 989e12  # within 25%: the datasheet stays
+    assert close.peak_flops["fp32"] == 30e12  # 55% below: the measurement wins
+    assert close.memory_bandwidth == 4.8e12 and close.source == "measured"
+    assert close.peak_flops["fp8"] == 1979e12 and close.measured_peak_flops["bf16"] == 790e12
+    agree = combine(type="cuda", name="NVIDIA H200", part=part,
+                    measured=Measured(peak_flops={"bf16": 900e12}, memory_bandwidth=4.5e12))
+    assert agree.source == "spec"
+
+
+def test_overrides() -> None:
+    spec = combine(type="cuda", name="NVIDIA L4", part=lookup("NVIDIA L4"), measured=None,
+                   peak_flops=100e12, peak_bandwidth=250e9)
+    assert spec.source == "override" and set(spec.peak_flops.values()) == {100e12}
+    assert spec.memory_bandwidth == 250e9 and spec.spec_memory_bandwidth == 300e9
+    with pytest.raises(ValueError, match="peak-flops"):
+        combine(type="cpu", name="cpu", part=None, measured=None, peak_flops=-1.0)
+
+
+def test_cpu_spec_is_measured_and_cached(tmp_path, monkeypatch) -> None:
+    spec = detect_device_spec("cpu")
+    assert spec.type == "cpu" and spec.source == "measured"
+    assert spec.peak_flops["fp32"] > 1e8 and spec.memory_bandwidth > 1e8
+    cache = json.loads(microbench.cache_path().read_text())
+    assert len(cache) == 1
+
+    def boom(**_):
+        raise AssertionError("measured again instead of reading the cache")
+
+    monkeypatch.setattr(microbench, "measure_cpu", boom)
+    again = detect_device_spec("cpu", peak_bandwidth=1e9)
+    assert again.peak_flops == spec.peak_flops and again.memory_bandwidth == 1e9
+    assert DeviceSpec.from_dict(json.loads(json.dumps(again.to_dict()))) == again
+
+
+def test_unknown_device_type_names_valid_options() -> None:
+    with pytest.raises(ValueError, match="'cpu', 'cuda'"):
+        detect_device_spec("mps", measure=False)
+
+
+@pytest.mark.gpu
+def test_measured_ceilings_match_the_spec_table() -> None:
+    spec = detect_device_spec("cuda")
+    if spec.part is None:
+        pytest.skip(f"{spec.name} is not in the spec table")
+    assert spec.measured_peak_flops["bf16"] == pytest.approx(spec.spec_peak_flops["bf16"], rel=0.25)
+    assert spec.measured_memory_bandwidth == pytest.approx(spec.spec_memory_bandwidth, rel=0.25)
+    assert spec.memory_capacity and spec.memory_capacity > 0
