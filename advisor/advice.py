@@ -7,6 +7,7 @@ turns a chosen recommendation into a command for every rank's executor.
 
 from __future__ import annotations
 
+import copy
 import sys
 import threading
 import time
@@ -29,6 +30,26 @@ def advise_report(report: dict[str, Any], *, state: SessionState | None = None,
     profile = profile_from_report(report, budget_bytes=budget_bytes)
     diagnosis, recommendations = advise(profile)
     return diagnosis.to_dict(), [r.to_dict() for r in recommendations]
+
+
+def current_regime(state: SessionState) -> SessionState:
+    """The part of a session measured since the last kept remedy (the job as it runs now).
+
+    Advice must describe the job as it is: after a kept checkpointing plan the
+    old peak no longer exists. Falls back to the whole session when nothing was
+    measured yet under the remedy.
+    """
+    kept = [a for a in state.applied if a.get("status") == "kept" and a.get("at_step") is not None]
+    if not kept:
+        return state
+    since = max(a["at_step"] for a in kept)
+    regime = copy.copy(state)
+    regime.steps = {r: [s for s in samples if s.index >= since] for r, samples in state.steps.items()}
+    regime.memory = [m for m in state.memory if m.step >= since]
+    regime.modules = [m for m in state.modules if m.step >= since]
+    if not regime.modules or not any(s.deep for samples in regime.steps.values() for s in samples):
+        return state
+    return regime
 
 
 def _partial_report(state: SessionState, budget_bytes: int | None) -> dict[str, Any]:
@@ -73,7 +94,8 @@ class AdviceLoop:
         with self._lock:
             state = self.session.live.snapshot()
             try:
-                diagnosis, recs = advise_report(_partial_report(state, self.budget_bytes), state=state,
+                regime = current_regime(state)
+                diagnosis, recs = advise_report(_partial_report(regime, self.budget_bytes), state=regime,
                                                 budget_bytes=self.budget_bytes)
             except Exception as exc:  # noqa: BLE001 - advice must never stop the recording
                 self.last_error = f"{type(exc).__name__}: {exc}"

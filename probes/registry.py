@@ -10,12 +10,15 @@ import torch
 
 from probes.probe import Probe
 
-# name -> "module:Class"; probes are imported only when enabled.
+# name -> "module:Class"; probes are imported only when enabled. The agent calls
+# start_deep in this order and stop_deep in reverse (dispatch modes stack).
 PROBES: dict[str, str] = {
     "memory": "probes.memory.probe:MemoryProbe",
     "compute": "probes.compute.probe:ComputeProbe",
     "comm": "probes.comm.probe:CommProbe",
 }
+# The compute probe measures the device's ceilings once its device is known.
+PROBE_OPTIONS: dict[str, dict[str, Any]] = {"compute": {"emit_device_spec": True}}
 
 
 def probe_names(value: str | None) -> list[str]:
@@ -36,7 +39,7 @@ def build_probes(config: dict[str, Any]) -> list[Probe]:
     for name in config.get("probes", list(PROBES)):
         module_name, _, cls_name = PROBES[name].partition(":")
         cls = getattr(importlib.import_module(module_name), cls_name)
-        probes.append(cls())
+        probes.append(cls(**PROBE_OPTIONS.get(name, {})))
     return probes
 
 

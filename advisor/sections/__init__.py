@@ -18,9 +18,10 @@ def _memory(state: SessionState, report: dict[str, Any], budget: int | None) -> 
 
 
 def _compute(state: SessionState, report: dict[str, Any], budget: int | None) -> dict[str, Any]:
-    from advisor.sections.compute import build_compute_section, build_ops_section, device_fields
+    from advisor.sections.compute import (build_compute_section, build_ops_section, device_fields,
+                                          device_spec_from_state)
 
-    spec = device_spec(state)
+    spec = device_spec_from_state(state) or {}
     if spec:
         report["run"]["device"].update(device_fields(spec))
     return {"ops": build_ops_section(state, spec), "compute": build_compute_section(state, spec)}
@@ -34,22 +35,22 @@ def _comm(state: SessionState, report: dict[str, Any], budget: int | None) -> di
 
 
 def _advice(state: SessionState, report: dict[str, Any], budget: int | None) -> dict[str, Any]:
-    from advisor.advice import advise_report
+    from advisor.advice import advise_report, current_regime
 
-    diagnosis, recommendations = advise_report(report, state=state, budget_bytes=budget)
+    regime = current_regime(state)
+    if regime is not state:  # advise on the job as it runs now, after the kept remedy
+        from advisor.sections.memory import build_memory_section
+        from advisor.report import steps_section
+
+        report = {**report, "steps": steps_section(regime),
+                  "memory": build_memory_section(regime, budget_bytes=budget)}
+    diagnosis, recommendations = advise_report(report, state=regime, budget_bytes=budget)
     return {"diagnosis": diagnosis, "recommendations": recommendations, "applied": list(state.applied)}
 
 
 SECTIONS: list[tuple[str, Callable[[SessionState, dict[str, Any], int | None], dict[str, Any]]]] = [
     ("memory", _memory), ("compute", _compute), ("comm", _comm), ("advice", _advice),
 ]
-
-
-def device_spec(state: SessionState) -> dict[str, Any]:
-    """The DeviceSpec the agent of rank 0 (or any rank) sent, as a dict; {} if none."""
-    specs = [e for e in state.events if e.name == "device_spec"]
-    specs.sort(key=lambda e: e.rank)
-    return dict(specs[0].data) if specs else {}
 
 
 def build_sections(state: SessionState, report: dict[str, Any], *, budget_bytes: int | None) -> dict[str, Any]:
