@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     def emit(record: Any) -> None:
         channel.emit({"kind": record.KIND, "data": record.to_dict()})
 
-    probes = build_probes(config)
+    probes, probe_warnings = build_probes(config)
     agent = Agent(emit=emit, config=config, probes=probes, rank=rank, world_size=world_size)
     agent_holder.append(agent)
     agent.emit(RunInfo(
@@ -106,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         torch_version=torch.__version__, python_version=sys.version.split()[0],
         device=device_info(local_rank), config=config,
     ))
+    for warning in probe_warnings:
+        agent.emit(Event(rank=rank, name="warning", data={"message": warning}))
     for probe in list(agent.probes):
         agent._call(probe, "attach")
     agent.load_plan(config.get("plan"))

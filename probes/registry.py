@@ -34,13 +34,19 @@ def probe_names(value: str | None) -> list[str]:
     return names
 
 
-def build_probes(config: dict[str, Any]) -> list[Probe]:
+def build_probes(config: dict[str, Any]) -> tuple[list[Probe], list[str]]:
+    """The enabled probes, and one warning per probe that could not be built (it is skipped:
+    a broken probe must never keep the user's script from training)."""
     probes: list[Probe] = []
+    warnings: list[str] = []
     for name in config.get("probes", list(PROBES)):
         module_name, _, cls_name = PROBES[name].partition(":")
-        cls = getattr(importlib.import_module(module_name), cls_name)
-        probes.append(cls(**PROBE_OPTIONS.get(name, {})))
-    return probes
+        try:
+            cls = getattr(importlib.import_module(module_name), cls_name)
+            probes.append(cls(**PROBE_OPTIONS.get(name, {})))
+        except Exception as exc:  # noqa: BLE001
+            warnings.append(f"probe {name} disabled: {type(exc).__name__}: {exc}")
+    return probes, warnings
 
 
 def _cpu_name() -> str:
