@@ -108,6 +108,7 @@ class Agent:
         self._pending: list[tuple[StepSample, list[torch.Tensor], Any]] = []
         self._first_forward_callbacks: list[Callable[[torch.nn.Module], None]] = []
         self.disabled = False
+        self._spec_sent = False
 
     # -- AgentContext ----------------------------------------------------------------
     @property
@@ -359,6 +360,8 @@ class Agent:
             raise StopTraining(f"stopped after {self._step} steps (--steps)")
         if self.executor is not None:
             self.executor.on_boundary(self._step)
+        if not self._spec_sent:
+            self._send_device_spec()
         self._deep_active = self._deep_extra > 0 or self.is_deep(self._step)
         if self._deep_extra > 0:
             self._deep_extra -= 1
@@ -366,6 +369,24 @@ class Agent:
             for probe in list(self.probes):
                 self._call(probe, "start_deep", self._step)
         self.flush(sync=False)
+
+    def _send_device_spec(self) -> None:
+        """Measure the device's ceilings once, after step 0 and before any deep probe starts:
+        the micro-benchmarks allocate, and must not show up in a tracked step."""
+        self._spec_sent = True
+        if "compute" not in self.config.get("probes", ()):
+            return
+        from probes.device.spec import detect_device_spec
+        from probes.records import Event
+
+        try:
+            spec = detect_device_spec(self.device, peak_flops=self.config.get("peak_flops"),
+                                      peak_bandwidth=self.config.get("peak_bandwidth"))
+        except Exception as exc:  # noqa: BLE001 - no ceilings is a warning, not a failure
+            self.emit(Event(rank=self.rank, name="warning",
+                            data={"message": f"device ceilings unknown: {type(exc).__name__}: {exc}"}))
+            return
+        self.emit(Event(rank=self.rank, name="device_spec", data=spec.to_dict()))
 
     # -- loss without an extra device sync ---------------------------------------------
     def _queue_sample(self, sample: StepSample, losses: list[torch.Tensor]) -> None:

@@ -17,8 +17,8 @@ PROBES: dict[str, str] = {
     "compute": "probes.compute.probe:ComputeProbe",
     "comm": "probes.comm.probe:CommProbe",
 }
-# The compute probe measures the device's ceilings once its device is known.
-PROBE_OPTIONS: dict[str, dict[str, Any]] = {"compute": {"emit_device_spec": True}}
+# Constructor options per probe (the agent itself sends the device spec, see Agent._send_device_spec).
+PROBE_OPTIONS: dict[str, dict[str, Any]] = {}
 
 
 def probe_names(value: str | None) -> list[str]:
