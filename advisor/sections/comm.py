@@ -1,0 +1,158 @@
+"""Report sections for communication: collectives, per-rank exposure, stragglers.
+
+Builders return plain dicts (the headless JSON report's contract, docs/report-schema.md);
+``render_comm_sections`` turns them into rich renderables for the TUI and the printer.
+Bandwidths are bytes per second; times are seconds.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from statistics import mean
+from typing import Any
+
+from rich.table import Table
+
+from advisor.state import SessionState
+from probes.comm.cache import bench_busbw, load_cache
+from recommend.comm import algbw, busbw, step_comm, straggler, wait_by_record
+
+
+def build_collectives_section(state: SessionState) -> list[dict[str, Any]]:
+    """One row per (rank, op, group size, bytes): totals over all recorded calls.
+
+    ``time_s``, ``exposed_s`` and ``wait_s`` are sums over ``count`` calls; ``algbw`` and
+    ``busbw`` (nccl-tests conventions) use the transfer time, i.e. the call's time minus the
+    time it waited for the latest rank, so a straggler does not read as a slow link.
+    ``bench_busbw`` is the cached ``advisor bench-comm`` figure at the nearest size, or None.
+    """
+    waits, _ = wait_by_record(state.collectives, state.events)
+    groups: dict[tuple[int, str, int, int], dict[str, Any]] = {}
+    for c in state.collectives:
+        key = (c.rank, c.op, c.group_size, c.bytes)
+        row = groups.setdefault(
+            key,
+            {"op": c.op, "rank": c.rank, "group_size": c.group_size, "count": 0, "bytes": c.bytes,
+             "time_s": 0.0, "exposed_s": 0.0, "wait_s": 0.0},
+        )
+        row["count"] += c.count
+        row["time_s"] += c.time_s
+        row["exposed_s"] += c.exposed_s
+        row["wait_s"] += max(c.wait_s, waits.get(id(c), 0.0))
+    cache = load_cache()
+    out = []
+    for key in sorted(groups):
+        row = groups[key]
+        transfer = max(0.0, row["time_s"] - row["wait_s"])
+        total_bytes = row["bytes"] * row["count"]
+        row["algbw"] = algbw(total_bytes, transfer)
+        row["busbw"] = busbw(row["op"], total_bytes, transfer, row["group_size"])
+        row["bench_busbw"] = (
+            bench_busbw(cache, op=row["op"], nbytes=row["bytes"], world_size=row["group_size"]) if cache else None
+        )
+        out.append(row)
+    return out
+
+
+def build_comm_section(state: SessionState) -> list[dict[str, Any]]:
+    """Per rank: mean step time, and per step the communication and exposed time and share."""
+    rows = step_comm(state.collectives, state.steps)
+    by_rank: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by_rank[r["rank"]].append(r)
+    out = []
+    for rank, items in sorted(by_rank.items()):
+        step_time = mean(r["step_time_s"] for r in items)
+        exposed = mean(r["exposed_s"] for r in items)
+        out.append(
+            {
+                "rank": rank,
+                "step_time_s": step_time,
+                "comm_s": mean(r["comm_s"] for r in items),
+                "exposed_s": exposed,
+                "exposed_share": exposed / step_time if step_time > 0 else 0.0,
+            }
+        )
+    return out
+
+
+def build_straggler_section(state: SessionState) -> dict[str, Any] | None:
+    """The rank the others wait for, from collectives matched across ranks; None without any.
+
+    ``wait_caused_s``: the others' mean wait, summed over the calls this rank came last to;
+    ``skew_s``: mean spread of arrival times per matched call; ``wait_s_by_rank``: each rank's
+    own wait; ``per_rank_step_time_s``: mean StepSample time per rank.
+    """
+    _, matched = wait_by_record(state.collectives, state.events)
+    report = straggler(matched)
+    if report is None:
+        return None
+    steps = {
+        str(rank): mean(s.time_s for s in samples) for rank, samples in sorted(state.steps.items()) if samples
+    }
+    n_steps = max((len(s) for s in state.steps.values()), default=0)
+    return {
+        "rank": report.rank,
+        "wait_caused_s": report.wait_caused_s[report.rank],
+        "wait_caused_per_step_s": report.wait_caused_s[report.rank] / n_steps if n_steps else None,
+        "skew_s": report.skew_s,
+        "per_rank_step_time_s": steps,
+        "wait_s_by_rank": {str(r): w for r, w in sorted(report.wait_s.items())},
+        "matched_calls": report.calls,
+    }
+
+
+def _bw(value: float | None) -> str:
+    return "-" if value is None else f"{value / 1e9:.2f} GB/s"
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def render_comm_sections(
+    collectives: list[dict[str, Any]],
+    comm: list[dict[str, Any]],
+    straggler_section: dict[str, Any] | None,
+) -> list[Any]:
+    """Rich renderables for the three sections (empty list when nothing was communicated)."""
+    out: list[Any] = []
+    if collectives:
+        table = Table(title="Collectives")
+        for col in ("rank", "op", "n", "size", "count", "time", "exposed", "wait", "algbw", "busbw", "bench busbw"):
+            table.add_column(col, justify="left" if col == "op" else "right")
+        for r in collectives:
+            table.add_row(
+                str(r["rank"]), r["op"], str(r["group_size"]), _size(r["bytes"]), str(r["count"]),
+                f"{r['time_s'] * 1e3:.2f} ms", f"{r['exposed_s'] * 1e3:.2f} ms", f"{r['wait_s'] * 1e3:.2f} ms",
+                _bw(r["algbw"]), _bw(r["busbw"]), _bw(r.get("bench_busbw")),
+            )
+        out.append(table)
+    if comm:
+        table = Table(title="Communication per step")
+        for col in ("rank", "step time", "comm", "exposed", "exposed share"):
+            table.add_column(col, justify="right")
+        for r in comm:
+            table.add_row(
+                str(r["rank"]), f"{r['step_time_s'] * 1e3:.1f} ms", f"{r['comm_s'] * 1e3:.1f} ms",
+                f"{r['exposed_s'] * 1e3:.1f} ms", f"{r['exposed_share']:.1%}",
+            )
+        out.append(table)
+    if straggler_section is not None:
+        s = straggler_section
+        table = Table(title=f"Straggler: rank {s['rank']}")
+        table.add_column("rank", justify="right")
+        table.add_column("step time", justify="right")
+        table.add_column("own wait", justify="right")
+        for rank, t in s["per_rank_step_time_s"].items():
+            table.add_row(rank, f"{t * 1e3:.1f} ms", f"{s['wait_s_by_rank'].get(rank, 0.0) * 1e3:.1f} ms")
+        table.caption = (
+            f"others waited {s['wait_caused_s'] * 1e3:.1f} ms for rank {s['rank']}; "
+            f"mean arrival skew {s['skew_s'] * 1e3:.2f} ms"
+        )
+        out.append(table)
+    return out

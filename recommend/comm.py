@@ -1,0 +1,290 @@
+"""Communication analysis on recorded collectives: bandwidths, exposure, waits, stragglers.
+
+Pure functions on plain numbers and ``probes.records`` types; no torch, so any saved
+session can be analysed again. Conventions follow nccl-tests (see REFERENCE.md,
+"Communication"): ``S`` is the collective's size in bytes, ``t`` its time in seconds and
+``n`` the number of ranks in its group.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+# Bus-bandwidth factor per op as a function of the group size n (nccl-tests' PERFORMANCE.md).
+_BUS_FACTORS = {
+    "all_reduce": lambda n: 2.0 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+    "send": lambda n: 1.0,
+    "recv": lambda n: 1.0,
+    "gather": lambda n: (n - 1) / n,
+    "scatter": lambda n: (n - 1) / n,
+}
+
+Interval = tuple[float, float]
+
+
+def bus_factor(op: str, group_size: int) -> float:
+    """nccl-tests' bus-bandwidth factor for ``op`` on ``group_size`` ranks (dimensionless).
+
+    Raises ``ValueError`` for an op without a defined factor, naming the valid ops.
+    """
+    try:
+        factor = _BUS_FACTORS[op]
+    except KeyError:
+        raise ValueError(f"no bus-bandwidth factor for op {op!r}; valid: {sorted(_BUS_FACTORS)}") from None
+    if group_size < 1:
+        raise ValueError(f"group_size must be at least 1, got {group_size}")
+    return factor(group_size)
+
+
+def algbw(nbytes: float, time_s: float) -> float | None:
+    """Algorithm bandwidth S / t in bytes per second; None when the time is not positive."""
+    return nbytes / time_s if time_s > 0 else None
+
+
+def busbw(op: str, nbytes: float, time_s: float, group_size: int) -> float | None:
+    """Bus bandwidth in bytes per second: algbw times the op's factor (None for unknown ops)."""
+    bw = algbw(nbytes, time_s)
+    if bw is None or op not in _BUS_FACTORS or group_size < 1:
+        return None
+    return bw * bus_factor(op, group_size)
+
+
+def merge_intervals(intervals: Iterable[Interval]) -> list[Interval]:
+    """Sorted, non-overlapping union of ``intervals`` (empty and reversed ones dropped)."""
+    out: list[list[float]] = []
+    for start, end in sorted(i for i in intervals if i[1] > i[0]):
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return [(a, b) for a, b in out]
+
+
+def subtract_intervals(base: Iterable[Interval], remove: Iterable[Interval]) -> list[Interval]:
+    """The parts of ``base`` not covered by ``remove`` (both in the same clock)."""
+    cuts = merge_intervals(remove)
+    out: list[Interval] = []
+    for start, end in merge_intervals(base):
+        cursor = start
+        for c0, c1 in cuts:
+            if c1 <= cursor or c0 >= end:
+                continue
+            if c0 > cursor:
+                out.append((cursor, c0))
+            cursor = max(cursor, c1)
+            if cursor >= end:
+                break
+        if cursor < end:
+            out.append((cursor, end))
+    return out
+
+
+def overlap_s(interval: Interval, merged: Sequence[Interval]) -> float:
+    """Seconds of ``interval`` covered by the already merged ``merged`` intervals."""
+    start, end = interval
+    total = 0.0
+    for a, b in merged:
+        if b <= start:
+            continue
+        if a >= end:
+            break
+        total += min(b, end) - max(a, start)
+    return total
+
+
+def exposed_s(interval: Interval, compute: Sequence[Interval]) -> float:
+    """Exposed time of one collective: the part of its interval with no compute running.
+
+    ``compute`` holds the rank's compute intervals in the collective's clock. The result
+    lies in [0, end - start] by construction, so exposed never exceeds total.
+    """
+    start, end = interval
+    total = max(0.0, end - start)
+    covered = overlap_s((start, end), merge_intervals(compute))
+    return min(total, max(0.0, total - covered))
+
+
+# ---------------------------------------------------------------- matching across ranks
+
+
+@dataclass(frozen=True, kw_only=True)
+class Arrival:
+    """One rank's view of one collective, as needed to match it with the other ranks."""
+
+    rank: int
+    step: int
+    op: str
+    group: str  # process-group name ("" when unknown: the whole world is assumed)
+    seq: int  # per-group issue counter, identical on every member for the same call
+    start: float  # wall clock when the rank issued it
+    time_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class MatchedCall:
+    """One collective matched across the ranks that issued it."""
+
+    group: str
+    seq: int
+    op: str
+    step: int
+    arrivals: dict[int, float]  # rank -> wall-clock issue time
+    waits: dict[int, float]  # rank -> latest arrival - own arrival (seconds)
+    latest_rank: int
+    spread_s: float  # latest - earliest arrival
+
+
+def match_calls(arrivals: Iterable[Arrival]) -> list[MatchedCall]:
+    """Group arrivals by (group, seq, op); only calls seen on at least two ranks are kept.
+
+    The wait a rank spends in a collective because another rank came late is the latest
+    arrival minus its own; the rank that arrived last waits zero and causes the others' wait.
+    """
+    buckets: dict[tuple[str, int, str], list[Arrival]] = defaultdict(list)
+    for a in arrivals:
+        buckets[(a.group, a.seq, a.op)].append(a)
+    out: list[MatchedCall] = []
+    for (group, seq, op), items in buckets.items():
+        by_rank = {a.rank: a for a in items}
+        if len(by_rank) < 2:
+            continue
+        starts = {r: a.start for r, a in by_rank.items()}
+        latest_rank = max(starts, key=lambda r: (starts[r], r))
+        latest = starts[latest_rank]
+        out.append(
+            MatchedCall(
+                group=group,
+                seq=seq,
+                op=op,
+                step=min(a.step for a in items),
+                arrivals=starts,
+                waits={r: latest - s for r, s in starts.items()},
+                latest_rank=latest_rank,
+                spread_s=latest - min(starts.values()),
+            )
+        )
+    out.sort(key=lambda m: (m.step, m.group, m.seq))
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class StragglerReport:
+    """Who the others wait for, from matched collectives (seconds summed over all calls)."""
+
+    rank: int  # the straggler: the rank that caused the most waiting
+    wait_caused_s: dict[int, float]  # rank -> others' mean wait summed over calls it came last to
+    wait_s: dict[int, float]  # rank -> its own wait summed over calls
+    skew_s: float  # mean arrival spread (latest - earliest) per matched call
+    calls: int
+
+
+def straggler(matched: Sequence[MatchedCall]) -> StragglerReport | None:
+    """The rank others wait for, or None when no call was matched across ranks."""
+    if not matched:
+        return None
+    caused: dict[int, float] = defaultdict(float)
+    waited: dict[int, float] = defaultdict(float)
+    for m in matched:
+        others = [w for r, w in m.waits.items() if r != m.latest_rank]
+        caused[m.latest_rank] += sum(others) / len(others) if others else 0.0
+        for r, w in m.waits.items():
+            waited[r] += w
+            caused.setdefault(r, 0.0)
+    rank = max(caused, key=lambda r: (caused[r], -r))
+    return StragglerReport(
+        rank=rank,
+        wait_caused_s=dict(caused),
+        wait_s=dict(waited),
+        skew_s=sum(m.spread_s for m in matched) / len(matched),
+        calls=len(matched),
+    )
+
+
+def waits_by_call(matched: Sequence[MatchedCall]) -> Mapping[tuple[int, str, int], float]:
+    """(rank, group, seq) -> that rank's wait in that call, for filling per-call wait_s."""
+    return {(r, m.group, m.seq): w for m in matched for r, w in m.waits.items()}
+
+
+# ---------------------------------------------------------------- from records
+
+
+def arrivals_from_records(collectives: Sequence, events: Sequence) -> list[tuple[object, Arrival]]:
+    """Pair each ``CollectiveStat`` with its (group, seq) and build its ``Arrival``.
+
+    The probe sends (op, group, seq, start) per call in ``Event(name="collective_seq")``;
+    calls are joined on (rank, op, start). Records without that event fall back to their
+    order within (rank, step, op, group size), which is exact when every group is the world.
+    Point-to-point ops are never matched (a send pairs with a recv on one peer only).
+    """
+    seq_of: dict[tuple[int, str, float], tuple[str, int]] = {}
+    for e in events:
+        if getattr(e, "name", "") != "collective_seq":
+            continue
+        for row in e.data.get("calls", []):
+            seq_of[(e.rank, row["op"], float(row["start"]))] = (str(row.get("group", "")), int(row["seq"]))
+    ordinal: dict[tuple[int, int, str, int], int] = defaultdict(int)
+    out: list[tuple[object, Arrival]] = []
+    for c in sorted(collectives, key=lambda c: (c.rank, c.step, c.start)):
+        if c.op in ("send", "recv"):
+            continue
+        found = seq_of.get((c.rank, c.op, float(c.start)))
+        if found is None:
+            key = (c.rank, c.step, c.op, c.group_size)
+            found = (f"step{c.step}/n{c.group_size}", ordinal[key])
+            ordinal[key] += 1
+        group, seq = found
+        out.append(
+            (c, Arrival(rank=c.rank, step=c.step, op=c.op, group=group, seq=seq, start=c.start, time_s=c.time_s))
+        )
+    return out
+
+
+def wait_by_record(collectives: Sequence, events: Sequence) -> tuple[dict[int, float], list[MatchedCall]]:
+    """id(record) -> wait in seconds (its rank's wait for the latest rank), and the matches."""
+    pairs = arrivals_from_records(collectives, events)
+    matched = match_calls(a for _, a in pairs)
+    waits = waits_by_call(matched)
+    out = {id(rec): waits.get((a.rank, a.group, a.seq), 0.0) for rec, a in pairs}
+    return out, matched
+
+
+def step_comm(collectives: Sequence, steps: Mapping[int, Sequence]) -> list[dict[str, float | int]]:
+    """Per (rank, step): step time, communication time, exposed time and its share of the step.
+
+    ``steps`` maps rank -> ``StepSample`` list; ``collectives`` are ``CollectiveStat``s.
+    Communication time sums each call's interval (overlapping calls count twice, as in the
+    profiler's per-op totals); exposed time sums each call's exposed part. Only calls issued
+    inside the step's wall-clock interval count when the sample has ``end_time``.
+    """
+    by_step: dict[tuple[int, int], list] = defaultdict(list)
+    for c in collectives:
+        by_step[(c.rank, c.step)].append(c)
+    rows: list[dict[str, float | int]] = []
+    for rank, samples in sorted(steps.items()):
+        for s in samples:
+            calls = by_step.get((rank, s.index), [])
+            if s.end_time > 0:
+                # Calls issued before the step began (set-up such as DDP's initial broadcast,
+                # attributed to step 0) are not part of the step's time.
+                begin = s.end_time - s.time_s
+                calls = [c for c in calls if c.start >= begin]
+            comm_s = sum(c.time_s for c in calls)
+            exp_s = sum(c.exposed_s for c in calls)
+            rows.append(
+                {
+                    "rank": rank,
+                    "step": s.index,
+                    "step_time_s": s.time_s,
+                    "comm_s": comm_s,
+                    "exposed_s": exp_s,
+                    "exposed_share": exp_s / s.time_s if s.time_s > 0 else 0.0,
+                }
+            )
+    return rows
