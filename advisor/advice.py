@@ -25,8 +25,9 @@ def advise_report(report: dict[str, Any], *, state: SessionState | None = None,
     from recommend.advise import advise
     from recommend.profile import profile_from_report
 
-    if not report.get("steps"):
-        return None, []
+    memory = report.get("memory") or {}
+    if not report.get("steps") and not memory.get("modules") and not memory.get("oom"):
+        return None, []  # nothing measured yet (an OOM before the first step still counts)
     profile = profile_from_report(report, budget_bytes=budget_bytes)
     diagnosis, recommendations = advise(profile)
     return diagnosis.to_dict(), [r.to_dict() for r in recommendations]

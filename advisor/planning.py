@@ -12,10 +12,10 @@ from advisor.store import load_state
 
 def write_plan_from_session(db_path: Path, output: str, *, budget_bytes: int | None,
                             recommendation_id: str | None) -> int:
-    from apply.plan import save_plan
+    from apply.plan import PlanEntry, Plan, save_plan
 
     report = build_report(load_state(db_path), budget_bytes=budget_bytes)
-    recs = report.get("recommendations") or []
+    recs = [r for r in report.get("recommendations") or [] if r.get("live")]  # applicable remedies only
     if recommendation_id:
         chosen = next((r for r in recs if r["id"] == recommendation_id), None)
         if chosen is None:
@@ -27,7 +27,8 @@ def write_plan_from_session(db_path: Path, output: str, *, budget_bytes: int | N
         diagnosis = report.get("diagnosis") or {}
         raise AdvisorError(f"nothing to plan: {diagnosis.get('summary') or 'no recommendation for this session'}",
                            hint="pass --memory-budget to plan against a smaller budget")
-    save_plan(output, [chosen])
+    save_plan(Plan(remedies=(PlanEntry(remedy=chosen["remedy"], params=chosen["params"],
+                                       recommendation_id=chosen["id"]),)), output)
     print(f"wrote plan {output}: {chosen.get('title') or chosen['remedy']}; run it with "
           f"`advisor attach --plan {output} ...`", file=sys.stderr)
     return 0

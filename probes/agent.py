@@ -250,15 +250,18 @@ class Agent:
         if not self.disabled and previous != "data":
             self._set_phase(previous)
 
+    def optimizer_created(self, optimizer: torch.optim.Optimizer) -> None:
+        if not self.disabled and not any(ref() is optimizer for ref in self._optimizers):
+            self._optimizers.append(weakref.ref(optimizer))
+            self._emit_optimizer(optimizer)
+
     def optimizer_pre(self, optimizer: torch.optim.Optimizer) -> None:
         if self.disabled:
             return
         self._opt_depth += 1
         if self._primary is None:
             self._primary = weakref.ref(optimizer)
-        if not any(ref() is optimizer for ref in self._optimizers):
-            self._optimizers.append(weakref.ref(optimizer))
-            self._emit_optimizer(optimizer)
+        self.optimizer_created(optimizer)
         if self._opt_depth == 1:
             self._set_phase("optimizer")
 

@@ -51,6 +51,18 @@ def install(agent: Agent) -> InstalledHooks:
     ):
         hooks.add(handle.remove)
 
+    # Optimizers are discovered when built, so a job that fails before its first step
+    # (an OOM in step 0) still says which optimizer it would have run.
+    original_init = torch.optim.Optimizer.__init__
+
+    @functools.wraps(original_init)
+    def optimizer_init(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        agent.optimizer_created(self)
+
+    torch.optim.Optimizer.__init__ = optimizer_init  # type: ignore[method-assign]
+    hooks.add(lambda: setattr(torch.optim.Optimizer, "__init__", original_init))
+
     original_backward = torch.autograd.backward
 
     @functools.wraps(original_backward)

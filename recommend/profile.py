@@ -122,9 +122,56 @@ def profile_from_report(report: Mapping[str, Any], *, budget_bytes: int | None =
     when the memory section has no budget, comes from ``report["run"]["device"]``
     or ``report["runs"][*]["device"]["memory_capacity"]``.
     """
-    memory = report.get("memory") or {}
+    memory = dict(report.get("memory") or {})
     steps = report.get("steps") or []
+    missing = missing_model_states(report)
+    if missing:
+        # The measurement predates the first optimizer step (an OOM in step 0, say): the
+        # steady state will also hold gradients and optimizer state, so plan for them.
+        at_peak = dict(memory.get("categories_at_peak") or {})
+        for category, extra in missing.items():
+            at_peak[category] = at_peak.get(category, 0) + extra
+        memory["categories_at_peak"] = at_peak
+        memory["peak_bytes"] = int(memory.get("peak_bytes") or 0) + sum(missing.values())
     return profile_from_memory(memory, steps, capacity_bytes=_capacity(report), budget_bytes=budget_bytes)
+
+
+# Optimizer state per parameter byte in steady state (REFERENCE.md: Adam keeps exp_avg and exp_avg_sq).
+_STATE_FACTOR = {"Adam": 2.0, "AdamW": 2.0, "NAdam": 2.0, "RAdam": 2.0, "Adamax": 2.0, "Adagrad": 1.0,
+                 "RMSprop": 1.0, "Adadelta": 2.0, "Rprop": 2.0, "ASGD": 2.0}
+
+
+def missing_model_states(report: Mapping[str, Any]) -> dict[str, int]:
+    """Gradient and optimizer-state bytes a steady step will hold that the measurement lacks.
+
+    Zero for any session that completed an optimizer step (its measurement has them). For one
+    that did not, gradients are one copy of the trainable parameters and the optimizer state
+    follows the optimizer's type (SGD: one copy with momentum, none without; unknown: two).
+    """
+    memory = report.get("memory") or {}
+    seen = memory.get("categories_max") or {}
+    run = report.get("run") or {}
+    if any(int(s.get("index", 0)) >= 0 for s in report.get("steps") or []):
+        return {}
+    param_bytes = sum(int(m.get("parameter_bytes") or 0) for m in run.get("models") or [])
+    if not param_bytes:
+        return {}
+    missing: dict[str, int] = {}
+    if not seen.get("gradient"):
+        missing["gradient"] = param_bytes
+    if not seen.get("optimizer_state"):
+        factor = 0.0
+        optimizers = run.get("optimizers") or [{"name": "unknown"}]
+        for opt in optimizers:
+            name = opt.get("name", "")
+            if name == "SGD":
+                groups = opt.get("param_groups") or [{}]
+                factor = max(factor, 1.0 if any(g.get("momentum") for g in groups) else 0.0)
+            else:
+                factor = max(factor, _STATE_FACTOR.get(name, 2.0))
+        if factor:
+            missing["optimizer_state"] = int(param_bytes * factor)
+    return missing
 
 
 def profile_from_memory(

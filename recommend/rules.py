@@ -104,6 +104,8 @@ def _checkpointing(profile: Profile, budget: int, evidence: list[dict[str, objec
         best = plan.peak_bytes if plan is not None else None
         evidence.append({"what": "lowest peak with activation checkpointing", "value": best, "unit": "bytes", "threshold": budget})
         return [_not_built(profile, budget, best, "no set of checkpointed modules fits the budget")]
+    if not plan.modules:
+        return []  # the job already fits this budget: checkpointing nothing is no recommendation
     baseline_time = profile.step_time_s
     predicted_time = None if baseline_time is None else baseline_time + plan.overhead_s
     coverage = profile.module_activation_total / max(1, profile.activation_at_peak)

@@ -160,7 +160,10 @@ class MemoryProbe(Probe):
         return out
 
     def on_exception(self, ctx: AgentContext, exc: BaseException) -> None:
-        if not is_oom(exc) or getattr(exc, "advisor_oom_recorded", False):
+        if not is_oom(exc):
+            return
+        self._emit_partial_step(ctx)
+        if getattr(exc, "advisor_oom_recorded", False):
             return
         tracker = self.tracker
         op, module = (tracker.failed_op or (None, None)) if tracker is not None else (None, None)
@@ -195,6 +198,19 @@ class MemoryProbe(Probe):
         self._stop_tracking()
         if self.cuda:
             stop_memory_history()
+
+    def _emit_partial_step(self, ctx: AgentContext) -> None:
+        """Emit what the failing step measured so far (per-module activations of the forward
+        that ran), so that nothing is lost and a plan can be solved from the failed session."""
+        tracker, attributor = self.tracker, self.attributor
+        if tracker is None or attributor is None:
+            return
+        step = ctx.step
+        self._emit_tracked(ctx, "oom", None, step=step, force=True)
+        for stat in attributor.stats(step=step, rank=ctx.rank):
+            ctx.emit(stat)
+        ctx.emit(Event(rank=ctx.rank, step=step, name="module_activations",
+                       data={"inclusive_bytes": attributor.inclusive_activations(), "partial": True}))
 
     # -- tracking --------------------------------------------------------------------------
     def _start_tracking(self, ctx: AgentContext, step: int, device_type: str) -> None:
