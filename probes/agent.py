@@ -109,6 +109,7 @@ class Agent:
         self._first_forward_callbacks: list[Callable[[torch.nn.Module], None]] = []
         self.disabled = False
         self._spec_sent = False
+        self._stop_pending = False
 
     # -- AgentContext ----------------------------------------------------------------
     @property
@@ -186,7 +187,14 @@ class Agent:
             self, plan, model=model, executor=self._ensure_executor()))
 
     # -- phases ----------------------------------------------------------------------
+    def _stop_if_due(self) -> None:
+        if self._stop_pending:
+            self._stop_pending = False
+            self.disabled = True  # no more records after the last requested step
+            raise StopTraining(f"stopped after {self._step} steps (--steps)")
+
     def _set_phase(self, phase: str) -> None:
+        self._stop_if_due()
         now = time.perf_counter()
         if not self._started:
             self._started = True
@@ -241,6 +249,8 @@ class Agent:
             self._set_phase("other")
 
     def data_start(self) -> str:
+        if not self.disabled:
+            self._stop_if_due()  # stop before loading a batch for a step that will not run
         previous = self._phase
         if not self.disabled and previous != "data":
             self._set_phase("data")
@@ -258,6 +268,7 @@ class Agent:
     def optimizer_pre(self, optimizer: torch.optim.Optimizer) -> None:
         if self.disabled:
             return
+        self._stop_if_due()
         self._opt_depth += 1
         if self._primary is None:
             self._primary = weakref.ref(optimizer)
@@ -359,8 +370,11 @@ class Agent:
         self._phase = "data"
         self._step_start = self._t_phase = now
         if self.max_steps is not None and self._step >= self.max_steps:
+            # Stop at the next step's first event, not here: the rest of this loop
+            # iteration (the script's logging, scheduler, checkpoint saving) still runs.
             self.flush(sync=True)
-            raise StopTraining(f"stopped after {self._step} steps (--steps)")
+            self._stop_pending = True
+            return
         if self.executor is not None:
             self.executor.on_boundary(self._step)
         if not self._spec_sent:

@@ -126,11 +126,15 @@ def test_max_steps_stops_cleanly():
     try:
         model = torch.nn.Linear(8, 1)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        done = []
         with pytest.raises(StopTraining, match="after 2 steps"):
-            _train(model, opt, 10)
+            for _ in range(10):
+                _train(model, opt, 1)
+                done.append(1)  # the loop body after opt.step() still runs for the last step
     finally:
         hooks.remove()
     assert [s.index for s in _steps(emitted)] == [0, 1]
+    assert len(done) == 2
 
 
 def test_unwrap_ddp_like_wrappers():

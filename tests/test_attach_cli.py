@@ -200,9 +200,9 @@ def test_ctrl_c_interrupts_the_script_and_exits_130(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_ranks_are_recorded(tmp_path):
+def test_two_ranks_are_recorded_with_their_collectives(tmp_path):
     out = tmp_path / "r.json"
-    run = advisor("attach", "--headless", "--probes", "none", "--nproc-per-node", "2", "--steps", "10",
+    run = advisor("attach", "--headless", "--probes", "comm", "--nproc-per-node", "2", "--steps", "10",
                   "--json", str(out), "examples/ddp.py", timeout=240)
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -211,3 +211,23 @@ def test_two_ranks_are_recorded(tmp_path):
     for rank in (0, 1):
         assert [s["index"] for s in report["steps"] if s["rank"] == rank] == list(range(10))
     assert report["run"]["models"][0]["wrapper"] == "DistributedDataParallel"
+    # DDP all-reduces every gradient once per step: bytes per step = fp32 gradient bytes.
+    grad_bytes = report["run"]["models"][0]["parameter_bytes"]
+    for rank in (0, 1):
+        rows = [c for c in report["collectives"] if c["rank"] == rank and c["op"] == "all_reduce"]
+        total = sum(c["bytes"] * c["count"] for c in rows)
+        assert total % grad_bytes == 0 and total // grad_bytes >= 10, (total, grad_bytes)
+        assert all(c["exposed_s"] <= c["time_s"] + 1e-9 for c in rows)
+    assert {row["rank"] for row in report["comm"]} == {0, 1}
+
+
+@pytest.mark.slow
+def test_trace_export_has_steps_and_memory_counters(tmp_path):
+    run = advisor("attach", "--headless", "--probes", "memory", "--steps", "4", TINY, "--steps", "4")
+    assert run.returncode == 0, run.stderr
+    trace = tmp_path / "t.json"
+    assert advisor("report", "latest", "--trace", str(trace)).returncode == 0
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e["ph"] == "X" and e["name"] == "step 3" for e in events)
+    counters = [e for e in events if e["ph"] == "C"]
+    assert counters and all(set(e["args"]) for e in counters)
