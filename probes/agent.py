@@ -379,6 +379,8 @@ class Agent:
             self.executor.on_boundary(self._step)
         if not self._spec_sent:
             self._send_device_spec()
+            # The one-off micro-benchmark must not count as the next step's data time.
+            self._step_start = self._t_phase = time.perf_counter()
         self._deep_active = self._deep_extra > 0 or self.is_deep(self._step)
         if self._deep_extra > 0:
             self._deep_extra -= 1

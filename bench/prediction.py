@@ -1,0 +1,237 @@
+"""Predicted against measured: checkpointing applied live under a memory budget, on examples/gpt.py.
+
+    python bench/prediction.py                  # 5 runs of examples/gpt.py, 2-5 min on 2 cores
+    python bench/prediction.py --budgets 0.4,0.6,0.8,0.95 --steps 40 --script-args "--layers 8"
+
+1. ``python examples/gpt.py --steps S`` bare: the reference losses.
+2. ``python -m advisor attach --headless --steps 6 --probes memory --json R0 examples/gpt.py``:
+   the unconstrained peak P (``memory.peak_bytes``) and the profile the offline solver reads.
+3. For each budget B = f * P (f in ``--budgets``, default 0.5, 0.7, 0.9):
+   ``python -m advisor attach --headless --probes memory --memory-budget B --apply auto
+   --apply-at-step 5 --steps S --json R examples/gpt.py --steps S`` (S = ``--steps``, default 20;
+   the script gets it too, its own default being 30).
+
+Printed per budget: the remedy applied (``report["applied"][0]``: modules, status,
+predicted and measured peak, the relative error (predicted - measured) / measured,
+whether the measured peak fits B; predicted step time and the measured before / after step
+times, plus the median of the light steps after the measuring window, since the
+after window itself runs deep-sampled, slower steps), and, offline on R0's
+profile, the recompute overhead of the solver's plan (``solve_checkpointing``)
+against Chen's sqrt(n) heuristic (``chen_sqrt_n``) at the same budget (and the
+solver at 90% of it, the headroom the live advisor plans against first, so the
+live choice can differ from the plan at B). Then
+whether the S losses equal the bare run's exactly (checkpointing must not change
+numerics): the losses in the report's steps, and the script's printed lines.
+A budget that cannot be met (nothing applied, or only "not_built" remedies) is
+printed as such.
+
+Every process runs with ``OMP_NUM_THREADS=1`` (``--threads``; see bench/overhead.py: on a
+shared 2-core machine two OpenMP threads make step times swing 40x).
+
+Each run gets ``ADVISOR_HOME`` in a temporary folder, so nothing is written to
+the user's sessions. Peaks are the memory probe's tracked bytes (CPU: no allocator).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from recommend.checkpoint import Plan, chen_sqrt_n, solve_checkpointing  # noqa: E402
+from recommend.memory_model import chain_from_profile  # noqa: E402
+from recommend.profile import profile_from_report  # noqa: E402
+from recommend.rules import MEMORY_PRESSURE  # noqa: E402
+
+SCRIPT = ROOT / "examples" / "gpt.py"
+STEP_LINE = re.compile(r"^step (\d+) loss (\S+)\s*$")
+MIB = 2**20
+
+
+def run(cmd: list[str], env: dict[str, str]) -> list[str]:
+    """Run to completion; the script's step lines. Raises RuntimeError with stderr's tail on failure."""
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{display(cmd)} exited with {proc.returncode}:\n{proc.stderr[-2000:]}")
+    return [line for line in proc.stdout.splitlines() if STEP_LINE.match(line)]
+
+
+def display(cmd: list[str]) -> str:
+    """The command as a user would type it from the repository root."""
+    return shlex.join(["python", *(os.path.relpath(a, ROOT) if a == str(SCRIPT) else a for a in cmd[1:])])
+
+
+def attach(options: list[str], report: Path, script_args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "advisor", "attach", "--headless", *options, "--json", str(report),
+            str(SCRIPT), *script_args]
+
+
+def mib(value: float | None) -> str:
+    return "?" if value is None else f"{value / MIB:.2f} MiB"
+
+
+def ms(value: float | None) -> str:
+    return "?" if value is None else f"{value * 1e3:.1f} ms"
+
+
+def plan_line(label: str, plan: Plan | None) -> str:
+    if plan is None:
+        return f"    {label:7s} nothing to checkpoint"
+    fits = "fits" if plan.feasible else "DOES NOT FIT"
+    return (f"    {label:7s} {len(plan.modules)} modules {list(plan.modules)}; predicted peak {mib(plan.peak_bytes)} "
+            f"({fits}); recompute +{ms(plan.overhead_s)}/step")
+
+
+def offline(report0: dict[str, Any], budget: int) -> None:
+    """Solver against Chen's sqrt(n), both on the unconstrained run's profile."""
+    profile = profile_from_report(report0, budget_bytes=budget)
+    solver = solve_checkpointing(profile, budget)
+    chain = chain_from_profile(profile)
+    chen = chen_sqrt_n(chain, budget) if chain is not None else None
+    print("  offline, on the unconstrained run's profile:")
+    print(plan_line("solver", solver))
+    # The live advisor plans against MEMORY_PRESSURE * budget first (headroom), then the budget.
+    target = int(MEMORY_PRESSURE * budget)
+    headroom = solve_checkpointing(profile, target)
+    if headroom is not None and headroom.feasible:
+        print(plan_line(f"@{MEMORY_PRESSURE:.0%}", headroom) + "  (the advisor's headroom target)")
+    print(plan_line("chen", chen))
+    if solver is not None and chen is not None:
+        if solver.feasible and chen.feasible:
+            ratio = solver.overhead_s / chen.overhead_s if chen.overhead_s > 0 else float("nan")
+            print(f"    recompute overhead solver / chen = {ratio:.2f}")
+        elif solver.feasible:
+            print("    chen's sqrt(n) plan does not fit this budget; the solver's does")
+        else:
+            print("    neither fits this budget under the memory model")
+        # The comparison bench/solver.py makes: the solver given the peak Chen's plan reaches.
+        at_chen = solve_checkpointing(profile, chen.peak_bytes)
+        if at_chen is not None and at_chen.feasible and chen.overhead_s > 0:
+            print(f"    at chen's own peak {mib(chen.peak_bytes)}: solver +{ms(at_chen.overhead_s)} "
+                  f"({len(at_chen.modules)} modules) vs chen +{ms(chen.overhead_s)}: "
+                  f"ratio {at_chen.overhead_s / chen.overhead_s:.2f}")
+
+
+def live(report: dict[str, Any], budget: int) -> bool:
+    """Print the applied remedy's predicted vs measured figures; False when nothing applied."""
+    applied = report.get("applied") or []
+    recs = report.get("recommendations") or []
+    not_built = [r for r in recs if r.get("remedy") == "not_built"]
+    if not applied:
+        print("  live: NOTHING APPLIED: the budget cannot be met by a remedy the advisor can apply")
+        for r in recs:
+            print(f"    recommendation {r.get('id')}: {r.get('remedy')} - {r.get('title')} "
+                  f"(fits={r.get('fits')}, predicted peak {mib((r.get('predicted') or {}).get('peak_memory_bytes'))})")
+        return False
+    a = applied[0]
+    predicted, measured = a.get("predicted") or {}, a.get("measured") or {}
+    before, after = measured.get("before") or {}, measured.get("after") or {}
+    p_peak, m_peak = predicted.get("peak_memory_bytes"), after.get("peak_memory_bytes")
+    print(f"  live: {a.get('remedy')} {a.get('params', {}).get('modules')} at step {a.get('at_step')}: "
+          f"{a.get('status')} ({a.get('reason') or a.get('error')})")
+    err = f"{(p_peak - m_peak) / m_peak:+.1%}" if p_peak is not None and m_peak else "?"
+    fits = "?" if m_peak is None else ("yes" if m_peak <= budget else "NO")
+    print(f"    peak      before {mib(before.get('peak_memory_bytes'))}  predicted {mib(p_peak)}  "
+          f"measured {mib(m_peak)}  error {err}  measured <= budget: {fits}")
+    window = set(after.get("steps") or [])
+    steps = report.get("steps") or []
+    later = [s["time_s"] for s in steps if not s.get("deep") and s["index"] > max(window, default=1 << 30)]
+    after_deep = all(s.get("deep") for s in steps if s["index"] in window)
+    print(f"    step time before {ms(before.get('step_time_s'))} (steps {before.get('steps')})  "
+          f"predicted {ms(predicted.get('step_time_s'))}  after {ms(after.get('step_time_s'))} "
+          f"(steps {sorted(window)}{', all deep-sampled' if after_deep and window else ''})  "
+          f"light steps after the window {ms(statistics.median(later)) if later else '?'} ({len(later)} steps)")
+    if not_built:
+        print(f"    also recommended but not built: {[r.get('title') for r in not_built]}")
+    return True
+
+
+def losses(report: dict[str, Any], printed: list[str], bare: list[str]) -> None:
+    bare_values = [float(STEP_LINE.match(line).group(2)) for line in bare]  # type: ignore[union-attr]
+    recorded = [s.get("loss") for s in sorted(report.get("steps") or [], key=lambda s: s["index"])]
+    same = sum(1 for x, y in zip(recorded, bare_values) if x == y)
+    lines_same = sum(1 for x, y in zip(printed, bare) if x == y)
+    ok = same == len(bare_values) == len(recorded) and lines_same == len(printed)
+    print(f"  losses {'IDENTICAL' if ok else 'DIFFER'} to the bare run: report {same}/{len(bare_values)} equal "
+          f"({len(recorded)} recorded); printed lines {lines_same}/{len(printed)} identical")
+    if len(printed) < len(bare):
+        print(f"    OUTPUT DIFFERS: the script printed {len(printed)} step lines under the advisor, {len(bare)} bare "
+              f"(--steps stopped it before its last print)")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--budgets", default="0.5,0.7,0.9", help="fractions of the unconstrained peak (default 0.5,0.7,0.9)")
+    p.add_argument("--steps", type=int, default=20, help="steps of each budgeted run (default 20)")
+    p.add_argument("--apply-at-step", type=int, default=5, help="step boundary to apply at (default 5)")
+    p.add_argument("--profile-steps", type=int, default=6, help="steps of the unconstrained run (default 6)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="OMP_NUM_THREADS for every run (default 1; 0 leaves the environment as it is)")
+    p.add_argument("--script-args", default="", help='extra arguments for examples/gpt.py, e.g. "--layers 8"')
+    args = p.parse_args(argv)
+    try:
+        args.fractions = [float(x) for x in args.budgets.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--budgets takes comma-separated fractions, got {args.budgets!r}")
+    if not args.fractions or any(not 0 < f for f in args.fractions):
+        p.error("--budgets needs positive fractions")
+    if args.steps <= args.apply_at_step + 4:
+        p.error("--steps must leave at least 5 steps after --apply-at-step")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    extra = shlex.split(args.script_args)
+    # The script gets --steps too, so a run longer than its own default (30) is not cut short.
+    script_args = ["--steps", str(args.steps), *extra]
+    with tempfile.TemporaryDirectory(prefix="advisor-bench-") as tmp:
+        env = {**os.environ, "ADVISOR_HOME": str(Path(tmp) / "home"),
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        if args.threads:
+            env["OMP_NUM_THREADS"] = str(args.threads)
+        try:
+            bare_cmd = [sys.executable, str(SCRIPT), *script_args]
+            print(f"bare:          {display(bare_cmd)}", flush=True)
+            bare = run(bare_cmd, env)
+            r0 = Path(tmp) / "unconstrained.json"
+            cmd = attach(["--steps", str(args.profile_steps), "--probes", "memory"], r0, extra)
+            print(f"unconstrained: {display(cmd)}", flush=True)
+            run(cmd, env)
+            report0 = json.loads(r0.read_text())
+            peak = int(report0["memory"]["peak_bytes"])
+            print(f"unconstrained peak P = {peak} B ({mib(peak)}), at step {report0['memory'].get('peak_step')}")
+            applied = 0
+            for fraction in args.fractions:
+                budget = int(fraction * peak)
+                path = Path(tmp) / f"budget-{fraction}.json"
+                cmd = attach(["--probes", "memory", "--memory-budget", str(budget), "--apply", "auto",
+                              "--apply-at-step", str(args.apply_at_step), "--steps", str(args.steps)],
+                             path, script_args)
+                print(f"\n== budget {fraction:.0%} of P = {budget} B ({mib(budget)})", flush=True)
+                print(f"  {display(cmd)}", flush=True)
+                offline(report0, budget)
+                printed = run(cmd, env)
+                report = json.loads(path.read_text())
+                applied += live(report, budget)
+                losses(report, printed, bare)
+        except RuntimeError as exc:
+            print(f"bench failed: {exc}", file=sys.stderr)
+            return 1
+    print(f"\n{applied}/{len(args.fractions)} budgets got a remedy applied")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
