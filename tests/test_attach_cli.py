@@ -153,7 +153,7 @@ def test_killing_the_training_process_keeps_every_step(tmp_path):
     pid = int(_wait_for(pid_file))
     while True:  # wait for a few steps to print
         line = proc.stdout.readline()
-        if line.startswith("step 5 "):
+        if line.startswith("step 7 "):
             break
     os.kill(pid, signal.SIGKILL)
     out, err = proc.communicate(timeout=60)
@@ -162,6 +162,7 @@ def test_killing_the_training_process_keeps_every_step(tmp_path):
     report = tmp_path / "r.json"
     assert advisor("report", str(only_session()), "--json", str(report)).returncode == 0
     indices = [s["index"] for s in json.loads(report.read_text())["steps"]]
+    # Steps 6 and 7 may be in flight at the kill (DESIGN: at most what is in flight is lost).
     assert indices[:6] == list(range(6)) and indices == list(range(len(indices)))
 
 

@@ -215,9 +215,13 @@ def test_enforced_budget_raises_out_of_memory_with_a_flight_record():
     def batch():
         return torch.randn(1024, 64), torch.randn(1024, 10)
 
+    import gc
+
+    gc.collect()  # tensors that earlier tests left in cyclic garbage are alive to the tracker
     ctx, _, _ = train(make(), batch, F.mse_loss, steps=2, deep={1})
     peak = section_of(ctx)["peak_bytes"]
     config = {"memory_budget_bytes": peak // 2, "enforce_budget": True}
+    gc.collect()
     model = make()
     opt = torch.optim.Adam(model.parameters())
     ctx = FakeContext([model], [opt], config=config)
