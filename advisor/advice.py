@@ -19,8 +19,7 @@ from probes.records import Event, Record, StepSample
 MEASURE_STEPS = 3  # steps measured after an apply before keep-or-revert
 
 
-def advise_report(report: dict[str, Any], *, state: SessionState | None = None,
-                  budget_bytes: int | None = None) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+def advise_report(report: dict[str, Any], *, budget_bytes: int | None = None) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """Diagnosis and ranked recommendations (as report dicts) for a report's measurements."""
     from recommend.advise import advise
     from recommend.profile import profile_from_report
@@ -96,7 +95,7 @@ class AdviceLoop:
             state = self.session.live.snapshot()
             try:
                 regime = current_regime(state)
-                diagnosis, recs = advise_report(_partial_report(regime, self.budget_bytes), state=regime,
+                diagnosis, recs = advise_report(_partial_report(regime, self.budget_bytes),
                                                 budget_bytes=self.budget_bytes)
             except Exception as exc:  # noqa: BLE001 - advice must never stop the recording
                 self.last_error = f"{type(exc).__name__}: {exc}"

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from advisor import __version__
-from advisor.errors import EXIT_USAGE, AdvisorError, UsageError
+from advisor.errors import AdvisorError, UsageError
 
 
 def _size(value: str) -> int:

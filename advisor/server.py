@@ -16,7 +16,7 @@ import threading
 from typing import Any, Callable
 
 from probes.records import Record, record_from_message
-from probes.wire import FrameReader, WireError, encode
+from probes.wire import FrameReader, encode
 
 log = logging.getLogger("advisor.server")
 

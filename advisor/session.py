@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -186,8 +185,3 @@ def decide_exit(state: SessionState, returncode: int, nproc: int) -> tuple[int, 
         return (returncode if returncode and not exits else exits[0].code), reason
     return returncode, "completed"
 
-
-def start_background_thread(target: Callable[[], None], name: str) -> threading.Thread:
-    thread = threading.Thread(target=target, name=name, daemon=True)
-    thread.start()
-    return thread

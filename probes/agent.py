@@ -319,9 +319,9 @@ class Agent:
             trainable_parameter_count=sum(p.numel() for p in params if p.requires_grad),
             modules=modules,
         ))
-        for callback in self._first_forward_callbacks:
+        callbacks, self._first_forward_callbacks = self._first_forward_callbacks, []
+        for callback in callbacks:  # each runs once, at the first model's first forward
             callback(model)
-        self._first_forward_callbacks = [cb for cb in self._first_forward_callbacks if getattr(cb, "repeat", False)]
 
     def _emit_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         groups = []

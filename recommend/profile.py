@@ -151,8 +151,8 @@ def missing_model_states(report: Mapping[str, Any]) -> dict[str, int]:
     memory = report.get("memory") or {}
     seen = memory.get("categories_max") or {}
     run = report.get("run") or {}
-    if any(int(s.get("index", 0)) >= 0 for s in report.get("steps") or []):
-        return {}
+    if report.get("steps"):
+        return {}  # a completed step's measurement already holds them
     param_bytes = sum(int(m.get("parameter_bytes") or 0) for m in run.get("models") or [])
     if not param_bytes:
         return {}

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from recommend.checkpoint import Plan, min_peak_plan, solve_chain, tradeoff_curve, greedy_tree
+from recommend.checkpoint import Plan, solve_chain, tradeoff_curve, greedy_tree
 from recommend.memory_model import COST_MODEL, Chain, chain_from_profile, measured_peak
 from recommend.profile import Profile
 from recommend.records import Prediction, Recommendation

@@ -44,7 +44,7 @@ def _advice(state: SessionState, report: dict[str, Any], budget: int | None) -> 
 
         report = {**report, "steps": steps_section(regime),
                   "memory": build_memory_section(regime, budget_bytes=budget)}
-    diagnosis, recommendations = advise_report(report, state=regime, budget_bytes=budget)
+    diagnosis, recommendations = advise_report(report, budget_bytes=budget)
     return {"diagnosis": diagnosis, "recommendations": recommendations, "applied": list(state.applied)}
 
 
