@@ -91,7 +91,9 @@ def test_enforced_oom_at_half_the_peak_names_op_module_and_keeps_steps(tmp_path,
 
 def test_tui_applies_on_a_live_job_and_survives_an_injected_failure(monkeypatch, tmp_path, measured_peak):
     """Pilot drives the real app over a real session: select, apply, see the measurement; then a
-    failure injected inside apply is shown and the job keeps training."""
+    failure injected inside apply is shown and the job keeps training.
+
+    The job runs until the test stops it: a fixed step count raced the app on a loaded machine."""
     from advisor.advice import AdviceLoop
     from advisor.live_source import SessionSource
     from advisor.session import AttachOptions, Session
@@ -99,8 +101,8 @@ def test_tui_applies_on_a_live_job_and_survives_an_injected_failure(monkeypatch,
 
     monkeypatch.setenv("ADVISOR_TEST_FAULTS", "1")
     budget = int(0.7 * measured_peak)
-    session = Session(AttachOptions(script=str(ROOT / "examples" / "gpt.py"), args=["--steps", "400"],
-                                    capture_output=True, max_steps=400,
+    session = Session(AttachOptions(script=str(ROOT / "examples" / "gpt.py"), args=["--steps", "1000000"],
+                                    capture_output=True,
                                     agent_config={"probes": ["memory"], "deep_steps": [1, 2, 3], "deep_every": 0,
                                                   "memory_budget_bytes": budget}))
     advice = AdviceLoop(session, budget_bytes=budget)
@@ -117,12 +119,17 @@ def test_tui_applies_on_a_live_job_and_survives_an_injected_failure(monkeypatch,
 
     async def scenario():
         async with app.run_test(size=(140, 45)) as pilot:
-            await wait(pilot, lambda: session.live.snapshot().recommendations)
-            rec = session.live.snapshot().recommendations[0]
-            assert rec["remedy"] == "activation_checkpointing"
-            # First: a failure injected inside apply. The job must keep training.
-            failing = {**rec, "params": {**rec["params"], "_inject_failure": "apply"}}
-            session.live.update(recommendations=[failing])
+            # Past the last deep step (3), and the advice loop done with it: nothing will
+            # re-advise and replace what the test puts in the list until an apply result comes.
+            await wait(pilot, lambda: session.live.snapshot().latest_step() >= 5)
+            await wait(pilot, lambda: not advice._dirty.is_set())
+            with advice._lock:
+                rec = session.live.snapshot().recommendations[0]
+                assert rec["remedy"] == "activation_checkpointing"
+                # First: a failure injected inside apply. The job must keep training.
+                failing = {**rec, "params": {**rec["params"], "_inject_failure": "apply"}}
+                session.live.update(recommendations=[failing])
+            await wait(pilot, lambda: app.recs_view.selected is not None)  # the app has polled it
             await pilot.press("a")
             await wait(pilot, lambda: session.live.snapshot().applied)
             failed = session.live.snapshot().applied[-1]

@@ -109,6 +109,8 @@ class AdvisorApp(App[str]):
 
     def poll(self) -> None:
         """Take a snapshot; redraw only when something the screen shows has changed."""
+        if self._closing or self._closed:  # a tick during shutdown finds the widgets gone
+            return
         try:
             state = self.source.snapshot()
         except Exception as exc:  # a broken source must not take the UI (and its history) down
