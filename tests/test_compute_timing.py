@@ -1,0 +1,61 @@
+"""Joining counted ops to profiler events, and the share of enclosing composite ops and autograd nodes."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from probes.compute.counter import OpCounter
+from probes.compute.timing import AUTOGRAD_NODE, join_times, match_events, outermost, start_profiler, stop_profiler
+
+_US = 1e-6
+
+
+def _step(phase) -> None:
+    w = torch.randn(256, 256, requires_grad=True)
+    b = torch.randn(256, requires_grad=True)
+    x = torch.randn(64, 256)
+    y = F.linear(x, w, b).relu().sum()  # aten::linear is composite: the counter sees addmm below it
+    phase["now"] = "backward"
+    y.backward()
+
+
+def _count_and_time():
+    phase = {"now": "forward"}
+    counter = OpCounter(lambda: ("", phase["now"]))
+    with counter:
+        _step(phase)
+    prof = start_profiler(use_cuda=False)
+    _step({"now": "forward"})
+    events = stop_profiler(prof)
+    aten = [e for e in events if e.name.startswith("aten::")]
+    return counter.calls, events, aten, match_events(counter.calls, aten)
+
+
+def test_ops_carry_the_composite_op_and_autograd_node_around_them() -> None:
+    calls, events, aten, matched = _count_and_time()
+    times = join_times(calls, events, use_cuda=False)
+    outers = {}
+    for call, j, t in zip(calls, matched, times):
+        if j is None:
+            continue
+        own = aten[j].cpu_time_total * _US
+        outer = outermost(aten[j])
+        if outer is None:
+            assert t == own, call.name  # a top-level op keeps exactly its own time
+        else:
+            assert t >= own
+            outers.setdefault(id(outer), (outer, []))[1].append(t)
+    names = {outer.name for outer, _ in outers.values()}
+    assert "aten::linear" in names  # forward: addmm carries linear (and its aten::t)
+    assert any(n.startswith(AUTOGRAD_NODE) for n in names)  # backward: mm carries MmBackward0's node
+    addmm = next(t for c, t in zip(calls, times) if c.name == "aten.addmm")
+    assert addmm is not None
+    for outer, members in outers.values():  # each enclosing event is now wholly claimed by its ops
+        assert abs(sum(members) - outer.cpu_time_total * _US) < 1e-9, outer.name
+
+
+def test_cuda_times_add_no_host_time() -> None:
+    calls, events, _, _ = _count_and_time()
+    # On CUDA an op's time is its kernels' time; CPU events have none, so every op reads 0.
+    assert all(t in (None, 0.0) for t in join_times(calls, events, use_cuda=True))
