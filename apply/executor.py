@@ -15,11 +15,17 @@ Flow of one ``{"type": "apply", ...}`` command:
 2. *Apply* at the boundary starting step ``at_step`` (or the next boundary once
    step 1 is done; an ``at_step`` already past means the next boundary). Emit
    ``Event("apply_started")`` and ``ctx.request_deep(measure_steps + 1)``.
-3. *After window*: steps ``at_step .. at_step + measure_steps``. The first one is
-   a warm-up: it counts for the peak (its peak is real; a job must fit it) but
-   not for the step time (first-call costs, allocator growth).
+3. *After window*: steps ``at_step .. at_step + measure_steps`` are deep and give
+   the peak; the first is a warm-up that counts for the peak (its peak is real;
+   a job must fit it) but not for the step time (first-call costs, allocator
+   growth). Then ``measure_steps`` light steps give the step time: a deep step
+   runs the deep probes and would overstate the remedy's cost several times
+   over. Deep steps are what is left when no light step comes (a run that
+   deep-samples every step); the window never spans more than
+   ``2 * measure_steps + 1`` steps.
 4. *Decide* with ``decide`` below, emit ``Event("apply_result")``; a revert
-   happens at the next boundary, before the result is emitted.
+   happens at the next boundary, before the result is emitted. A peak over the
+   memory budget decides at once, without waiting for the light steps.
 
 Failures: an exception while applying (the apply functions are atomic; the
 registry reverts a handle when it fails after returning) gives status
@@ -110,6 +116,16 @@ def measure(samples: list[StepSample], *, warmup: int = 0) -> Measurement:
         step_time_s=statistics.median(s.time_s for s in use) if use else None,
         steps=tuple(s.index for s in samples),
     )
+
+
+def _window_done(after: list[StepSample], measure_steps: int, budget_bytes: int | None) -> bool:
+    """Warm-up and ``measure_steps`` deep steps, then ``measure_steps`` light ones (or the bound)."""
+    if len(after) < measure_steps + 1:
+        return False
+    if budget_bytes is not None and any((s.peak_memory_bytes or 0) > budget_bytes for s in after):
+        return True  # over budget: the step time cannot change the verdict
+    light = sum(1 for s in after[1:] if not s.deep)
+    return light >= measure_steps or len(after) >= 2 * measure_steps + 1
 
 
 def _measure_steps(command: Mapping[str, Any]) -> Any:
@@ -206,7 +222,7 @@ class Executor:
             if active is None or sample.index < active.applied_at:
                 return
             active.after.append(sample)
-            if len(active.after) >= active.measure_steps + 1:  # warm-up + the measured steps
+            if _window_done(active.after, active.measure_steps, self.ctx.config.get("memory_budget_bytes")):
                 self._decide(active, complete=True)
         except Exception as exc:  # the executor must never break training
             self._internal_error("on_step_end", exc)

@@ -14,8 +14,8 @@
 Printed per budget: the remedy applied (``report["applied"][0]``: modules, status,
 predicted and measured peak, the relative error (predicted - measured) / measured,
 whether the measured peak fits B; predicted step time and the measured before / after step
-times, plus the median of the light steps after the measuring window, since the
-after window itself runs deep-sampled, slower steps), and, offline on R0's
+times (the executor times the light steps at the end of its window, the peak comes from
+its deep steps), plus the median of the light steps after the window as a check), and, offline on R0's
 profile, the recompute overhead of the solver's plan (``solve_checkpointing``)
 against Chen's sqrt(n) heuristic (``chen_sqrt_n``) at the same budget (and the
 solver at 90% of it, the headroom the live advisor plans against first, so the
@@ -186,8 +186,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--budgets takes comma-separated fractions, got {args.budgets!r}")
     if not args.fractions or any(not 0 < f for f in args.fractions):
         p.error("--budgets needs positive fractions")
-    if args.steps <= args.apply_at_step + 4:
-        p.error("--steps must leave at least 5 steps after --apply-at-step")
+    if args.steps <= args.apply_at_step + 8:
+        p.error("--steps must leave at least 9 steps after --apply-at-step (the measuring window is 7)")
     return args
 
 

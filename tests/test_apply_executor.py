@@ -28,21 +28,28 @@ def _one_thread():
     torch.set_num_threads(before)
 
 
-def drive(ctx: FakeContext, ex: Executor, model, opt, steps: int, *, deep_from: int = 0,
+def drive(ctx: FakeContext, ex: Executor, model, opt, steps: int, *, deep_from: int | None = None,
           submit_at: dict[int, dict] | None = None) -> tuple[list[float], list[bool]]:
     """The agent's side: boundary hook, the step, then the step's sample.
 
     The sample's peak is the bytes autograd saved in the forward (what
-    checkpointing reduces); its time is synthetic (checkpointed steps slower).
-    Steps before ``deep_from`` are light: no peak.
+    checkpointing reduces); its time is synthetic (checkpointed steps slower,
+    deep steps much slower). As in the agent, a step is deep when
+    ``ctx.request_deep`` asked for it (at its boundary or before), and also
+    from ``deep_from`` on. Light steps carry no peak, as on CPU.
     """
     torch.manual_seed(7)  # same dropout stream as test_apply_checkpoint.train
     losses, flags = [], []
+    extra, seen = 0, 0
     for i, (x, y) in enumerate(batches(steps)):
         ctx.step = i
         for command in (submit_at or {}).get(i, []):
             ex.submit(command)
         ex.on_boundary(i)
+        extra = max([extra, *ctx.deep_requests[seen:]])
+        seen = len(ctx.deep_requests)
+        deep = extra > 0 or (deep_from is not None and i >= deep_from)
+        extra = max(extra - 1, 0)
         flags.append(is_checkpointed(model.blocks[0]))
         saved = 0
 
@@ -57,8 +64,7 @@ def drive(ctx: FakeContext, ex: Executor, model, opt, steps: int, *, deep_from: 
         loss.backward()
         opt.step()
         losses.append(loss.item())
-        deep = i >= deep_from
-        ex.on_step_end(StepSample(index=i, time_s=0.12 if flags[-1] else 0.10,
+        ex.on_step_end(StepSample(index=i, time_s=(0.12 if flags[-1] else 0.10) * (5 if deep else 1),
                                   peak_memory_bytes=saved if deep else None, deep=deep))
     return losses, flags
 
@@ -95,8 +101,11 @@ def test_applies_at_requested_step_measures_and_keeps() -> None:
     assert data["status"] == "kept" and data["error"] is None and data["at_step"] == 3
     assert data["recommendation_id"] == "r1" and data["predicted"]["peak_memory_bytes"] == 1000
     before, after = data["measured"]["before"], data["measured"]["after"]
-    assert before["steps"] == [1, 2] and after["steps"] == [3, 4, 5]  # last 2; warm-up + 2 measured
+    # Before: deep steps 0-1 (asked for at boundary 0) give the peak, light step 2 the time.
+    # After: warm-up 3 and deep 4-5 give the peak, light 6-7 the time.
+    assert before["steps"] == [0, 1, 2] and after["steps"] == [3, 4, 5, 6, 7]
     assert after["peak_memory_bytes"] < before["peak_memory_bytes"]
+    # Times come from light steps only: deep ones (5x slower here) would show a 6x slowdown.
     assert before["step_time_s"] == 0.10 and after["step_time_s"] == 0.12
     assert "peak went down" in data["reason"]
     assert 3 in ctx.deep_requests  # measure_steps + 1 deep steps requested at apply
