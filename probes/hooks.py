@@ -1,9 +1,10 @@
 """Global hooks that feed the agent, installed before the user's script runs.
 
 Uses only public global-hook APIs (PYTORCH-NOTES: they fire under runpy and
-torchrun) plus two wrappers: ``torch.autograd.backward`` (``Tensor.backward``
-calls it, so one wrapper sees both spellings and the tensor the loss is) and
-``DataLoader``'s iterator ``__next__`` (to time data waits precisely).
+torchrun) plus wrappers: ``torch.autograd.backward`` (``Tensor.backward``
+calls it, so one wrapper sees both spellings and the tensor the loss is),
+``DataLoader``'s iterator ``__next__`` (to time data waits precisely),
+``GradScaler.scale`` (to record the unscaled loss) and ``Optimizer.__init__``.
 """
 
 from __future__ import annotations
@@ -77,6 +78,20 @@ def install(agent: Agent) -> InstalledHooks:
 
     torch.autograd.backward = backward
     hooks.add(lambda: setattr(torch.autograd, "backward", original_backward))
+
+    # Under mixed precision the script calls backward on GradScaler.scale(loss): remember
+    # which loss a scaled tensor came from, so the step records the loss, not loss * scale.
+    scaler_cls = torch.amp.grad_scaler.GradScaler
+    original_scale = scaler_cls.scale
+
+    @functools.wraps(original_scale)
+    def scale(self: Any, outputs: Any) -> Any:
+        scaled = original_scale(self, outputs)
+        agent.loss_scaled(scaled, outputs)
+        return scaled
+
+    scaler_cls.scale = scale  # type: ignore[method-assign]
+    hooks.add(lambda: setattr(scaler_cls, "scale", original_scale))
 
     iter_cls = dataloader._BaseDataLoaderIter
     original_next = iter_cls.__next__

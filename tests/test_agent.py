@@ -42,6 +42,24 @@ def _train(model, opt, steps, *, accumulate=1, sleep_data=0.0):
     return losses
 
 
+def test_grad_scaler_records_the_unscaled_loss(agent_run):
+    agent, emitted = agent_run
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    losses = []
+    for _ in range(3):
+        loss = model(torch.randn(4, 8)).pow(2).mean()
+        scaler.scale(loss).backward()  # backward runs on loss * 1024
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        losses.append(loss.item())
+    agent.flush(sync=True)
+    assert [s.loss for s in _steps(emitted)] == losses
+
+
 def test_steps_losses_and_phases(agent_run):
     agent, emitted = agent_run
     torch.manual_seed(0)
