@@ -391,14 +391,15 @@ class Agent:
             self.executor.on_boundary(self._step)
         if not self._spec_sent:
             self._send_device_spec()
-            # The one-off micro-benchmark must not count as the next step's data time.
-            self._step_start = self._t_phase = time.perf_counter()
         self._deep_active = self._deep_extra > 0 or self.is_deep(self._step)
         if self._deep_extra > 0:
             self._deep_extra -= 1
         if self._deep_active:
             for probe in list(self.probes):
                 self._call(probe, "start_deep", self._step)
+        # The advisor's own work at this boundary (the deep probes' teardown and set-up, the
+        # one-off device micro-benchmark, an apply) is not the next step's data wait.
+        self._step_start = self._t_phase = time.perf_counter()
         self.flush(sync=False)
 
     def _send_device_spec(self) -> None:

@@ -171,3 +171,32 @@ def test_unwrap_ddp_like_wrappers():
 def test_deep_schedule_and_requests():
     agent = Agent(emit=lambda r: None, config={"deep_steps": [1, 2], "deep_every": 10})
     assert [s for s in range(25) if agent.is_deep(s)] == [1, 2, 10, 20]
+
+
+def test_deep_probe_teardown_is_not_the_next_steps_data_wait():
+    """A deep probe's stop (the profiler's teardown takes ~0.5 s on CPU) runs at the boundary;
+    it must not show up as the following step's data time (an input-bound verdict)."""
+    from probes.probe import Probe
+
+    class SlowTeardown(Probe):
+        name = "slow"
+
+        def start_deep(self, ctx, step):
+            time.sleep(0.1)
+
+        def stop_deep(self, ctx, step):
+            time.sleep(0.2)
+
+    emitted = []
+    agent = Agent(emit=emitted.append, config={"deep_steps": [1]}, probes=[SlowTeardown()])
+    hooks = install(agent)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 1)
+        _train(model, torch.optim.SGD(model.parameters(), lr=0.1), 4)
+        agent.flush(sync=True)
+    finally:
+        hooks.remove()
+    steps = _steps(emitted)
+    assert [s.deep for s in steps] == [False, True, False, False]
+    assert all(s.phases["data_s"] < 0.05 for s in steps), [s.phases for s in steps]
