@@ -24,12 +24,14 @@ import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
 
 import gpt  # noqa: E402
 
+from probes.compute.timing import AUTOGRAD_NODE, outermost  # noqa: E402
+
 SIZES = [("defaults", []), ("hidden 256", ["--hidden", "256"]), ("hidden 256 seq 128", ["--hidden", "256", "--seq", "128"])]
-NODE = "autograd::engine::evaluate_function"
 
 
 def advisor_coverage(args: list[str]) -> tuple[float, float, float, float]:
@@ -86,14 +88,7 @@ def profiler_ceiling(args: list[str], steps: int = 4) -> float:
 
 def _counts(event) -> bool:
     """A top-level op or node: nothing above it is one."""
-    if not (event.name.startswith("aten::") or event.name.startswith(NODE)):
-        return False
-    parent = event.cpu_parent
-    while parent is not None:
-        if parent.name.startswith("aten::") or parent.name.startswith(NODE):
-            return False
-        parent = parent.cpu_parent
-    return True
+    return event.name.startswith(("aten::", AUTOGRAD_NODE)) and outermost(event) is None
 
 
 def main(argv: list[str] | None = None) -> int:

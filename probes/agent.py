@@ -68,9 +68,6 @@ def unwrap(module: torch.nn.Module) -> tuple[torch.nn.Module, str | None]:
     return module, wrapper
 
 
-_NO_SCALE: tuple[Callable[[], Any], None] = (lambda: None, None)
-
-
 class Agent:
     """Hook callbacks plus the state they share; one per training process."""
 
@@ -113,7 +110,7 @@ class Agent:
         self.disabled = False
         self._spec_sent = False
         self._stop_pending = False
-        self._unscaled: tuple[Callable[[], Any], torch.Tensor | None] = _NO_SCALE
+        self._scaled_loss: tuple[weakref.ref, torch.Tensor] | None = None  # (scale(loss), loss)
 
     # -- AgentContext ----------------------------------------------------------------
     @property
@@ -244,9 +241,8 @@ class Agent:
         if self.disabled:
             return
         self._fwd_depth = 0  # a forward that raised never ran its post-hook
-        scaled, unscaled = self._unscaled
-        self._unscaled = _NO_SCALE
-        loss = unscaled if unscaled is not None and scaled() is tensors else tensors
+        pending, self._scaled_loss = self._scaled_loss, None
+        loss = pending[1] if pending is not None and pending[0]() is tensors else tensors
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
             self._losses.append(loss.detach())
         self._set_phase("backward")
@@ -254,7 +250,7 @@ class Agent:
     def loss_scaled(self, scaled: Any, loss: Any) -> None:
         """``GradScaler.scale(loss)`` returned ``scaled``; a backward on it records ``loss``."""
         if not self.disabled and isinstance(scaled, torch.Tensor) and isinstance(loss, torch.Tensor):
-            self._unscaled = (weakref.ref(scaled), loss.detach())
+            self._scaled_loss = (weakref.ref(scaled), loss.detach())
 
     def backward_end(self) -> None:
         if not self.disabled:

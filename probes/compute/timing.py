@@ -49,9 +49,10 @@ def start_profiler(use_cuda: bool) -> torch.profiler.profile:
 
 
 def stop_profiler(prof: torch.profiler.profile) -> list[Any]:
-    """Stop the profiler; returns its aten and autograd-node events sorted by start time."""
+    """Stop the profiler; returns its aten events sorted by start time (enclosing autograd
+    nodes stay reachable through ``cpu_parent``)."""
     prof.__exit__(None, None, None)
-    events = [e for e in prof.events() if e.name.startswith(("aten::", AUTOGRAD_NODE))]
+    events = [e for e in prof.events() if e.name.startswith("aten::")]
     events.sort(key=lambda e: e.time_range.start)
     return events
 
@@ -75,17 +76,16 @@ def event_time_s(event: Any, use_cuda: bool) -> float:
 
 def join_times(calls: Sequence[OpCall], events: Sequence[Any], *, use_cuda: bool) -> list[float | None]:
     """Time per counted call (None where no event matched), in seconds."""
-    aten = [e for e in events if e.name.startswith("aten::")]
-    matched = match_events(calls, aten)
-    times = [None if j is None else event_time_s(aten[j], use_cuda) for j in matched]
+    matched = match_events(calls, events)
+    times = [None if e is None else event_time_s(e, use_cuda) for e in matched]
     if not use_cuda:
-        charge_enclosing(times, [None if j is None else aten[j] for j in matched])
+        charge_enclosing(times, matched)
     return times
 
 
-def match_events(calls: Sequence[OpCall], events: Sequence[Any]) -> list[int | None]:
-    """Index into ``events`` of the event that ran each counted call, or None."""
-    found_at: list[int | None] = [None] * len(calls)
+def match_events(calls: Sequence[OpCall], events: Sequence[Any]) -> list[Any | None]:
+    """The event in ``events`` (aten, by start time) that ran each counted call, or None."""
+    found_at: list[Any | None] = [None] * len(calls)
     matched: set[int] = set()
     cursor = 0
     for i, call in enumerate(calls):
@@ -107,7 +107,7 @@ def match_events(calls: Sequence[OpCall], events: Sequence[Any]) -> list[int | N
         if found is None:
             continue
         matched.add(id(events[found]))
-        found_at[i] = found
+        found_at[i] = events[found]
         cursor = found + 1
     return found_at
 
