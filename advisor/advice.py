@@ -14,15 +14,15 @@ import time
 from typing import Any
 
 from advisor.state import SessionState
-from probes.records import Event, Record, StepSample
+from advisor.records.samples import Event, Record, StepSample
 
 MEASURE_STEPS = 3  # steps measured after an apply before keep-or-revert
 
 
 def advise_report(report: dict[str, Any], *, budget_bytes: int | None = None) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """Diagnosis and ranked recommendations (as report dicts) for a report's measurements."""
-    from recommend.advise import advise
-    from recommend.profile import profile_from_report
+    from advisor.recommend.advise import advise
+    from advisor.recommend.profile import profile_from_report
 
     memory = report.get("memory") or {}
     if not report.get("steps") and not memory.get("modules") and not memory.get("oom"):

@@ -13,7 +13,7 @@ from advisor.errors import AdvisorError, UsageError
 
 
 def _size(value: str) -> int:
-    from probes.memory.budget import parse_size
+    from advisor.records.units import parse_size
 
     try:
         return parse_size(value)
@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench-comm", help="measure collective bus bandwidth on this machine's ranks")
     bench.add_argument("--nproc-per-node", type=_positive, default=2, metavar="N")
-    bench.add_argument("args", nargs=argparse.REMAINDER, help="options passed to probes.comm.bench")
+    bench.add_argument("args", nargs=argparse.REMAINDER, help="options passed to advisor.probes.comm.bench")
     return parser
 
 
@@ -120,7 +120,7 @@ def check_script(path: str) -> None:
 
 
 def agent_config(ns: argparse.Namespace) -> dict[str, Any]:
-    from probes.registry import probe_names
+    from advisor.records.settings import probe_names
 
     try:
         probes = probe_names(ns.probes)
@@ -138,7 +138,7 @@ def agent_config(ns: argparse.Namespace) -> dict[str, Any]:
     if ns.plan:
         if not os.path.isfile(ns.plan):
             raise UsageError(f"no such plan file: {ns.plan}", hint="`advisor plan SESSION -o plan.json` writes one")
-        from apply.plan import load_plan
+        from advisor.apply.plan import load_plan
 
         try:
             load_plan(ns.plan)
@@ -198,13 +198,9 @@ def cmd_plan(ns: argparse.Namespace) -> int:
 def cmd_bench_comm(ns: argparse.Namespace) -> int:
     import subprocess
 
-    from advisor.session import PROJECT_ROOT
+    from advisor.launch import COMM_BENCH, torchrun_command
 
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH")) if p)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={ns.nproc_per_node}", "-m", "probes.comm.bench", *ns.args]
-    return subprocess.call(command, env=env)
+    return subprocess.call(torchrun_command(ns.nproc_per_node, COMM_BENCH, list(ns.args)))
 
 
 COMMANDS = {"attach": cmd_attach, "sessions": cmd_sessions, "report": cmd_report,

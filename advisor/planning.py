@@ -6,13 +6,13 @@ import sys
 from pathlib import Path
 
 from advisor.errors import AdvisorError
+from advisor.records.plan import Plan, PlanEntry, save_plan
 from advisor.report import build_report
 from advisor.store import load_state
 
 
 def write_plan_from_session(db_path: Path, output: str, *, budget_bytes: int | None,
                             recommendation_id: str | None) -> int:
-    from apply.plan import PlanEntry, Plan, save_plan
 
     report = build_report(load_state(db_path), budget_bytes=budget_bytes)
     recs = [r for r in report.get("recommendations") or [] if r.get("live")]  # applicable remedies only

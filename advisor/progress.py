@@ -7,7 +7,7 @@ import threading
 import time
 from typing import TextIO
 
-from probes.records import Event, ExitInfo, Record, StepSample
+from advisor.records.samples import Event, ExitInfo, Record, StepSample
 
 
 def step_line(sample: StepSample) -> str:

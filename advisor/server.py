@@ -1,7 +1,7 @@
 """The controller's end of the channel: a Unix socket only its owner can reach.
 
 Each agent connects once; every frame is checked against the session secret
-(``probes.wire``), so a process that can reach the socket but does not hold
+(``advisor.records.wire``), so a process that can reach the socket but does not hold
 the secret gets nothing in: its frames are dropped and counted, never parsed
 into records, never unpickled.
 """
@@ -15,8 +15,8 @@ import tempfile
 import threading
 from typing import Any, Callable
 
-from probes.records import Record, record_from_message
-from probes.wire import FrameReader, encode
+from advisor.records.samples import Record, record_from_message
+from advisor.records.wire import FrameReader, encode
 
 log = logging.getLogger("advisor.server")
 

@@ -6,21 +6,17 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
+from advisor.launch import BOOTSTRAP, python_command, torchrun_command
 from advisor.paths import DB_NAME, new_session_dir
 from advisor.server import ChannelServer
 from advisor.state import LiveState, SessionState
 from advisor.store import SessionStore
-from probes.records import ExitInfo, Record
-from probes.wire import SECRET_ENV, SOCKET_ENV, new_secret, write_secret_file
-
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-
+from advisor.records.samples import ExitInfo, Record
+from advisor.records.wire import SECRET_ENV, SOCKET_ENV, new_secret, write_secret_file
 
 @dataclass
 class AttachOptions:
@@ -77,11 +73,8 @@ class Session:
     def command_line(self) -> list[str]:
         opts = self.options
         if opts.nproc_per_node > 1:
-            # PyTorch's own launcher; --standalone picks a free rendezvous port on this host.
-            return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                    f"--nproc-per-node={opts.nproc_per_node}", "-m", "probes.bootstrap",
-                    opts.script, *opts.args]
-        return [sys.executable, "-m", "probes.bootstrap", opts.script, *opts.args]
+            return torchrun_command(opts.nproc_per_node, BOOTSTRAP, [opts.script, *opts.args])
+        return python_command(BOOTSTRAP, [opts.script, *opts.args])
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -95,8 +88,6 @@ class Session:
             "ADVISOR_CONFIG": json.dumps(config),
             "PYTHONUNBUFFERED": "1",
         })
-        # The agent must import this package even when it runs from a source checkout.
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH")) if p)
         return env
 
     def start(self) -> None:

@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from probes.records import (
+from advisor.records.samples import (
     CollectiveStat,
     Event,
     ExitInfo,

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 from advisor.errors import SessionError
 from advisor.state import LiveState, SessionState
-from probes.records import Record, record_from_message
+from advisor.records.samples import Record, record_from_message
 
 SCHEMA_VERSION = 1
 

@@ -50,10 +50,10 @@ from typing import Any, Mapping
 
 from torch import nn
 
-from apply import registry
-from apply.results import ApplyResult, Measurement
-from probes.probe import AgentContext
-from probes.records import Event, StepSample
+from advisor.apply import registry
+from advisor.records.results import ApplyResult, Measurement
+from advisor.records.context import AgentContext
+from advisor.records.samples import Event, StepSample
 
 logger = logging.getLogger("advisor.apply")
 

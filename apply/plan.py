@@ -1,13 +1,7 @@
-"""A plan file: remedies applied before the first step (``advisor attach --plan plan.json``).
+"""A plan's remedies applied before the first step (``advisor attach --plan plan.json``).
 
-Format::
-
-    {"version": "advisor.plan/1",
-     "remedies": [{"remedy": "activation_checkpointing",
-                   "params": {"modules": ["blocks.0"]},
-                   "recommendation_id": "r1"}]}
-
-When: the agent calls ``apply_plan_before_first_step`` from a forward
+The file format lives in ``advisor.records.plan``; ``load_plan`` here also checks each entry's
+params against its applier. When: the agent calls ``apply_plan_before_first_step`` from a forward
 pre-hook of the first root model it discovers, before that forward runs
 (``install_plan_hook`` does this for one model). Nothing has been saved for
 backward yet, so the first step already runs remedied: a job that OOMs at
@@ -16,97 +10,33 @@ step 0 without the plan fits from step 0 with it.
 
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from apply import registry
-from apply.executor import DEFAULT_MEASURE_STEPS, Executor
-from apply.results import ApplyResult
-from probes.probe import AgentContext
-from probes.records import Event
+from advisor.apply import registry
+from advisor.apply.executor import DEFAULT_MEASURE_STEPS, Executor
+from advisor.records.results import ApplyResult
+from advisor.records.context import AgentContext
+from advisor.records.plan import Plan, PlanEntry, PlanError, read_plan
+from advisor.records.samples import Event
+
+__all__ = ["Plan", "PlanEntry", "PlanError", "load_plan", "apply_plan_before_first_step", "install_plan_hook"]
 
 logger = logging.getLogger("advisor.apply")
 
-PLAN_VERSION = "advisor.plan/1"
-
-
-class PlanError(ValueError):
-    """A plan file that cannot be used; the message says where and what is valid."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class PlanEntry:
-    remedy: str
-    params: dict[str, Any] = field(default_factory=dict)
-    recommendation_id: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"remedy": self.remedy, "params": dict(self.params)}
-        if self.recommendation_id is not None:
-            out["recommendation_id"] = self.recommendation_id
-        return out
-
-
-@dataclass(frozen=True, kw_only=True)
-class Plan:
-    remedies: tuple[PlanEntry, ...] = ()
-    version: str = PLAN_VERSION
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"version": self.version, "remedies": [e.to_dict() for e in self.remedies]}
-
-
-def parse_plan(data: Any, *, source: str = "plan") -> Plan:
-    """Validate a decoded plan; ``PlanError`` names the bad entry and the valid choices."""
-    if not isinstance(data, Mapping):
-        raise PlanError(f"{source}: expected a JSON object with 'version' and 'remedies'")
-    if data.get("version") != PLAN_VERSION:
-        raise PlanError(f"{source}: version {data.get('version')!r}; valid: [{PLAN_VERSION!r}]")
-    items = data.get("remedies")
-    if not isinstance(items, list):
-        raise PlanError(f"{source}: 'remedies' must be a list")
-    entries = []
-    for i, item in enumerate(items):
-        where = f"{source}: remedies[{i}]"
-        if not isinstance(item, Mapping):
-            raise PlanError(f"{where}: expected an object with 'remedy' and 'params'")
-        unknown = sorted(set(item) - {"remedy", "params", "recommendation_id"})
-        if unknown:
-            raise PlanError(f"{where}: unknown keys {unknown}; valid: ['params', 'recommendation_id', 'remedy']")
-        params = item.get("params", {})
-        if not isinstance(params, Mapping):
-            raise PlanError(f"{where}: 'params' must be an object")
-        rec_id = item.get("recommendation_id")
-        if rec_id is not None and not isinstance(rec_id, str):
-            raise PlanError(f"{where}: 'recommendation_id' must be a string")
-        try:
-            clean, _ = registry.split_params(params)
-            registry.check_params(str(item.get("remedy")), clean)
-        except ValueError as exc:
-            raise PlanError(f"{where}: {exc}") from None
-        entries.append(PlanEntry(remedy=item["remedy"], params=dict(params), recommendation_id=rec_id))
-    return Plan(remedies=tuple(entries))
+def check_entry(remedy: str, params: Any) -> None:
+    """``ValueError`` when ``params`` do not fit ``remedy``'s applier (the test-only fault key aside)."""
+    clean, _ = registry.split_params(params)
+    registry.check_params(remedy, clean)
 
 
 def load_plan(path: str | Path) -> Plan:
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise PlanError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise PlanError(f"{path}: not JSON: {exc}") from None
-    return parse_plan(data, source=str(path))
-
-
-def save_plan(plan: Plan, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(plan.to_dict(), indent=2) + "\n", encoding="utf-8")
+    """Read a plan file and check every entry against the appliers; ``PlanError`` says what is wrong."""
+    return read_plan(path, check=check_entry)
 
 
 def apply_plan_before_first_step(

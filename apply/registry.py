@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 from torch import nn
 
-from apply.activation_checkpoint import apply_activation_checkpointing
+from advisor.apply.activation_checkpoint import apply_activation_checkpointing
 
 
 class RemedyHandle(Protocol):

@@ -22,7 +22,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 
 from fakes import FakeContext  # noqa: E402
 
-from probes.comm.probe import CommProbe  # noqa: E402
+from advisor.probes.comm.probe import CommProbe  # noqa: E402
 
 
 def _ddp_steps(ddp: torch.nn.Module, opt: torch.optim.Optimizer, probe: CommProbe | None, ctx: FakeContext, n: int) -> float:

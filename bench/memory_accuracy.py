@@ -25,7 +25,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from fakes import FakeContext  # noqa: E402
 
-from probes.memory import MemoryProbe  # noqa: E402
+from advisor.probes.memory import MemoryProbe  # noqa: E402
 
 
 def load_gpt():

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 import gpt  # noqa: E402
 
-from probes.compute.timing import AUTOGRAD_NODE, outermost  # noqa: E402
+from advisor.probes.compute.timing import AUTOGRAD_NODE, outermost  # noqa: E402
 
 SIZES = [("defaults", []), ("hidden 256", ["--hidden", "256"]), ("hidden 256 seq 128", ["--hidden", "256", "--seq", "128"])]
 

@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from fakes import FakeContext  # noqa: E402
 
-from probes.compute import ComputeProbe  # noqa: E402
-from probes.device.spec import detect_device_spec  # noqa: E402
+from advisor.probes.compute import ComputeProbe  # noqa: E402
+from advisor.probes.device.spec import detect_device_spec  # noqa: E402
 
 
 class Block(nn.Module):

@@ -1,6 +1,6 @@
 """The contract between the agent and its probes.
 
-The agent (``probes.agent``) owns the hooks that find models, optimizers, step
+The agent (``advisor.agent.agent``) owns the hooks that find models, optimizers, step
 boundaries and phases. A probe never installs its own global step hooks; it
 subclasses ``Probe`` and the agent calls it:
 
@@ -14,63 +14,18 @@ subclasses ``Probe`` and the agent calls it:
 - ``on_exception`` when the user's script raises (the OOM flight recorder);
 - ``detach`` once at exit.
 
-A probe reports by ``ctx.emit(record)`` with records from ``probes.records``.
+A probe reports by ``ctx.emit(record)`` with records from ``advisor.records.samples``.
 Exceptions raised by a probe are caught by the agent, reported once as a
 warning event, and the probe is disabled: a probe never breaks training.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
-if TYPE_CHECKING:  # pragma: no cover
-    import torch
+from advisor.records.context import PHASE_NAMES, AgentContext
 
-    from probes.records import Record
-
-PHASE_NAMES: tuple[str, ...] = ("data", "forward", "backward", "optimizer", "other")
-
-
-class AgentContext(Protocol):
-    """What the agent exposes to probes and to the apply executor."""
-
-    rank: int
-    world_size: int
-    device: "torch.device"  # the device the model's parameters live on (cpu until known)
-    config: dict[str, Any]  # the agent's settings (memory_budget_bytes, enforce_budget, ...)
-
-    @property
-    def step(self) -> int:
-        """Index of the step in progress (0-based count of completed optimizer steps)."""
-
-    @property
-    def phase(self) -> str:
-        """Current phase, one of ``PHASE_NAMES``."""
-
-    @property
-    def step_start(self) -> float:
-        """``time.perf_counter()`` at the boundary that started the step in progress."""
-
-    def models(self) -> list["torch.nn.Module"]:
-        """Discovered root models, unwrapped (DDP/FSDP wrappers removed)."""
-
-    def wrapped_models(self) -> list["torch.nn.Module"]:
-        """Discovered root models as the script holds them (wrappers kept)."""
-
-    def optimizers(self) -> list["torch.optim.Optimizer"]:
-        """Optimizers seen stepping."""
-
-    def module_name(self, module: "torch.nn.Module") -> str | None:
-        """Qualified name of ``module`` inside its root model ("" for the root), or None."""
-
-    def in_backward(self) -> bool:
-        """True while autograd's engine runs a backward pass on this thread."""
-
-    def emit(self, record: "Record") -> None:
-        """Queue a record for the controller (never blocks, never raises)."""
-
-    def request_deep(self, steps: int) -> None:
-        """Ask for the next ``steps`` steps to be deep-sampled (used to verify a remedy)."""
+__all__ = ["PHASE_NAMES", "AgentContext", "Probe"]
 
 
 class Probe:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-from recommend.profile import Profile, profile_from_report
-from recommend.records import Diagnosis, Recommendation
-from recommend.rules import RULES, Finding, Rule
+from advisor.recommend.profile import Profile, profile_from_report
+from advisor.records.advice import Diagnosis, Recommendation
+from advisor.recommend.rules import RULES, Finding, Rule
 
 
 def advise(profile: Profile, rules: Sequence[Rule] | None = None) -> tuple[Diagnosis, list[Recommendation]]:

@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from recommend.memory_model import Chain, predicted_peak, recompute_s, units_from_modules, chain_from_profile
-from recommend.profile import Profile
-from recommend.records import CurvePoint
+from advisor.recommend.memory_model import Chain, predicted_peak, recompute_s, units_from_modules, chain_from_profile
+from advisor.recommend.profile import Profile
+from advisor.records.advice import CurvePoint
 
 LABEL_CAP = 256  # Pareto labels kept per DP state on long chains; above it labels are thinned by memory buckets
 EXACT_BLOCKS = 16  # chains up to this length are never thinned and try every recompute level

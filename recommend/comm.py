@@ -1,6 +1,6 @@
 """Communication analysis on recorded collectives: bandwidths, exposure, waits, stragglers.
 
-Pure functions on plain numbers and ``probes.records`` types; no torch, so any saved
+Pure functions on plain numbers and ``advisor.records.samples`` types; no torch, so any saved
 session can be analysed again. Conventions follow nccl-tests (see REFERENCE.md,
 "Communication"): ``S`` is the collective's size in bytes, ``t`` its time in seconds and
 ``n`` the number of ranks in its group.
@@ -11,104 +11,6 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
-
-# Bus-bandwidth factor per op as a function of the group size n (nccl-tests' PERFORMANCE.md).
-_BUS_FACTORS = {
-    "all_reduce": lambda n: 2.0 * (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "all_to_all": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0,
-    "reduce": lambda n: 1.0,
-    "send": lambda n: 1.0,
-    "recv": lambda n: 1.0,
-    "gather": lambda n: (n - 1) / n,
-    "scatter": lambda n: (n - 1) / n,
-}
-
-Interval = tuple[float, float]
-
-
-def bus_factor(op: str, group_size: int) -> float:
-    """nccl-tests' bus-bandwidth factor for ``op`` on ``group_size`` ranks (dimensionless).
-
-    Raises ``ValueError`` for an op without a defined factor, naming the valid ops.
-    """
-    try:
-        factor = _BUS_FACTORS[op]
-    except KeyError:
-        raise ValueError(f"no bus-bandwidth factor for op {op!r}; valid: {sorted(_BUS_FACTORS)}") from None
-    if group_size < 1:
-        raise ValueError(f"group_size must be at least 1, got {group_size}")
-    return factor(group_size)
-
-
-def algbw(nbytes: float, time_s: float) -> float | None:
-    """Algorithm bandwidth S / t in bytes per second; None when the time is not positive."""
-    return nbytes / time_s if time_s > 0 else None
-
-
-def busbw(op: str, nbytes: float, time_s: float, group_size: int) -> float | None:
-    """Bus bandwidth in bytes per second: algbw times the op's factor (None for unknown ops)."""
-    bw = algbw(nbytes, time_s)
-    if bw is None or op not in _BUS_FACTORS or group_size < 1:
-        return None
-    return bw * bus_factor(op, group_size)
-
-
-def merge_intervals(intervals: Iterable[Interval]) -> list[Interval]:
-    """Sorted, non-overlapping union of ``intervals`` (empty and reversed ones dropped)."""
-    out: list[list[float]] = []
-    for start, end in sorted(i for i in intervals if i[1] > i[0]):
-        if out and start <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], end)
-        else:
-            out.append([start, end])
-    return [(a, b) for a, b in out]
-
-
-def subtract_intervals(base: Iterable[Interval], remove: Iterable[Interval]) -> list[Interval]:
-    """The parts of ``base`` not covered by ``remove`` (both in the same clock)."""
-    cuts = merge_intervals(remove)
-    out: list[Interval] = []
-    for start, end in merge_intervals(base):
-        cursor = start
-        for c0, c1 in cuts:
-            if c1 <= cursor or c0 >= end:
-                continue
-            if c0 > cursor:
-                out.append((cursor, c0))
-            cursor = max(cursor, c1)
-            if cursor >= end:
-                break
-        if cursor < end:
-            out.append((cursor, end))
-    return out
-
-
-def overlap_s(interval: Interval, merged: Sequence[Interval]) -> float:
-    """Seconds of ``interval`` covered by the already merged ``merged`` intervals."""
-    start, end = interval
-    total = 0.0
-    for a, b in merged:
-        if b <= start:
-            continue
-        if a >= end:
-            break
-        total += min(b, end) - max(a, start)
-    return total
-
-
-def exposed_s(interval: Interval, compute: Sequence[Interval]) -> float:
-    """Exposed time of one collective: the part of its interval with no compute running.
-
-    ``compute`` holds the rank's compute intervals in the collective's clock. The result
-    lies in [0, end - start] by construction, so exposed never exceeds total.
-    """
-    start, end = interval
-    total = max(0.0, end - start)
-    covered = overlap_s((start, end), merge_intervals(compute))
-    return min(total, max(0.0, total - covered))
 
 
 # ---------------------------------------------------------------- matching across ranks

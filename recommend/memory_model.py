@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from recommend.profile import ModuleProfile, Profile
+from advisor.recommend.profile import ModuleProfile, Profile
 
 COST_MODEL = "peak = fixed + kept(S) + max recomputed block; time += sum forward_s (REFERENCE.md)"
 

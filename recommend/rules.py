@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from recommend.checkpoint import Plan, solve_chain, tradeoff_curve, greedy_tree
-from recommend.memory_model import COST_MODEL, Chain, chain_from_profile, measured_peak
-from recommend.profile import Profile
-from recommend.records import Prediction, Recommendation
+from advisor.recommend.checkpoint import Plan, solve_chain, tradeoff_curve, greedy_tree
+from advisor.recommend.memory_model import COST_MODEL, Chain, chain_from_profile, measured_peak
+from advisor.recommend.profile import Profile
+from advisor.records.advice import Prediction, Recommendation
 
 MEMORY_PRESSURE = 0.90  # peak above this share of the budget deserves advice
 DATA_LOADING_SHARE = 0.05  # data wait above this share of the step deserves advice

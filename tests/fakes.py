@@ -1,6 +1,6 @@
 """Test doubles shared by the test modules.
 
-``FakeContext`` implements ``probes.probe.AgentContext`` for driving a probe or
+``FakeContext`` implements ``advisor.probes.probe.AgentContext`` for driving a probe or
 the apply executor by hand, without the agent's global hooks.
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from probes.records import Record
+from advisor.records.samples import Record
 
 
 class FakeContext:

@@ -5,9 +5,9 @@ import time
 import pytest
 import torch
 
-from probes.agent import Agent, StopTraining, unwrap
-from probes.hooks import install
-from probes.records import ModelInfo, OptimizerInfo, StepSample
+from advisor.agent.agent import Agent, StopTraining, unwrap
+from advisor.agent.hooks import install
+from advisor.records.samples import ModelInfo, OptimizerInfo, StepSample
 
 
 @pytest.fixture
@@ -176,7 +176,7 @@ def test_deep_schedule_and_requests():
 def test_deep_probe_teardown_is_not_the_next_steps_data_wait():
     """A deep probe's stop (the profiler's teardown takes ~0.5 s on CPU) runs at the boundary;
     it must not show up as the following step's data time (an input-bound verdict)."""
-    from probes.probe import Probe
+    from advisor.probes.probe import Probe
 
     class SlowTeardown(Probe):
         name = "slow"

@@ -10,11 +10,11 @@ import torch.nn.functional as F
 from fakes import FakeContext
 from test_apply_checkpoint import VOCAB, batches, make, train
 
-from apply import registry
-from apply.activation_checkpoint import is_checkpointed
-from apply.executor import Executor, decide
-from apply.results import ApplyResult, Measurement
-from probes.records import Event, StepSample
+from advisor.apply import registry
+from advisor.apply.activation_checkpoint import is_checkpointed
+from advisor.apply.executor import Executor, decide
+from advisor.records.results import ApplyResult, Measurement
+from advisor.records.samples import Event, StepSample
 
 REC = {"id": "r1", "remedy": "activation_checkpointing", "params": {"modules": ["blocks.0", "blocks.2"]},
        "predicted": {"peak_memory_bytes": 1000, "step_time_s": 0.11}}

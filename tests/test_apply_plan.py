@@ -9,20 +9,11 @@ import torch
 from fakes import FakeContext
 from test_apply_checkpoint import make, saved_tensor_count, train
 
-from apply.activation_checkpoint import is_checkpointed
-from apply.executor import Executor
-from apply.plan import (
-    PLAN_VERSION,
-    Plan,
-    PlanEntry,
-    PlanError,
-    apply_plan_before_first_step,
-    install_plan_hook,
-    load_plan,
-    parse_plan,
-    save_plan,
-)
-from probes.records import StepSample
+from advisor.apply.activation_checkpoint import is_checkpointed
+from advisor.apply.executor import Executor
+from advisor.apply.plan import apply_plan_before_first_step, check_entry, install_plan_hook, load_plan
+from advisor.records.plan import PLAN_VERSION, Plan, PlanEntry, PlanError, parse_plan, save_plan
+from advisor.records.samples import StepSample
 
 PLAN = Plan(remedies=(PlanEntry(remedy="activation_checkpointing", params={"modules": ["blocks.0", "blocks.2"]},
                                 recommendation_id="r1"),))
@@ -55,7 +46,7 @@ def test_round_trip(tmp_path) -> None:
 ])
 def test_validation_errors(data, message) -> None:
     with pytest.raises(PlanError, match=message):
-        parse_plan(data)
+        parse_plan(data, check=check_entry)
 
 
 def test_load_errors(tmp_path) -> None:

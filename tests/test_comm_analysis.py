@@ -14,19 +14,11 @@ from advisor.sections.comm import (
     render_comm_sections,
 )
 from advisor.state import SessionState
-from probes.comm.cache import bench_busbw, load_cache, save_result
-from probes.records import CollectiveStat, Event, StepSample
-from recommend.comm import (
-    Arrival,
-    algbw,
-    bus_factor,
-    busbw,
-    exposed_s,
-    match_calls,
-    merge_intervals,
-    straggler,
-    subtract_intervals,
-)
+from advisor.records.comm_cache import bench_busbw, load_cache, save_result
+from advisor.records.samples import CollectiveStat, Event, StepSample
+from advisor.records.bandwidth import algbw, bus_factor, busbw
+from advisor.records.intervals import exposed_s, merge_intervals, subtract_intervals
+from advisor.recommend.comm import Arrival, match_calls, straggler
 
 
 def test_bus_bandwidth_hand_computed():
@@ -142,7 +134,7 @@ def test_bench_cache_feeds_report(tmp_path):
 
 
 def test_report_shows_cached_bench(monkeypatch, tmp_path):
-    from probes.comm.cache import cache_path
+    from advisor.records.comm_cache import cache_path
 
     save_result("h|gloo|cpu|2", {"world_size": 2, "results": [{"op": "all_reduce", "bytes": 4_000_000, "busbw": 7e9}]})
     assert cache_path().exists()

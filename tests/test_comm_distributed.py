@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 from advisor.sections.comm import build_collectives_section, build_comm_section, build_straggler_section
 from advisor.state import LiveState, SessionState
 from comm_scripts.worker import STEPS, worker
-from probes.records import record_from_message
+from advisor.records.samples import record_from_message
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

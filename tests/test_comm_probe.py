@@ -9,8 +9,8 @@ import torch
 import torch.distributed as dist
 from fakes import FakeContext
 
-from probes.comm.bench import main as bench_main
-from probes.comm.probe import CommProbe
+from advisor.probes.comm.bench import main as bench_main
+from advisor.probes.comm.probe import CommProbe
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from probes.compute.counter import OpCall, count_ops
+from advisor.probes.compute.counter import OpCall, count_ops
 
 F32 = 4
 

@@ -12,8 +12,8 @@ from fakes import FakeContext
 
 from advisor.sections.compute import build_compute_section, build_ops_section
 from advisor.state import LiveState
-from probes.compute import ComputeProbe
-from probes.records import OpStat, StepSample
+from advisor.probes.compute import ComputeProbe
+from advisor.records.samples import OpStat, StepSample
 
 
 class Block(nn.Module):

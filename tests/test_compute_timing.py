@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from probes.compute.counter import OpCounter
-from probes.compute.timing import AUTOGRAD_NODE, join_times, match_events, outermost, start_profiler, stop_profiler
+from advisor.probes.compute.counter import OpCounter
+from advisor.probes.compute.timing import AUTOGRAD_NODE, join_times, match_events, outermost, start_profiler, stop_profiler
 
 _US = 1e-6
 

@@ -1,10 +1,10 @@
-"""probes.device.nvml in the four states, with a fake NVML module."""
+"""advisor.probes.device.nvml in the four states, with a fake NVML module."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from probes.device.nvml import Nvml
+from advisor.probes.device.nvml import Nvml
 
 
 class FakeNVMLError(Exception):

@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-from probes.device import microbench
-from probes.device.microbench import Measured
-from probes.device.spec import DeviceSpec, combine, detect_device_spec
-from probes.device.spec_table import lookup
+from advisor.probes.device import microbench
+from advisor.probes.device.microbench import Measured
+from advisor.probes.device.spec import DeviceSpec, combine, detect_device_spec
+from advisor.probes.device.spec_table import lookup
 
 
 @pytest.mark.parametrize(("name", "part"), [

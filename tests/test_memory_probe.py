@@ -13,8 +13,8 @@ from fakes import FakeContext
 
 from advisor.sections.memory import build_memory_section
 from advisor.state import SessionState
-from probes.memory import MemoryProbe
-from probes.records import MEMORY_CATEGORIES, Event, MemorySample, ModuleStat
+from advisor.probes.memory import MemoryProbe
+from advisor.records.samples import MEMORY_CATEGORIES, Event, MemorySample, ModuleStat
 
 
 class TinyGPT(nn.Module):

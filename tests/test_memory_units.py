@@ -13,10 +13,10 @@ from advisor.sections.memory import (
     render_memory_section,
 )
 from advisor.state import SessionState
-from probes.memory import parse_size
-from probes.memory.cuda import Nvml
-from probes.memory.oom import requested_bytes_from_message
-from probes.records import MEMORY_CATEGORIES, Event, MemorySample, ModuleStat
+from advisor.records.units import parse_size
+from advisor.probes.memory.cuda import Nvml
+from advisor.probes.memory.oom import requested_bytes_from_message
+from advisor.records.samples import MEMORY_CATEGORIES, Event, MemorySample, ModuleStat
 
 
 @pytest.mark.parametrize(

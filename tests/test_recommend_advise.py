@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from recommend.advise import advise, advise_report
-from recommend.checkpoint import brute_force
-from recommend.memory_model import chain_from_profile, predicted_peak
-from recommend.profile import profile_from_report
+from advisor.recommend.advise import advise, advise_report
+from advisor.recommend.checkpoint import brute_force
+from advisor.recommend.memory_model import chain_from_profile, predicted_peak
+from advisor.recommend.profile import profile_from_report
 
 MIB = 2**20
 
@@ -138,8 +138,8 @@ def test_advise_report_gives_report_shaped_dicts() -> None:
 
 def test_recommend_imports_no_torch_textual_or_rich(repo_root) -> None:
     code = (
-        "import sys, recommend.advise, recommend.checkpoint, recommend.rules, recommend.profile, "
-        "recommend.memory_model, recommend.records\n"
+        "import sys, advisor.recommend.advise, advisor.recommend.checkpoint, advisor.recommend.rules, advisor.recommend.profile, "
+        "advisor.recommend.memory_model, advisor.records.advice\n"
         "bad = sorted(m for m in ('torch', 'textual', 'rich', 'scipy') if m in sys.modules)\n"
         "print(','.join(bad))"
     )

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from probes.records import ModuleStat, StepSample
-from recommend.memory_model import Block, Chain, chain_from_profile, find_chain, kept_bytes, measured_peak, predicted_peak
-from recommend.profile import profile_from_memory, profile_from_report
+from advisor.records.samples import ModuleStat, StepSample
+from advisor.recommend.memory_model import Block, Chain, chain_from_profile, find_chain, kept_bytes, measured_peak, predicted_peak
+from advisor.recommend.profile import profile_from_memory, profile_from_report
 
 
 def _memory(**extra) -> dict:

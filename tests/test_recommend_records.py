@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from recommend.records import CurvePoint, Diagnosis, Prediction, Recommendation
+from advisor.records.advice import CurvePoint, Diagnosis, Prediction, Recommendation
 
 
 def _rec(**changes) -> Recommendation:

@@ -15,8 +15,8 @@ from advisor.sections.compute import (
     render_compute_section,
 )
 from advisor.state import LiveState
-from probes.records import Event, OpStat, StepSample
-from recommend.roofline import OpFigures, dtype_key, op_verdict, step_summary
+from advisor.records.samples import Event, OpStat, StepSample
+from advisor.recommend.roofline import OpFigures, dtype_key, op_verdict, step_summary
 
 M, K, N = 256, 512, 128
 MM_FLOPS = 2 * M * N * K
@@ -119,6 +119,6 @@ def test_empty_session() -> None:
 
 
 def test_roofline_imports_no_torch(repo_root) -> None:
-    code = "import sys, recommend.roofline; print('torch' in sys.modules)"
+    code = "import sys, advisor.recommend.roofline; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=repo_root)
     assert out.stdout.strip() == "False"

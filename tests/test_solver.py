@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from recommend.checkpoint import (
+from advisor.recommend.checkpoint import (
     brute_force,
     chen_sqrt_n,
     min_peak_plan,
@@ -16,7 +16,7 @@ from recommend.checkpoint import (
     solve_checkpointing,
     tradeoff_curve,
 )
-from recommend.memory_model import Block, Chain, predicted_peak, recompute_s
+from advisor.recommend.memory_model import Block, Chain, predicted_peak, recompute_s
 
 
 def random_chain(rng: random.Random, n: int, *, contiguous: bool = True) -> Chain:

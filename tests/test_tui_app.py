@@ -27,7 +27,7 @@ from advisor.tui.messages import (
     StateRefreshed,
     TrainingEnded,
 )
-from probes.records import ExitInfo, MemorySample
+from advisor.records.samples import ExitInfo, MemorySample
 
 pytestmark = pytest.mark.timeout(10)
 

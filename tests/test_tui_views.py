@@ -13,7 +13,7 @@ from advisor.tui.evidence_screen import curve_text, evidence_text
 from advisor.tui.exit_banner import exit_text
 from advisor.tui.recommendations_view import diagnosis_text, status_by_recommendation
 from advisor.tui.result_view import describe_result, result_text
-from probes.records import ExitInfo, StepSample
+from advisor.records.samples import ExitInfo, StepSample
 
 
 def test_exit_text_empty_while_running_and_green_path_when_completed() -> None:

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from advisor.server import ChannelServer
-from probes.records import StepSample
-from probes.wire import MAX_FRAME, FrameReader, WireError, decode, encode, new_secret
+from advisor.records.samples import StepSample
+from advisor.records.wire import MAX_FRAME, FrameReader, WireError, decode, encode, new_secret
 
 
 def test_roundtrip_and_tamper_detection():
@@ -83,7 +83,7 @@ def test_socket_is_owner_only():
 
 
 def test_commands_reach_connected_agents():
-    from probes.channel import AgentChannel
+    from advisor.agent.channel import AgentChannel
 
     secret = new_secret()
     server = ChannelServer(secret, lambda r: None)
@@ -106,7 +106,7 @@ def test_commands_reach_connected_agents():
 def test_agent_spills_locally_when_controller_is_gone(tmp_path):
     import json
 
-    from probes.channel import AgentChannel
+    from advisor.agent.channel import AgentChannel
 
     spill = tmp_path / "spill-rank0.jsonl"
     channel = AgentChannel(str(tmp_path / "no-such.sock"), new_secret(), spill_path=str(spill))

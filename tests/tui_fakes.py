@@ -9,7 +9,7 @@ import threading
 from typing import Any
 
 from advisor.state import LiveState, SessionState
-from probes.records import Event, ExitInfo, StepSample
+from advisor.records.samples import Event, ExitInfo, StepSample
 
 
 class FakeSource:

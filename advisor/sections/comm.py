@@ -14,8 +14,9 @@ from typing import Any
 from rich.table import Table
 
 from advisor.state import SessionState
-from probes.comm.cache import bench_busbw, load_cache
-from recommend.comm import algbw, busbw, step_comm, straggler, wait_by_record
+from advisor.records.comm_cache import bench_busbw, load_cache
+from advisor.records.bandwidth import algbw, busbw
+from advisor.recommend.comm import step_comm, straggler, wait_by_record
 
 
 def build_collectives_section(state: SessionState) -> list[dict[str, Any]]:

@@ -2,7 +2,7 @@
 
 Inputs are the session's ``OpStat`` records (rank 0, or the lowest rank present)
 and the device spec dict the agent sent as ``Event(name="device_spec")``
-(``probes.device.spec.DeviceSpec.to_dict()``). Op figures are per-step averages
+(``advisor.probes.device.spec.DeviceSpec.to_dict()``). Op figures are per-step averages
 over the deep-sampled steps that carry ``OpStat`` records (the timed steps).
 """
 
@@ -13,8 +13,8 @@ from collections import defaultdict
 from typing import Any, Mapping
 
 from advisor.state import SessionState
-from probes.records import OpStat
-from recommend.roofline import OpFigures, op_verdict, step_summary
+from advisor.records.samples import OpStat
+from advisor.recommend.roofline import OpFigures, op_verdict, step_summary
 
 DEVICE_FIELDS: tuple[str, ...] = (
     "peak_flops", "memory_bandwidth", "memory_capacity", "source", "part",

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from advisor.state import SessionState
-from probes.memory.budget import format_size
-from probes.records import MEMORY_CATEGORIES, MemorySample, ModuleStat
+from advisor.records.units import format_size
+from advisor.records.samples import MEMORY_CATEGORIES, MemorySample, ModuleStat
 
 MAX_TIMELINE_POINTS = 2000
 

@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from advisor.state import SessionState
-from probes.records import ExitInfo
+from advisor.records.samples import ExitInfo
 
 OUTPUT_LINES = 6  # shown only when no rank reported an exception: the script's own last words
 

@@ -10,7 +10,7 @@ from textual.widgets import DataTable, Static
 
 from advisor.state import SessionState
 from advisor.tui.format import fmt_bytes, fmt_loss, fmt_ms, fmt_seconds, sparkline
-from probes.records import MEMORY_CATEGORIES, PHASES, MemorySample, StepSample
+from advisor.records.samples import MEMORY_CATEGORIES, PHASES, MemorySample, StepSample
 
 ROWS = 30  # enough to fill a tall terminal; older steps live in the store
 SPARK_WIDTH = 48

@@ -2,12 +2,12 @@
 
 Run under torchrun, one process per rank:
 
-    python -m torch.distributed.run --nproc-per-node 2 -m probes.comm.bench [--sizes ...]
+    python -m torch.distributed.run --nproc-per-node 2 -m advisor.probes.comm.bench [--sizes ...]
 
 Each size is timed with ``time.perf_counter()`` around ``iters`` calls after a warm-up
 (``torch.cuda.synchronize()`` first on CUDA), and the slowest rank's mean counts, as in
 nccl-tests. Rank 0 prints a table and stores the results in the JSON cache
-(``probes.comm.cache``). Bandwidths are bytes per second, sizes bytes (S per nccl-tests).
+(``advisor.records.comm_cache``). Bandwidths are bytes per second, sizes bytes (S per nccl-tests).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-from probes.comm.cache import cache_key, save_result
-from recommend.comm import algbw, busbw
+from advisor.records.comm_cache import cache_key, save_result
+from advisor.records.bandwidth import algbw, busbw
 
 DEFAULT_SIZES = [2**k for k in range(12, 25, 2)]  # 4 KiB .. 16 MiB
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -96,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
             raise BenchError(
                 "not launched as a distributed job (RANK/WORLD_SIZE unset); run "
-                "`python -m torch.distributed.run --nproc-per-node N -m probes.comm.bench`"
+                "`python -m torch.distributed.run --nproc-per-node N -m advisor.probes.comm.bench`"
             )
         if any(s <= 0 for s in args.sizes) or args.iters < 1 or args.warmup < 0:
             raise BenchError("--sizes must be positive, --iters at least 1, --warmup at least 0")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from recommend.comm import exposed_s, merge_intervals
+from advisor.records.intervals import exposed_s, merge_intervals
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,6 +1,6 @@
 """``CommProbe``: per-call collective records with exposed time, on every rank.
 
-Light path (every step): the dispatcher-level interceptor (``probes.comm.intercept``)
+Light path (every step): the dispatcher-level interceptor (``advisor.probes.comm.intercept``)
 stamps each call's issue and completion (wall clock ``time.time()``, seconds), bytes per
 nccl-tests conventions, dtype and a per-group sequence number. At each step end the probe
 emits one ``CollectiveStat`` per completed call, plus one ``Event("collective_seq")``
@@ -30,11 +30,11 @@ from typing import Any
 
 import torch
 
-from probes.comm.cuda_timing import kernel_times
-from probes.comm.intercept import CallRecord, CollectiveInterceptor
-from probes.probe import AgentContext, Probe
-from probes.records import CollectiveStat, Event
-from recommend.comm import exposed_s, merge_intervals, subtract_intervals
+from advisor.probes.comm.cuda_timing import kernel_times
+from advisor.probes.comm.intercept import CallRecord, CollectiveInterceptor
+from advisor.probes.probe import AgentContext, Probe
+from advisor.records.samples import CollectiveStat, Event
+from advisor.records.intervals import exposed_s, merge_intervals, subtract_intervals
 
 COMPUTE_PHASES = frozenset({"forward", "backward", "optimizer"})
 MAX_PENDING_STEPS = 8  # a call still incomplete this many steps later is dropped

@@ -1,5 +1,5 @@
 """Per-op FLOPs, bytes and time on deep-sampled steps (the roofline's inputs)."""
 
-from probes.compute.probe import ComputeProbe
+from advisor.probes.compute.probe import ComputeProbe
 
 __all__ = ["ComputeProbe"]

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from probes.compute import formulas
+from advisor.probes.compute import formulas
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,11 +19,12 @@ from typing import Any
 
 import torch
 
-from probes.compute.counter import OpCall, OpCounter
-from probes.compute.modules import ModuleTracker
-from probes.compute.timing import join_times, start_profiler, stop_profiler
-from probes.probe import AgentContext, Probe
-from probes.records import Event, OpStat
+from advisor.probes.compute.counter import OpCall, OpCounter
+from advisor.probes.compute.modules import ModuleTracker
+from advisor.probes.compute.timing import join_times, start_profiler, stop_profiler
+from advisor.probes.device.spec import detect_device_spec
+from advisor.probes.probe import AgentContext, Probe
+from advisor.records.samples import Event, OpStat
 
 _PHASES = {"forward": "forward", "backward": "backward", "optimizer": "optimizer"}
 
@@ -57,7 +58,7 @@ class ComputeProbe(Probe):
     """Counts on a deep step, times on the next; emits ``OpStat`` records.
 
     ``emit_device_spec``: at the first deep step, detect the device's ceilings
-    (probes.device.spec) and emit ``Event(name="device_spec", data=spec.to_dict())``.
+    (advisor.probes.device.spec) and emit ``Event(name="device_spec", data=spec.to_dict())``.
     Leave it False when the agent sends that event itself.
     """
 
@@ -135,8 +136,6 @@ class ComputeProbe(Probe):
             ctx.emit(record)
 
     def _send_spec(self, ctx: AgentContext) -> None:
-        from probes.device.spec import detect_device_spec
-
         self._spec_sent = True
         spec = detect_device_spec(ctx.device, peak_flops=ctx.config.get("peak_flops"),
                                   peak_bandwidth=ctx.config.get("peak_bandwidth"))

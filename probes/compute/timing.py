@@ -29,7 +29,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from probes.compute.counter import OpCall
+from advisor.probes.compute.counter import OpCall
 
 LOOKAHEAD = 400  # events scanned for one op before it is given up as unmatched
 LOOSE_WINDOW = 16  # how near a same-name event with other shapes must be to be taken

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 import torch
 
-from probes.device import microbench, nvml, spec_table
+from advisor.probes.device import microbench, nvml, spec_table
 
 DISAGREE = 0.25  # relative difference beyond which the measured ceiling wins
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable, Iterator
 
-from probes.records import MEMORY_CATEGORIES
+from advisor.records.samples import MEMORY_CATEGORIES
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

@@ -27,8 +27,8 @@ from typing import Any, Callable
 
 import torch
 
-from probes.memory.categories import storage_key, tensors_in
-from probes.records import ModuleStat
+from advisor.probes.memory.categories import storage_key, tensors_in
+from advisor.records.samples import ModuleStat
 
 TAG = "advisor.module"
 

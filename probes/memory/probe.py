@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from probes.memory.budget import apply_cuda_budget
-from probes.memory.categories import role_tensors, storage_key
-from probes.memory.cuda import (
+from advisor.probes.memory.budget import apply_cuda_budget
+from advisor.probes.memory.categories import role_tensors, storage_key
+from advisor.probes.memory.cuda import (
     Nvml,
     allocator_view,
     device_uuid,
@@ -32,17 +32,17 @@ from probes.memory.cuda import (
     start_memory_history,
     stop_memory_history,
 )
-from probes.memory.modules import ModuleAttributor
-from probes.memory.oom import (
+from advisor.probes.memory.modules import ModuleAttributor
+from advisor.probes.memory.oom import (
     is_oom,
     module_from_traceback,
     requested_bytes_from_message,
     session_folder,
     user_frames,
 )
-from probes.memory.tracker import BudgetExceeded, StorageTracker
-from probes.probe import AgentContext, Probe
-from probes.records import MEMORY_CATEGORIES, Event, MemorySample
+from advisor.probes.memory.tracker import BudgetExceeded, StorageTracker
+from advisor.probes.probe import AgentContext, Probe
+from advisor.records.samples import MEMORY_CATEGORIES, Event, MemorySample
 
 LIGHT_REFRESH_STEPS = 100  # re-read parameter and optimizer-state sizes this often on light steps
 

@@ -19,8 +19,8 @@ from typing import Any, Callable, Iterable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from probes.memory.categories import choose_category, role_tensors, storage_of, tensors_in
-from probes.records import MEMORY_CATEGORIES
+from advisor.probes.memory.categories import choose_category, role_tensors, storage_of, tensors_in
+from advisor.records.samples import MEMORY_CATEGORIES
 
 
 def _op_name(func: Any) -> str:

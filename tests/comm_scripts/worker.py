@@ -24,8 +24,8 @@ for p in (str(ROOT), str(ROOT / "tests")):
 
 from fakes import FakeContext  # noqa: E402
 
-from probes.comm.probe import CommProbe  # noqa: E402
-from probes.records import StepSample  # noqa: E402
+from advisor.probes.comm.probe import CommProbe  # noqa: E402
+from advisor.records.samples import StepSample  # noqa: E402
 
 STEPS = 4
 

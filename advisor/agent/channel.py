@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from probes.wire import FrameReader, WireError, encode
+from advisor.records.wire import FrameReader, WireError, encode
 
 _STOP = object()
 QUEUE_LIMIT = 50_000

@@ -18,7 +18,7 @@ from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
 from torch.utils.data import dataloader
 
-from probes.agent import Agent
+from advisor.agent.agent import Agent
 
 
 class InstalledHooks:

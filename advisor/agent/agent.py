@@ -27,8 +27,11 @@ from typing import Any, Callable
 
 import torch
 
-from probes.probe import Probe
-from probes.records import ModelInfo, OptimizerInfo, Record, StepSample
+from advisor.apply.executor import Executor
+from advisor.apply.plan import apply_plan_before_first_step, load_plan
+from advisor.probes.device.spec import detect_device_spec
+from advisor.probes.probe import Probe
+from advisor.records.samples import Event, ModelInfo, OptimizerInfo, Record, StepSample
 
 log = logging.getLogger("advisor.agent")
 
@@ -86,7 +89,7 @@ class Agent:
         self.rank = rank
         self.world_size = world_size
         self.device = torch.device("cpu")
-        self.executor: Any = None  # apply.executor.Executor, created on first command
+        self.executor: Any = None  # advisor.apply.executor.Executor, created on first command
         self.max_steps: int | None = self.config.get("max_steps")
         self.deep_steps: set[int] = set(self.config.get("deep_steps", [1, 2, 3]))
         self.deep_every: int = int(self.config.get("deep_every", 0) or 0)
@@ -172,8 +175,6 @@ class Agent:
 
     def _ensure_executor(self) -> Any:
         if self.executor is None:
-            from apply.executor import Executor
-
             self.executor = Executor(self)
         return self.executor
 
@@ -181,8 +182,6 @@ class Agent:
         """Apply a plan file's remedies at the first forward of the model (``--plan``)."""
         if not path:
             return
-        from apply.plan import apply_plan_before_first_step, load_plan
-
         plan = load_plan(path)
         self.on_first_forward(lambda model: apply_plan_before_first_step(
             self, plan, model=model, executor=self._ensure_executor()))
@@ -213,8 +212,6 @@ class Agent:
             raise  # an enforced budget is the probe's job to raise
         except Exception as exc:  # a broken probe is reported once and switched off
             self.probes = [p for p in self.probes if p is not probe]
-            from probes.records import Event
-
             self.emit(Event(rank=self.rank, step=self._step, name="warning",
                             data={"message": f"probe {probe.name} disabled after {hook} failed: "
                                              f"{type(exc).__name__}: {exc}"}))
@@ -404,9 +401,6 @@ class Agent:
         self._spec_sent = True
         if "compute" not in self.config.get("probes", ()):
             return
-        from probes.device.spec import detect_device_spec
-        from probes.records import Event
-
         try:
             spec = detect_device_spec(self.device, peak_flops=self.config.get("peak_flops"),
                                       peak_bandwidth=self.config.get("peak_bandwidth"))

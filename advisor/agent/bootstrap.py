@@ -1,4 +1,4 @@
-"""Entry point of a training process: ``python -m probes.bootstrap SCRIPT [ARGS...]``.
+"""Entry point of a training process, started by ``advisor.launch`` with ``SCRIPT [ARGS...]``.
 
 The controller (or torchrun, once per rank) starts this module with the
 session's settings in the environment. It installs the agent's hooks, then
@@ -62,19 +62,19 @@ def exit_code_of(exc: SystemExit) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
-        print("advisor agent: usage: python -m probes.bootstrap SCRIPT [ARGS...]", file=sys.stderr)
+        print("advisor agent: usage: bootstrap SCRIPT [ARGS...] (started by advisor attach)", file=sys.stderr)
         return 2
     script, script_args = args[0], args[1:]
     started = time.time()
 
     import torch  # noqa: F401  (after argv checks: importing torch takes seconds)
 
-    from probes.agent import Agent, StopTraining, env_rank
-    from probes.channel import AgentChannel
-    from probes.hooks import install
-    from probes.records import Event, ExitInfo, RunInfo
-    from probes.registry import build_probes, device_info
-    from probes.wire import SECRET_ENV, SOCKET_ENV, read_secret_file
+    from advisor.agent.agent import Agent, StopTraining, env_rank
+    from advisor.agent.channel import AgentChannel
+    from advisor.agent.hooks import install
+    from advisor.records.samples import Event, ExitInfo, RunInfo
+    from advisor.agent.probe_registry import build_probes, device_info
+    from advisor.records.wire import SECRET_ENV, SOCKET_ENV, read_secret_file
 
     rank, local_rank, world_size = env_rank()
     config: dict[str, Any] = json.loads(os.environ.get(CONFIG_ENV) or "{}")
@@ -123,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
 
     sys.argv = [script, *script_args]
     sys.path[0] = os.path.dirname(os.path.abspath(script))
+    # The top-level name is the user's: their own advisor.py (or package) must import as it does
+    # under python. Our modules were all imported above and stay reachable by their full names.
+    sys.modules.pop("advisor", None)
     code, reason = 0, "completed"
     exc_info: dict[str, Any] = {}
     try:

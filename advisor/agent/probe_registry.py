@@ -8,30 +8,17 @@ from typing import Any
 
 import torch
 
-from probes.probe import Probe
+from advisor.probes.probe import Probe
 
 # name -> "module:Class"; probes are imported only when enabled. The agent calls
 # start_deep in this order and stop_deep in reverse (dispatch modes stack).
-PROBES: dict[str, str] = {
-    "memory": "probes.memory.probe:MemoryProbe",
-    "compute": "probes.compute.probe:ComputeProbe",
-    "comm": "probes.comm.probe:CommProbe",
+PROBES: dict[str, str] = {  # keys: advisor.records.settings.PROBE_NAMES
+    "memory": "advisor.probes.memory.probe:MemoryProbe",
+    "compute": "advisor.probes.compute.probe:ComputeProbe",
+    "comm": "advisor.probes.comm.probe:CommProbe",
 }
 # Constructor options per probe (the agent itself sends the device spec, see Agent._send_device_spec).
 PROBE_OPTIONS: dict[str, dict[str, Any]] = {}
-
-
-def probe_names(value: str | None) -> list[str]:
-    """Parse ``--probes memory,compute`` ("all" and "none" allowed); ValueError names valid ones."""
-    if value is None or value == "all":
-        return list(PROBES)
-    if value == "none":
-        return []
-    names = [n.strip() for n in value.split(",") if n.strip()]
-    unknown = [n for n in names if n not in PROBES]
-    if unknown:
-        raise ValueError(f"unknown probe(s) {', '.join(unknown)}; valid: {', '.join(PROBES)}, all, none")
-    return names
 
 
 def build_probes(config: dict[str, Any]) -> tuple[list[Probe], list[str]]:

@@ -1,0 +1,58 @@
+"""What the agent exposes to probes and to the apply executor: a typing protocol, no code.
+
+It lives with the records because both ``probes/`` and ``apply/`` read it and neither may import
+the other; torch appears only in annotations.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from advisor.records.samples import Record
+
+PHASE_NAMES: tuple[str, ...] = ("data", "forward", "backward", "optimizer", "other")
+
+
+class AgentContext(Protocol):
+    """What the agent exposes to probes and to the apply executor."""
+
+    rank: int
+    world_size: int
+    device: "torch.device"  # the device the model's parameters live on (cpu until known)
+    config: dict[str, Any]  # the agent's settings (memory_budget_bytes, enforce_budget, ...)
+
+    @property
+    def step(self) -> int:
+        """Index of the step in progress (0-based count of completed optimizer steps)."""
+
+    @property
+    def phase(self) -> str:
+        """Current phase, one of ``PHASE_NAMES``."""
+
+    @property
+    def step_start(self) -> float:
+        """``time.perf_counter()`` at the boundary that started the step in progress."""
+
+    def models(self) -> list["torch.nn.Module"]:
+        """Discovered root models, unwrapped (DDP/FSDP wrappers removed)."""
+
+    def wrapped_models(self) -> list["torch.nn.Module"]:
+        """Discovered root models as the script holds them (wrappers kept)."""
+
+    def optimizers(self) -> list["torch.optim.Optimizer"]:
+        """Optimizers seen stepping."""
+
+    def module_name(self, module: "torch.nn.Module") -> str | None:
+        """Qualified name of ``module`` inside its root model ("" for the root), or None."""
+
+    def in_backward(self) -> bool:
+        """True while autograd's engine runs a backward pass on this thread."""
+
+    def emit(self, record: "Record") -> None:
+        """Queue a record for the controller (never blocks, never raises)."""
+
+    def request_deep(self, steps: int) -> None:
+        """Ask for the next ``steps`` steps to be deep-sampled (used to verify a remedy)."""

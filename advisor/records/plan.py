@@ -1,0 +1,100 @@
+"""A plan file: remedies to apply before the first step (``advisor attach --plan plan.json``).
+
+Format::
+
+    {"version": "advisor.plan/1",
+     "remedies": [{"remedy": "activation_checkpointing",
+                   "params": {"modules": ["blocks.0"]},
+                   "recommendation_id": "r1"}]}
+
+Torch-free: ``advisor plan`` writes it in the controller, the agent reads it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+Check = Callable[[str, Any], None]
+
+PLAN_VERSION = "advisor.plan/1"
+
+
+class PlanError(ValueError):
+    """A plan file that cannot be used; the message says where and what is valid."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanEntry:
+    remedy: str
+    params: dict[str, Any] = field(default_factory=dict)
+    recommendation_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"remedy": self.remedy, "params": dict(self.params)}
+        if self.recommendation_id is not None:
+            out["recommendation_id"] = self.recommendation_id
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    remedies: tuple[PlanEntry, ...] = ()
+    version: str = PLAN_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "remedies": [e.to_dict() for e in self.remedies]}
+
+
+def parse_plan(data: Any, *, source: str = "plan", check: Check | None = None) -> Plan:
+    """Validate a decoded plan; ``PlanError`` names the bad entry and the valid choices.
+
+    ``check(remedy, params)`` raises ``ValueError`` for params its applier would refuse (the
+    training process passes the appliers' check; the controller needs no torch to read a plan)."""
+    if not isinstance(data, Mapping):
+        raise PlanError(f"{source}: expected a JSON object with 'version' and 'remedies'")
+    if data.get("version") != PLAN_VERSION:
+        raise PlanError(f"{source}: version {data.get('version')!r}; valid: [{PLAN_VERSION!r}]")
+    items = data.get("remedies")
+    if not isinstance(items, list):
+        raise PlanError(f"{source}: 'remedies' must be a list")
+    entries = []
+    for i, item in enumerate(items):
+        where = f"{source}: remedies[{i}]"
+        if not isinstance(item, Mapping):
+            raise PlanError(f"{where}: expected an object with 'remedy' and 'params'")
+        unknown = sorted(set(item) - {"remedy", "params", "recommendation_id"})
+        if unknown:
+            raise PlanError(f"{where}: unknown keys {unknown}; valid: ['params', 'recommendation_id', 'remedy']")
+        params = item.get("params", {})
+        if not isinstance(params, Mapping):
+            raise PlanError(f"{where}: 'params' must be an object")
+        rec_id = item.get("recommendation_id")
+        if rec_id is not None and not isinstance(rec_id, str):
+            raise PlanError(f"{where}: 'recommendation_id' must be a string")
+        if not isinstance(item.get("remedy"), str):
+            raise PlanError(f"{where}: 'remedy' must be a string")
+        if check is not None:
+            try:
+                check(item["remedy"], params)
+            except ValueError as exc:
+                raise PlanError(f"{where}: {exc}") from None
+        entries.append(PlanEntry(remedy=item["remedy"], params=dict(params), recommendation_id=rec_id))
+    return Plan(remedies=tuple(entries))
+
+
+def read_plan(path: str | Path, *, check: Check | None = None) -> Plan:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise PlanError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise PlanError(f"{path}: not JSON: {exc}") from None
+    return parse_plan(data, source=str(path), check=check)
+
+
+def save_plan(plan: Plan, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(plan.to_dict(), indent=2) + "\n", encoding="utf-8")
