@@ -3,6 +3,7 @@
     python bench/overhead.py                    # 3 repetitions x 40 steps, 2-5 min on 2 cores
     python bench/overhead.py --reps 5 --steps 200 --script-args "--layers 8 --hidden 256"
     python bench/overhead.py --threads 0        # torch's own thread count (noisy on a shared machine)
+    python bench/overhead.py --inproc [ARGS]    # the in-process mode: bench/overhead_inproc.py ARGS
 
 Runs ``python examples/gpt.py --steps N`` bare and under
 ``python -m advisor attach --headless --steps N --json R examples/gpt.py --steps N``
@@ -241,6 +242,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--inproc"]:  # agent installed vs not, interleaved in one process
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import overhead_inproc
+
+        return overhead_inproc.main(argv[1:])
     args = parse_args(argv)
     commands = configurations(args)
     print(f"running {len(commands)} configurations x {args.reps} repetitions ...", file=sys.stderr)

@@ -1,0 +1,211 @@
+"""The agent's light-path overhead measured inside one process, beyond noise.
+
+    python bench/overhead_inproc.py                       # MLP (~20 ms step) and examples/gpt.py, 1 thread
+    python bench/overhead_inproc.py --threads 0           # torch's default thread count
+    python bench/overhead_inproc.py --model mlp --blocks 40 --block-steps 12
+
+One process, one model, one optimizer. Blocks of ``--block-steps`` training steps alternate
+between the agent's global hooks *installed* (with the enabled probes built as ``advisor attach``
+builds them, and every record serialised as the channel would) and *not installed*; the pair order
+flips every other pair (ABBA) so drift hits both sides alike. Each block's figure is the median of
+its step times (``time.perf_counter()`` around one whole loop iteration), leaving out the first two
+steps of the block (hook installation, caches). The overhead of a pair is agent / bare; printed are
+the median ratio over pairs with a 95% bootstrap confidence interval (resampling pairs).
+
+Deep probes are switched off for the light-path figure (``deep_steps=[]``). The deep-step cost is
+measured separately: a block with every probe, where the agent deep-samples chosen steps; printed
+is the deep iteration's time over the median light iteration (target <= 3x), and the cost the deep
+probes' set-up and teardown add to the iterations around it.
+
+Targets (issue 14): light overhead <= 1.03 with the interval's upper end below 1.05.
+Nothing here touches a global random generator: batches come from a private ``torch.Generator``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from advisor.agent.agent import Agent  # noqa: E402
+from advisor.agent.hooks import install  # noqa: E402
+from advisor.agent.probe_registry import build_probes  # noqa: E402
+from advisor.records.samples import StepSample  # noqa: E402
+
+Step = Callable[[], None]
+
+
+def mlp_step(hidden: int, layers: int, batch: int) -> Step:
+    """A plain MLP step: fp32, AdamW, random batches from a private generator."""
+    gen = torch.Generator().manual_seed(0)
+    blocks = []
+    for _ in range(layers):
+        blocks += [torch.nn.Linear(hidden, hidden), torch.nn.GELU()]
+    model = torch.nn.Sequential(*blocks, torch.nn.Linear(hidden, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step() -> None:
+        x = torch.randn(batch, hidden, generator=gen)
+        loss = model(x).pow(2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def gpt_step(args: list[str]) -> Step:
+    """examples/gpt.py's model and batches, driven by this loop."""
+    spec = importlib.util.spec_from_file_location("bench_gpt_example", ROOT / "examples" / "gpt.py")
+    gpt = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    sys.modules[spec.name] = gpt  # its dataclasses look their module up
+    spec.loader.exec_module(gpt)
+    ns = gpt.parse_args(args)
+    cfg = gpt.GPTConfig(vocab=ns.vocab, seq=ns.seq, layers=ns.layers, hidden=ns.hidden, heads=ns.heads)
+    gen = torch.Generator().manual_seed(ns.seed)
+    model = gpt.GPT(cfg)
+    opt = gpt.make_optimizer(ns.optimizer, model.parameters(), ns.lr)
+
+    def step() -> None:
+        x, y = gpt.synthetic_batch(gen, cfg, ns.batch)
+        logits = model(x)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def make_agent(probes: str, deep: bool) -> tuple[Agent, list]:
+    """An agent as ``advisor attach`` builds it, emitting into a list after serialising each record."""
+    names = [] if probes == "none" else ["memory", "compute", "comm"]
+    config = {"probes": names, "deep_steps": [], "deep_every": 0}
+    built, warnings = build_probes(config)
+    if warnings:
+        print("\n".join(warnings), file=sys.stderr)
+    sink: list = []
+
+    def emit(record) -> None:  # what the channel does on the training thread: build the JSON dict
+        sink.append({"kind": record.KIND, "data": record.to_dict()})
+
+    agent = Agent(emit=emit, config=config, probes=built)
+    for probe in list(agent.probes):
+        agent._call(probe, "attach")
+    return agent, sink
+
+
+def timed_block(step: Step, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        step()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def bootstrap_ci(ratios: list[float], reps: int = 4000) -> tuple[float, float]:
+    rng = np.random.default_rng(12345)  # private generator: never the global one
+    arr = np.asarray(ratios)
+    meds = np.median(rng.choice(arr, size=(reps, arr.size), replace=True), axis=1)
+    return float(np.percentile(meds, 2.5)), float(np.percentile(meds, 97.5))
+
+
+def light_overhead(step: Step, probes: str, blocks: int, block_steps: int) -> dict[str, float]:
+    agent, sink = make_agent(probes, deep=False)
+    hooks = None
+    ratios = []
+    for _ in range(3):  # warm-up: allocator, threads, lazy imports of the first optimizer step
+        step()
+    try:
+        for pair in range(blocks):
+            order = ("bare", "agent") if pair % 4 in (0, 3) else ("agent", "bare")
+            medians = {}
+            for side in order:
+                if side == "agent":
+                    hooks = install(agent)
+                times = timed_block(step, block_steps)
+                if side == "agent":
+                    hooks.remove()
+                    hooks = None
+                    sink.clear()
+                medians[side] = statistics.median(times[2:])
+            ratios.append(medians["agent"] / medians["bare"])
+    finally:
+        if hooks is not None:
+            hooks.remove()
+        agent.close()
+    low, high = bootstrap_ci(ratios)
+    return {"median": statistics.median(ratios), "low": low, "high": high, "pairs": len(ratios)}
+
+
+def deep_cost(step: Step, steps: int, deep_at: tuple[int, ...]) -> dict[str, float]:
+    agent, sink = make_agent("all", deep=True)
+    agent.deep_steps = set(deep_at)
+    for _ in range(3):
+        step()
+    hooks = install(agent)
+    try:
+        times = timed_block(step, steps)
+        agent.flush(sync=True)
+    finally:
+        hooks.remove()
+        agent.close()
+    deep = {r["data"]["index"] for r in sink if r["kind"] == StepSample.KIND and r["data"].get("deep")}
+    # Iteration i runs step i; the deep probes start at the boundary ending step i-1 (inside
+    # iteration i-1) and stop at the boundary ending step i (inside iteration i).
+    light = [t for i, t in enumerate(times) if i not in deep and i + 1 not in deep and i >= 2]
+    base = statistics.median(light)
+    deep_ratio = [times[i] / base for i in sorted(deep) if i < len(times)]
+    setup = [times[i - 1] / base - 1.0 for i in sorted(deep) if 1 <= i <= len(times)]
+    return {"light_s": base, "deep_over_light": statistics.median(deep_ratio) if deep_ratio else float("nan"),
+            "setup_over_light": statistics.median(setup) if setup else float("nan"), "deep_steps": len(deep_ratio)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", choices=["mlp", "gpt", "both"], default="both")
+    p.add_argument("--threads", type=int, default=1, help="torch threads; 0 keeps torch's default")
+    p.add_argument("--blocks", type=int, default=24, help="pairs of blocks (agent, bare)")
+    p.add_argument("--block-steps", type=int, default=10)
+    p.add_argument("--probes", choices=["all", "none", "both"], default="both")
+    p.add_argument("--mlp", default="1024,4,128", help="hidden,layers,batch of the MLP")
+    p.add_argument("--gpt-args", default="", help="arguments for examples/gpt.py's model")
+    ns = p.parse_args(argv)
+    if ns.threads:
+        torch.set_num_threads(ns.threads)
+    models = ["mlp", "gpt"] if ns.model == "both" else [ns.model]
+    probe_sets = ["none", "all"] if ns.probes == "both" else [ns.probes]
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, {ns.blocks} pairs x {ns.block_steps} steps")
+    print(f"{'model':6} {'probes':6} {'step':>9} {'median':>7} {'95% CI':>15}  target <= 1.03, CI high < 1.05")
+    for name in models:
+        if name == "mlp":
+            hidden, layers, batch = (int(v) for v in ns.mlp.split(","))
+            step = mlp_step(hidden, layers, batch)
+        else:
+            step = gpt_step(ns.gpt_args.split())
+        base = statistics.median(timed_block(step, 8)[3:])
+        for probes in probe_sets:
+            r = light_overhead(step, probes, ns.blocks, ns.block_steps)
+            ok = "ok" if r["median"] <= 1.03 and r["high"] < 1.05 else "MISSED"
+            print(f"{name:6} {probes:6} {base * 1e3:7.1f}ms {r['median']:7.3f} "
+                  f"[{r['low']:.3f}, {r['high']:.3f}]  {ok}")
+        d = deep_cost(step, 16, (6, 11))
+        print(f"{name:6} deep   {d['light_s'] * 1e3:7.1f}ms deep/light {d['deep_over_light']:.2f}x "
+              f"(target <= 3x); set-up adds {d['setup_over_light']:+.2f} of a light step")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
