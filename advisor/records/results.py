@@ -78,7 +78,7 @@ class ApplyResult:
         return {
             "remedy": self.remedy,
             "recommendation_id": self.recommendation_id,
-            "params": dict(self.params),
+            "params": to_json(self.params),
             "rank": self.rank,
             "at_step": self.at_step,
             "predicted": {
