@@ -18,6 +18,7 @@ from typing import Any
 from advisor.recommend.advise import advise
 from advisor.recommend.profile import has_measurements, profile_from_records
 from advisor.records.commands import ApplyCommand, RevertCommand
+from advisor.records.results import ApplyResult, RevertResult
 from advisor.records.samples import Event, Record, StepSample
 from advisor.regime import apply_refusal, current_regime, revert_refusal
 from advisor.state import SessionState
@@ -75,7 +76,7 @@ class AdviceLoop:
     # -- called on the receiver thread: cheap --------------------------------------------
     def on_record(self, record: Record) -> None:
         if (isinstance(record, StepSample) and record.deep) or (
-                isinstance(record, Event) and record.name in ("oom", "apply_result", "apply_reverted")):
+                isinstance(record, Event) and record.name in ("oom", ApplyResult.EVENT, RevertResult.EVENT)):
             with self._idle:
                 self._dirty = True
                 self._idle.notify_all()
