@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from advisor.advice import advise_state
 from advisor.errors import AdvisorError
 from advisor.records.plan import Plan, PlanEntry, save_plan
-from advisor.advice import advise_state
 from advisor.store import load_state
 
 

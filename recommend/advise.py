@@ -11,8 +11,8 @@ import math
 from typing import Any, Sequence
 
 from advisor.recommend.profile import Profile
-from advisor.records.advice import Diagnosis, Recommendation
 from advisor.recommend.rules import RULES, Finding, Rule
+from advisor.records.advice import Diagnosis, Recommendation
 
 
 def advise(profile: Profile, rules: Sequence[Rule] | None = None) -> tuple[Diagnosis, list[Recommendation]]:

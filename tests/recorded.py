@@ -16,7 +16,6 @@ import io
 import json
 import sys
 from pathlib import Path
-from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"

@@ -4,7 +4,7 @@ import pytest
 
 from advisor.records.commands import ApplyCommand, RevertCommand, command_from_dict
 from advisor.records.jsonable import to_json
-from advisor.records.results import ApplyResult, RevertResult
+from advisor.records.results import ApplyResult, ApplyStarted, Measurement, RevertResult
 
 
 def test_apply_command_round_trips_and_ignores_unknown_keys():
@@ -31,3 +31,13 @@ def test_one_json_helper_for_every_family():
     revert = RevertResult(remedy="r", recommendation_id="a", at_step=4)
     assert RevertResult.from_dict({**revert.to_dict(), "extra": 1}) == revert
     assert revert.to_dict() == {"remedy": "r", "recommendation_id": "a", "at_step": 4, "reason": "reverted on request"}
+
+
+def test_apply_started_keeps_both_senders_shapes():
+    executor = {"remedy": "r", "recommendation_id": "a", "params": {"modules": ["x"]}, "at_step": 5,
+                "measure_steps": 3, "before": {"peak_memory_bytes": 10, "step_time_s": 0.5, "steps": [3, 4]}}
+    plan = {"remedy": "r", "recommendation_id": None, "params": {}, "at_step": 0, "from_plan": True}
+    for wire in (executor, plan):
+        started = ApplyStarted.from_dict(wire)
+        assert started.to_dict() == wire
+    assert ApplyStarted.from_dict(executor).before == Measurement(peak_memory_bytes=10, step_time_s=0.5, steps=(3, 4))

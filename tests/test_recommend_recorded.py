@@ -131,7 +131,7 @@ def test_live_advice_equals_report_advice(name, budget):
     session = _Session()
     loop = AdviceLoop(session, budget_bytes=budget)
     try:
-        meta, records = recorded.read(name)
+        _, records = recorded.read(name)
         for record in records:
             session.live.add(record)
             loop.on_record(record)

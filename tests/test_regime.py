@@ -9,7 +9,14 @@ import recorded
 
 from advisor.advice import AdviceLoop
 from advisor.records.results import ApplyResult, Measurement, RevertResult
-from advisor.regime import apply_refusal, current_regime, in_force, last_kept, regime_start, revert_refusal
+from advisor.regime import (
+    apply_refusal,
+    current_regime,
+    in_force,
+    last_kept,
+    regime_start,
+    revert_refusal,
+)
 from advisor.state import LiveState
 
 REC = {"id": "checkpoint-blocks-4", "remedy": "activation_checkpointing", "title": "Checkpoint 4 blocks",

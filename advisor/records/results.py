@@ -131,3 +131,40 @@ class RevertResult:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "RevertResult":
         return cls(**known_fields(cls, data))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApplyStarted:
+    """A remedy applied at a step boundary (by a command, or by a plan before step 0); measuring follows.
+
+    Travels as ``Event(name="apply_started", data=started.to_dict())``. The optional keys keep
+    the two senders' shapes: the executor adds ``measure_steps`` and ``before``, a plan adds
+    ``from_plan: true``.
+    """
+
+    EVENT: ClassVar[str] = "apply_started"
+    remedy: str
+    recommendation_id: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    at_step: int | None = None
+    measure_steps: int | None = None
+    before: Measurement | None = None
+    from_plan: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"remedy": self.remedy, "recommendation_id": self.recommendation_id,
+                               "params": to_json(self.params), "at_step": self.at_step}
+        if self.measure_steps is not None:
+            out["measure_steps"] = self.measure_steps
+        if self.before is not None:
+            out["before"] = self.before.to_dict()
+        if self.from_plan:
+            out["from_plan"] = True
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ApplyStarted":
+        known = known_fields(cls, data)
+        if known.get("before") is not None:
+            known["before"] = Measurement.from_dict(known["before"])
+        return cls(**known)

@@ -9,9 +9,17 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from advisor.advice import advise_state
-from advisor.sections.comm import build_collectives_section, build_comm_section, build_straggler_section
-from advisor.sections.compute import (build_compute_section, build_ops_section, device_fields,
-                                      device_spec_from_state)
+from advisor.sections.comm import (
+    build_collectives_section,
+    build_comm_section,
+    build_straggler_section,
+)
+from advisor.sections.compute import (
+    build_compute_section,
+    build_ops_section,
+    device_fields,
+    device_spec_from_state,
+)
 from advisor.sections.memory import build_memory_section
 from advisor.state import SessionState
 
