@@ -9,6 +9,7 @@ import recorded
 
 from advisor.advice import AdviceLoop
 from advisor.records.results import ApplyResult, Measurement, RevertResult
+from advisor.records.samples import Event
 from advisor.regime import (
     apply_refusal,
     current_regime,
@@ -114,7 +115,13 @@ def test_the_advice_loop_sends_typed_commands_in_the_old_wire_shape_and_refuses_
     try:
         for record in recorded.read("gpt")[1]:
             session.live.add(record)
-        session.live.update(recommendations=[REC], applied=[kept(2), user_revert(4)])
+        session.live.update(recommendations=[REC])
+        # The history arrives as the agents send it: an apply_result event, then apply_reverted.
+        session.live.add(Event(step=2, name=ApplyResult.EVENT, data=kept(2)))
+        session.live.add(Event(step=4, name=RevertResult.EVENT,
+                               data=RevertResult(remedy="activation_checkpointing",
+                                                 recommendation_id=REC["id"], at_step=4).to_dict()))
+        assert regime_start(session.live.snapshot().applied) == 4
         assert loop.revert() == "Nothing to revert: no remedy is in force."  # was sent before the fix
         assert session.sent == []
         assert loop.apply(REC["id"]) is None
