@@ -193,3 +193,31 @@ def test_the_cycle_check_sees_a_cycle_through_a_function_level_import(tmp_path):
     known = {"advisor.x.a", "advisor.x.b"}
     graph = {"advisor.x.a": _edges(a, "advisor.x.a", known), "advisor.x.b": _edges(b, "advisor.x.b", known)}
     assert _cycles(graph) == [["advisor.x.a", "advisor.x.b"]]
+
+
+# Deferred imports of our own modules that are allowed, each with its reason; any other
+# function-level import of ours would hide a dependency from a reader of the module's head.
+DEFERRED: dict[str, str] = {
+    "advisor.cli": "per-command imports keep `advisor --help` and `advisor sessions` fast",
+    "advisor.tui": "textual loads only when the TUI is built (headless never imports it)",
+    "advisor.agent.bootstrap": "the training process imports the agent after setting up sys.path",
+}
+
+
+def _deferred_imports(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out = []
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("advisor")):
+                    out.append(f"{fn.name}: from {node.module}")
+                elif isinstance(node, ast.Import):
+                    out += [f"{fn.name}: import {a.name}" for a in node.names if a.name.startswith("advisor")]
+    return out
+
+
+def test_no_hidden_function_level_imports_of_our_modules():
+    found = {module: _deferred_imports(path) for module, path in _files() if module not in DEFERRED}
+    assert {m: names for m, names in found.items() if names} == {}
+    assert all(_deferred_imports(path) for module, path in _files() if module in DEFERRED)  # still needed
