@@ -58,6 +58,18 @@ def load_state(name: str) -> SessionState:
     return live.snapshot()
 
 
+class FakeSession:
+    """What ``AdviceLoop`` needs of a ``Session``: its ``LiveState`` and a command sink."""
+
+    def __init__(self) -> None:
+        self.live = LiveState(session_id="recorded")
+        self.sent: list[dict] = []  # the commands' wire forms
+
+    def send_command(self, command) -> int:
+        self.sent.append(command.to_dict())
+        return 1  # one rank received it
+
+
 def export(db_path: Path, out: Path) -> int:
     """Write a stored session as gzip'd JSON lines (deterministic bytes); the record count."""
     from advisor.store import iter_records, read_meta

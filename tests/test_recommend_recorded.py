@@ -12,7 +12,7 @@ import recorded
 from advisor.advice import AdviceLoop, advise_state
 from advisor.recommend.profile import profile_from_records
 from advisor.report import build_report
-from advisor.state import LiveState, SessionState
+from advisor.state import SessionState
 from advisor.store import load_state
 
 BUDGET = 24_000_000  # the README's --memory-budget 24MB
@@ -108,18 +108,6 @@ def test_oom_advice_uses_the_recorded_budget():
         ("checkpoint-blocks-4", {"modules": BLOCKS}, {"peak_memory_bytes": 23347788, "step_time_s": None}, "low")]
 
 
-class _Session:
-    """What AdviceLoop needs of a Session: its LiveState and a command sink."""
-
-    def __init__(self) -> None:
-        self.live = LiveState(session_id="recorded")
-        self.sent: list[dict] = []
-
-    def send_command(self, command) -> int:
-        self.sent.append(command.to_dict())
-        return 1
-
-
 def _advised(recs):
     return [(r["id"], r["params"], r["predicted"], r["baseline"], r["curve"]) for r in recs]
 
@@ -128,7 +116,7 @@ def _advised(recs):
 def test_live_advice_equals_report_advice(name, budget):
     """The AdviceLoop fed a session record by record, then finished as attach finishes it, gives
     exactly the report's diagnosis and recommendations: ids, params and predictions."""
-    session = _Session()
+    session = recorded.FakeSession()
     loop = AdviceLoop(session, budget_bytes=budget)
     try:
         _, records = recorded.read(name)
@@ -158,7 +146,7 @@ def test_stored_session_advises_as_its_records(tmp_path):
 
 
 def test_wait_idle_returns_once_the_loop_has_advised():
-    session = _Session()
+    session = recorded.FakeSession()
     loop = AdviceLoop(session, budget_bytes=BUDGET)
     try:
         assert loop.wait_idle(timeout=5)  # nothing seen yet: idle at once

@@ -18,7 +18,6 @@ from advisor.regime import (
     regime_start,
     revert_refusal,
 )
-from advisor.state import LiveState
 
 REC = {"id": "checkpoint-blocks-4", "remedy": "activation_checkpointing", "title": "Checkpoint 4 blocks",
        "params": {"modules": ["blocks.0"]}, "live": True,
@@ -99,18 +98,8 @@ def test_refusals():
     assert apply_refusal(state, REC).startswith("Training has ended")
 
 
-class _Session:
-    def __init__(self) -> None:
-        self.live = LiveState()
-        self.sent: list[dict] = []
-
-    def send_command(self, command) -> int:
-        self.sent.append(command.to_dict())
-        return 1
-
-
 def test_the_advice_loop_sends_typed_commands_in_the_old_wire_shape_and_refuses_a_stale_revert():
-    session = _Session()
+    session = recorded.FakeSession()
     loop = AdviceLoop(session, budget_bytes=None)
     try:
         for record in recorded.read("gpt")[1]:
