@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from advisor.recommend.checkpoint import (
+from advisor.recommend.remedies.checkpoint_solver import (
     brute_force,
     chen_sqrt_n,
     min_peak_plan,
