@@ -19,13 +19,14 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from advisor.records.advice import APPLY_CLASSES, parse_apply_class, register_remedy
+from advisor.records.remedy import PHASES, parse_phase, phase_rank
 
 if TYPE_CHECKING:  # pragma: no cover
     from advisor.recommend.profile import Profile
     from advisor.records.advice import Recommendation
 
 __all__ = ["APPLY_CLASSES", "RemedySpec", "parse_apply_class", "specs", "spec", "check_params",
-           "remedy_modules", "plan_order"]
+           "remedy_modules", "plan_order", "PHASES"]
 
 Validate = Callable[[Mapping[str, Any]], None]
 # propose(profile, budget_bytes, evidence) -> recommendations for a memory finding
@@ -42,7 +43,7 @@ class RemedySpec:
 
     ``params``: the keywords its applier requires; ``optional``: those it may take.
     ``validate``: extra checks on the values (``ValueError`` naming what is valid).
-    ``order``: position in a plan that applies several remedies (lower first; see ``plan_order``).
+    ``phase``: where it goes in a plan that applies several remedies (``PHASES``, ``plan_order``).
     ``addresses``: the bottleneck whose rule asks ``propose`` (None: the remedy has its own rule).
     """
 
@@ -51,12 +52,13 @@ class RemedySpec:
     params: tuple[str, ...] = ()
     optional: tuple[str, ...] = ()
     validate: Validate = _no_check
-    order: int = 50
+    phase: str
     addresses: str | None = None
     propose: Propose | None = None
 
     def __post_init__(self) -> None:
         parse_apply_class(self.apply_class)
+        parse_phase(self.phase)
         register_remedy(self.name)  # a Recommendation may now name it
 
     def check(self, params: Any) -> None:
@@ -101,12 +103,7 @@ def check_params(name: str, params: Any) -> None:
 
 
 def plan_order(names: list[str]) -> list[str]:
-    """``names`` in the order a plan applies them: by ``RemedySpec.order``, then as given.
-
-    The orders are chosen so that remedies that change what a module *saves* (checkpointing,
-    offload: order 10-20) come before those that change how modules and optimizer state are
-    *laid out* (optimizer implementation 30, sharding and pipeline splits 40+): a sharding
-    wrapper built first would hide the submodules a checkpointing plan names.
-    """
+    """``names`` in the order a plan applies them: by phase (``advisor.records.remedy.PHASES``,
+    where the order is explained), then as given."""
     table = specs()
-    return sorted(names, key=lambda n: (table[n].order if n in table else 99, names.index(n)))
+    return sorted(names, key=lambda n: (phase_rank(table[n].phase if n in table else None), names.index(n)))

@@ -113,7 +113,7 @@ SPEC = RemedySpec(
     apply_class="live-exact",
     params=("modules",),
     validate=validate,
-    order=10,  # changes what modules save: before any remedy that re-lays-out modules or states
+    phase="saved-tensors",
     addresses="memory",
     propose=propose,
 )
