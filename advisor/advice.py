@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from advisor.state import SessionState
+from advisor.records.remedy import command_digest
 from advisor.records.samples import Event, Record, StepSample
 
 MEASURE_STEPS = 3  # steps measured after an apply before keep-or-revert
@@ -116,7 +117,9 @@ class AdviceLoop:
                       f"{', '.join(r['id'] for r in state.recommendations) or 'none'}", file=sys.stderr)
             return
         self._applied_auto = True
-        self.apply(rec["id"], at_step=self.apply_at_step)
+        error = self.apply(rec["id"], at_step=self.apply_at_step)
+        if error:
+            print(f"advisor: not applied: {error}", file=sys.stderr)
 
     @staticmethod
     def _choose(recs: list[dict[str, Any]], request: str) -> dict[str, Any] | None:
@@ -126,7 +129,12 @@ class AdviceLoop:
         return next((r for r in live if r["id"] == request), None)
 
     # -- user actions (TUI, headless --apply) -------------------------------------------
-    def apply(self, recommendation_id: str, *, at_step: int | None = None) -> str | None:
+    def apply(self, recommendation_id: str, *, at_step: int | None = None, confirmed: bool = False) -> str | None:
+        """Send one apply command to every rank; the reason it was not sent, or None.
+
+        ``confirmed``: the user accepted a live-opt-in remedy's numerics change (the TUI's dialog);
+        without it such a remedy needs ``--allow-inexact`` (``allow_inexact`` in the agent config).
+        """
         state = self.session.live.snapshot()
         rec = next((r for r in state.recommendations if r["id"] == recommendation_id), None)
         if rec is None:
@@ -137,10 +145,16 @@ class AdviceLoop:
             return "the training job has ended"
         if state.pending_apply:
             return "an apply is already in progress"
+        allow_inexact = bool(getattr(self.session, "options", None)
+                             and self.session.options.agent_config.get("allow_inexact"))
+        if rec.get("apply_class") == "live-opt-in" and not (confirmed or allow_inexact):
+            return (f"{recommendation_id} changes numerics (apply class live-opt-in); "
+                    "pass --allow-inexact to `advisor attach`, or confirm it in the TUI")
         # All ranks apply at the same boundary: one past the furthest rank, or the step asked for.
         target = max(at_step or 0, state.latest_step() + 2)
         sent = self.session.send_command({"type": "apply", "recommendation": rec, "at_step": target,
-                                          "measure_steps": MEASURE_STEPS})
+                                          "measure_steps": MEASURE_STEPS, "confirmed": confirmed,
+                                          "digest": command_digest(rec["remedy"], rec.get("params") or {}, target)})
         if not sent:
             return "no training process is connected"
         self.session.live.update(pending_apply={"recommendation_id": recommendation_id,

@@ -17,6 +17,7 @@ from advisor.apply.orchestrator import apply_in_order
 from advisor.apply.target import Target, unwrap
 from advisor.recommend.remedies import plan_order
 from advisor.records.advice import Prediction, Recommendation, parse_apply_class
+from advisor.records.remedy import command_digest
 from advisor.records.samples import StepSample
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,3 +141,33 @@ def test_one_unwrap_for_ddp_and_compile() -> None:
     assert unwrap(compiled) == (inner, "OptimizedModule")
     assert unwrap(inner) == (inner, None)
     assert Target.of(compiled).models == [inner]
+
+
+def test_headless_refuses_live_opt_in_without_allow_inexact() -> None:
+    from types import SimpleNamespace
+
+    from advisor.advice import AdviceLoop
+    from advisor.state import LiveState
+
+    def loop(allow: bool) -> tuple[AdviceLoop, list[dict]]:
+        sent: list[dict] = []
+        live = LiveState()
+        live.update(recommendations=[{"id": "bf16", "remedy": "t", "params": {}, "live": True,
+                                      "apply_class": "live-opt-in"}])
+        session = SimpleNamespace(live=live, options=SimpleNamespace(agent_config={"allow_inexact": allow}),
+                                  send_command=lambda c: sent.append(c) or True)
+        return AdviceLoop(session, budget_bytes=None), sent
+
+    advice, sent = loop(False)
+    try:
+        error = advice.apply("bf16")
+    finally:
+        advice.close()
+    assert error and "--allow-inexact" in error and sent == []
+    advice, sent = loop(True)
+    try:
+        assert advice.apply("bf16", at_step=4) is None
+    finally:
+        advice.close()
+    [command] = sent
+    assert command["digest"] == command_digest("t", {}, command["at_step"])
