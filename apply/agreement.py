@@ -64,22 +64,38 @@ class Agreement:
                                          timeout=datetime.timedelta(seconds=self.timeout_s))
         return self._group
 
+    def bind(self, process_group: Any) -> None:
+        """Vote among the ranks of ``process_group`` (the job's, from the target); before the first vote."""
+        if self._group is None:
+            self._job_group = process_group
+
     def vote(self, *, revert: bool, digest: str | None) -> Verdict:
         """Every rank calls this at the same boundary; returns what all of them will do."""
+        return self.vote_each([revert], digest=digest)[0]
+
+    def vote_each(self, reverts: list[bool], *, digest: str | None) -> list[Verdict]:
+        """One vote per item (a plan's entries), in one collective; same call order on every rank."""
         if not self.distributed():
-            return Verdict(revert=revert)
+            return [Verdict(revert=r) for r in reverts]
         d = _digest_int(digest)
-        tensor = torch.tensor([int(revert), d, -d], dtype=torch.int64)
+        tensor = torch.tensor([*(int(r) for r in reverts), d, -d], dtype=torch.int64)
         try:
             work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._gloo_group(), async_op=True)
             work.wait(timeout=datetime.timedelta(seconds=self.timeout_s))
         except Exception as exc:  # a timeout, or a peer that died: revert, do not hang
             logger.warning("Keep/revert agreement failed, reverting: %s", exc)
-            return Verdict(revert=True, reason=f"ranks could not agree within {self.timeout_s:g} s "
-                                               f"({type(exc).__name__}); reverted everywhere")
-        any_revert, high, neg_low = (int(v) for v in tensor.tolist())
+            reason = (f"ranks could not agree within {self.timeout_s:g} s ({type(exc).__name__}); "
+                      "reverted everywhere")
+            return [Verdict(revert=True, reason=reason) for _ in reverts]
+        *flags, high, neg_low = (int(v) for v in tensor.tolist())
         if high != -neg_low:
-            return Verdict(revert=True, reason="ranks received different commands (digests differ); reverted")
-        if any_revert and not revert:
-            return Verdict(revert=True, reason="another rank failed or did not keep the remedy; all ranks reverted")
-        return Verdict(revert=bool(any_revert))
+            reason = "ranks received different commands (digests differ); reverted"
+            return [Verdict(revert=True, reason=reason) for _ in reverts]
+        out = []
+        for mine, anyone in zip(reverts, flags):
+            if anyone and not mine:
+                out.append(Verdict(revert=True, reason="another rank failed or did not keep the remedy; "
+                                                       "all ranks reverted"))
+            else:
+                out.append(Verdict(revert=bool(anyone)))
+        return out

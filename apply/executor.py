@@ -425,8 +425,10 @@ class Executor:
         )
         handle: registry.RemedyHandle | None = None
         error: Exception | None = None
+        target = self.target()
+        self.agreement.bind(target.process_group)
         try:
-            handle = registry.apply_remedy(self.target(), request.remedy, request.params)
+            handle = registry.apply_remedy(target, request.remedy, request.params)
         except Exception as exc:  # atomic apply: the job is as it was
             error = exc
         if self._multi_rank():

@@ -19,11 +19,13 @@ from torch.utils.hooks import RemovableHandle
 
 from advisor.apply import registry
 from advisor.apply.executor import DEFAULT_MEASURE_STEPS, Executor
-from advisor.apply.orchestrator import apply_in_order
+from advisor.apply.agreement import Agreement, Verdict
+from advisor.apply.orchestrator import Outcome, apply_in_order
 from advisor.apply.target import Target
 from advisor.records.results import ApplyResult
 from advisor.records.context import AgentContext
 from advisor.records.plan import Plan, PlanEntry, PlanError, read_plan
+from advisor.records.remedy import command_digest
 from advisor.records.samples import Event
 
 __all__ = ["Plan", "PlanEntry", "PlanError", "load_plan", "apply_plan_before_first_step", "install_plan_hook"]
@@ -71,7 +73,8 @@ def apply_plan_before_first_step(
     handles: list[registry.RemedyHandle] = []
     results: list[ApplyResult] = []
     outcomes = apply_in_order(target, [(e.remedy, e.params) for e in plan.remedies])
-    for entry, outcome in zip(plan.remedies, outcomes):
+    verdicts = _agree(ctx, executor, target, plan, outcomes)
+    for entry, outcome, verdict in zip(plan.remedies, outcomes, verdicts):
         base = ApplyResult(remedy=entry.remedy, recommendation_id=entry.recommendation_id,
                            params=dict(entry.params), rank=ctx.rank, at_step=at_step, status="kept",
                            reason="applied from the plan before the first step")
@@ -82,6 +85,12 @@ def apply_plan_before_first_step(
             logger.warning("Plan entry %s failed: %s", entry.remedy, exc)
             ctx.emit(Event(rank=ctx.rank, step=at_step, name="apply_result", data=failed.to_dict()))
             results.append(failed)
+            continue
+        if verdict.revert:  # applied here, failed on another rank: every rank runs the same job
+            outcome.handle.revert()
+            reverted = base.with_(status="reverted", reason=verdict.reason or "reverted on every rank")
+            ctx.emit(Event(rank=ctx.rank, step=at_step, name="apply_result", data=reverted.to_dict()))
+            results.append(reverted)
             continue
         handles.append(outcome.handle)
         ctx.emit(Event(rank=ctx.rank, step=at_step, name="apply_started",
@@ -96,6 +105,16 @@ def apply_plan_before_first_step(
             for result in applied:
                 ctx.emit(Event(rank=ctx.rank, step=at_step, name="apply_result", data=result.to_dict()))
     return results
+
+
+def _agree(ctx: AgentContext, executor: Executor | None, target: Target, plan: Plan,
+           outcomes: list[Outcome]) -> list[Verdict]:
+    """One vote over the job's ranks for every entry: an entry that failed anywhere is reverted
+    everywhere (every rank reaches this at its first forward, in the same order)."""
+    agreement = executor.agreement if executor is not None else Agreement()
+    agreement.bind(target.process_group)
+    digest = command_digest("plan", plan.to_dict(), None)
+    return agreement.vote_each([o.handle is None for o in outcomes], digest=digest)
 
 
 def install_plan_hook(

@@ -29,8 +29,12 @@ def run(scenario: str, tmp_path: Path) -> list[dict]:
     return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(2)]
 
 
-def test_a_failure_on_rank_1_only_reverts_both_and_losses_equal_an_undisturbed_run(tmp_path) -> None:
-    undisturbed = run("none", tmp_path)
+@pytest.fixture(scope="module")
+def undisturbed(tmp_path_factory) -> list[dict]:
+    return run("none", tmp_path_factory.mktemp("agree"))
+
+
+def test_a_failure_on_rank_1_only_reverts_both_and_losses_equal_an_undisturbed_run(tmp_path, undisturbed) -> None:
     ranks = run("fail_on_1", tmp_path)
     # Rank 0 applied a 10x learning rate; had it kept it for a single step, its losses would differ.
     for r in range(2):
@@ -39,6 +43,14 @@ def test_a_failure_on_rank_1_only_reverts_both_and_losses_equal_an_undisturbed_r
     assert r1["status"] == "failed" and "injected failure" in r1["error"]
     assert r0["status"] == "reverted" and "another rank" in r0["reason"]
     assert r0["at_step"] == AT_STEP
+
+
+def test_a_plan_entry_that_fails_on_rank_1_is_reverted_on_both(tmp_path, undisturbed) -> None:
+    ranks = run("plan_fail_on_1", tmp_path)
+    for r in range(2):
+        assert ranks[r]["losses"] == undisturbed[r]["losses"]
+    [r0], [r1] = ranks[0]["results"], ranks[1]["results"]
+    assert r1["status"] == "failed" and r0["status"] == "reverted" and "another rank" in r0["reason"]
 
 
 def test_both_ranks_keep_when_both_measure_it_fine(tmp_path) -> None:

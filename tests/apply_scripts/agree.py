@@ -8,6 +8,8 @@ Scenarios (argument ``scenario``):
 - ``slow_on_1``: factor 1.0, but rank 1 reports 10x step times after the apply (a slowdown only
   it sees): both ranks revert at the end of the window.
 - ``absent_1``: rank 1 never receives the command; rank 0's vote times out and it reverts.
+- ``plan_fail_on_1``: the same 10x remedy from a plan, before the first step; it fails on rank 1,
+  so rank 0 reverts its entry too.
 
 Each rank writes ``rank<r>.json``: its losses and the apply results it emitted.
 """
@@ -32,6 +34,8 @@ from fakes import FakeContext  # noqa: E402
 
 from advisor.apply import registry  # noqa: E402
 from advisor.apply.executor import Executor  # noqa: E402
+from advisor.apply.plan import apply_plan_before_first_step  # noqa: E402
+from advisor.records.plan import Plan, PlanEntry  # noqa: E402
 from advisor.records.samples import StepSample  # noqa: E402
 
 STEPS = 12
@@ -75,13 +79,16 @@ def worker(rank: int, world: int, port: int, scenario: str, out: str) -> None:
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
         ctx = FakeContext([ddp], [opt], rank=rank, world_size=world, config={"apply_agree_timeout_s": 5})
         ex = Executor(ctx)
-        registry.register("scale_lr", _scale_lr(scenario == "fail_on_1" and rank == 1))
+        registry.register("scale_lr", _scale_lr(scenario in ("fail_on_1", "plan_fail_on_1") and rank == 1))
         factor = 10.0 if scenario == "fail_on_1" else 1.0
+        if scenario == "plan_fail_on_1":
+            plan = Plan(remedies=(PlanEntry(remedy="scale_lr", params={"factor": 10.0}, recommendation_id="p"),))
+            apply_plan_before_first_step(ctx, plan, model=ddp, executor=ex)
         gen = torch.Generator().manual_seed(100 + rank)
         losses = []
         for i in range(STEPS):
             ctx.step = i
-            if i == 1 and scenario != "none" and not (scenario == "absent_1" and rank == 1):
+            if i == 1 and scenario not in ("none", "plan_fail_on_1") and not (scenario == "absent_1" and rank == 1):
                 ex.submit({"type": "apply", "at_step": AT_STEP, "measure_steps": 1,
                            "recommendation": {"id": "lr", "remedy": "scale_lr", "params": {"factor": factor}}})
             ex.on_boundary(i)
@@ -95,6 +102,8 @@ def worker(rank: int, world: int, port: int, scenario: str, out: str) -> None:
             ex.on_step_end(StepSample(index=i, rank=rank, time_s=1.0 if slow else 0.1, deep=False))
         ex.close()
         results = [r.to_dict() for r in ex.results]
+        if scenario == "plan_fail_on_1":  # the plan path emits its results directly
+            results = [e.data for e in ctx.of_kind("event") if e.name == "apply_result"]
         Path(out, f"rank{rank}.json").write_text(json.dumps({"losses": losses, "results": results}))
     finally:
         dist.destroy_process_group()
