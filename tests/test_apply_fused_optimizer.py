@@ -111,3 +111,18 @@ def test_the_rule_proposes_it_for_an_optimizer_bound_step_and_the_spec_checks_pa
     assert spec("fused_optimizer").phase == "optimizer"
     quiet = Profile(peak_bytes=0, step_time_s=0.1, phases={"optimizer_s": 0.01})
     assert advise(quiet)[0].bottleneck == "none"
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_step_counters_move_to_the_device_and_back() -> None:
+    model = torch.nn.Linear(8, 8).cuda()
+    opt = torch.optim.Adam(model.parameters(), foreach=True)
+    model(torch.ones(2, 8, device="cuda")).sum().backward()
+    opt.step()
+    assert opt.state[model.weight]["step"].device.type == "cpu"
+    handle = apply_fused_optimizer(Target(wrapped_models=[model], optimizers=[opt]))
+    assert opt.state[model.weight]["step"].device.type == "cuda"  # fused kernels read it on the device
+    opt.step()
+    handle.revert()
+    assert opt.param_groups[0]["foreach"] is True and opt.state[model.weight]["step"].device.type == "cpu"
+    assert float(opt.state[model.weight]["step"]) == 2.0
