@@ -51,14 +51,22 @@ def supports_fused(opt: torch.optim.Optimizer) -> str | None:
 class FusedHandle:
     """The optimizers switched and their groups' previous flags; ``revert()`` restores them."""
 
-    switched: list[tuple[torch.optim.Optimizer, list[dict[str, Any]], bool]] = field(default_factory=list)
+    # (optimizer, its groups' previous flags, previous _step_supports_amp_scaling, where each
+    # parameter's "step" counter lived: load_state_dict moves it to the device for fused kernels
+    # and leaves it there for foreach ones, so revert moves it back)
+    switched: list[tuple[torch.optim.Optimizer, list[dict[str, Any]], bool, dict[torch.Tensor, Any]]] = \
+        field(default_factory=list)
     reverted: bool = False
 
     def revert(self) -> None:
         if self.reverted:
             return
-        for opt, flags, amp in reversed(self.switched):
+        for opt, flags, amp, places in reversed(self.switched):
             _set_flags(opt, flags, amp)
+            for param, (device, dtype) in places.items():
+                step = opt.state.get(param, {}).get("step")
+                if torch.is_tensor(step):
+                    opt.state[param]["step"] = step.to(device=device, dtype=dtype)
         self.reverted = True
         logger.info("Reverted %d optimizer(s) to their previous kernels", len(self.switched))
 
@@ -92,8 +100,10 @@ def apply_fused_optimizer(target: Target | torch.nn.Module, *, optimizers: Seque
         for opt in todo:
             previous = [{"fused": g.get("fused"), "foreach": g.get("foreach")} for g in opt.param_groups]
             amp = bool(getattr(opt, "_step_supports_amp_scaling", False))
+            places = {p: (st["step"].device, st["step"].dtype) for p, st in opt.state.items()
+                      if torch.is_tensor(st.get("step"))}
             _set_flags(opt, [{"fused": True, "foreach": False}] * len(opt.param_groups), True)
-            handle.switched.append((opt, previous, amp))
+            handle.switched.append((opt, previous, amp, places))
     except BaseException:
         handle.revert()  # atomic: leave no optimizer half switched
         raise
