@@ -18,9 +18,10 @@ from typing import Any
 from advisor.recommend.advise import advise
 from advisor.recommend.profile import has_measurements, profile_from_records
 from advisor.records.commands import ApplyCommand, RevertCommand
+from advisor.records.remedy import command_digest
 from advisor.records.results import ApplyResult, RevertResult
 from advisor.records.samples import Event, Record, StepSample
-from advisor.regime import apply_refusal, current_regime, revert_refusal
+from advisor.regime import apply_refusal, current_regime, inexact_refusal, revert_refusal
 from advisor.state import SessionState
 
 MEASURE_STEPS = 3  # steps measured after an apply before keep-or-revert
@@ -128,7 +129,9 @@ class AdviceLoop:
                       f"{', '.join(r['id'] for r in state.recommendations) or 'none'}", file=sys.stderr)
             return
         self._applied_auto = True
-        self.apply(rec["id"], at_step=self.apply_at_step)
+        error = self.apply(rec["id"], at_step=self.apply_at_step)
+        if error:
+            print(f"advisor: not applied: {error}", file=sys.stderr)
 
     @staticmethod
     def _choose(recs: list[dict[str, Any]], request: str) -> dict[str, Any] | None:
@@ -138,19 +141,26 @@ class AdviceLoop:
         return next((r for r in live if r["id"] == request), None)
 
     # -- user actions (TUI, headless --apply) -------------------------------------------
-    def apply(self, recommendation_id: str, *, at_step: int | None = None) -> str | None:
-        """Send an apply for every rank; returns why it was not sent, or None."""
+    def apply(self, recommendation_id: str, *, at_step: int | None = None, confirmed: bool = False) -> str | None:
+        """Send one apply command to every rank; the reason it was not sent, or None.
+
+        ``confirmed``: the user accepted a live-opt-in remedy's numerics change (the TUI's dialog);
+        without it such a remedy needs ``--allow-inexact`` (``allow_inexact`` in the agent config).
+        """
         state = self.session.live.snapshot()
         rec = next((r for r in state.recommendations if r["id"] == recommendation_id), None)
         if rec is None:
             return f"No recommendation {recommendation_id!r}."
-        refusal = apply_refusal(state, rec)
+        allow_inexact = bool(getattr(self.session, "options", None)
+                             and self.session.options.agent_config.get("allow_inexact"))
+        refusal = apply_refusal(state, rec) or inexact_refusal(rec, allowed=confirmed or allow_inexact)
         if refusal:
             return refusal
         # All ranks apply at the same boundary: one past the furthest rank, or the step asked for.
         target = max(at_step or 0, state.latest_step() + 2)
-        if not self.session.send_command(ApplyCommand(recommendation=rec, at_step=target,
-                                                      measure_steps=MEASURE_STEPS)):
+        command = ApplyCommand(recommendation=rec, at_step=target, measure_steps=MEASURE_STEPS, confirmed=confirmed,
+                               digest=command_digest(rec["remedy"], rec.get("params") or {}, target))
+        if not self.session.send_command(command):
             return "no training process is connected"
         self.session.live.update(pending_apply={"recommendation_id": recommendation_id,
                                                 "requested_at": time.time(), "at_step": target})

@@ -79,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     attach.add_argument("--apply", metavar="auto|ID", help="apply the top (auto) or the named recommendation")
     attach.add_argument("--apply-at-step", type=_positive, metavar="K", help="step boundary to apply at (default: as soon as ready)")
     attach.add_argument("--plan", metavar="FILE", help="apply a plan file's remedies before the first step")
+    attach.add_argument("--allow-inexact", action="store_true",
+                        help="allow live remedies that change numerics (apply class live-opt-in)")
     attach.add_argument("script", metavar="SCRIPT", help="the training script")
     attach.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's own arguments")
 
@@ -138,14 +140,18 @@ def agent_config(ns: argparse.Namespace) -> dict[str, Any]:
         "enforce_budget": ns.enforce_budget,
         "peak_flops": ns.peak_flops,
         "peak_bandwidth": ns.peak_bandwidth,
+        "allow_inexact": bool(getattr(ns, "allow_inexact", False)),
     }
     if ns.plan:
         if not os.path.isfile(ns.plan):
             raise UsageError(f"no such plan file: {ns.plan}", hint="`advisor plan SESSION -o plan.json` writes one")
-        from advisor.apply.plan import load_plan
+        # Torch-free: each remedy's recommend-side spec checks its params; the training process
+        # checks them again against the applier when it loads the plan.
+        from advisor.recommend.remedies import check_params
+        from advisor.records.plan import read_plan
 
         try:
-            load_plan(ns.plan)
+            read_plan(ns.plan, check=check_params)
         except ValueError as exc:
             raise UsageError(f"bad plan file {ns.plan}: {exc}") from None
         config["plan"] = os.path.abspath(ns.plan)

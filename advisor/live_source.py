@@ -24,8 +24,8 @@ class SessionSource:
             state.exit_reason = state.exit_reason or "training process ended"
         return state
 
-    def apply(self, recommendation_id: str) -> str | None:
-        return self._advice.apply(recommendation_id)
+    def apply(self, recommendation_id: str, *, confirmed: bool = False) -> str | None:
+        return self._advice.apply(recommendation_id, confirmed=confirmed)
 
     def revert(self) -> str | None:
         return self._advice.revert()

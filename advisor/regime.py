@@ -57,6 +57,15 @@ def apply_refusal(state: SessionState, rec: Mapping[str, Any] | None, *, in_flig
     return None
 
 
+def inexact_refusal(rec: Mapping[str, Any], *, allowed: bool) -> str | None:
+    """A live-opt-in remedy changes numerics: refused unless the user allowed it
+    (``--allow-inexact`` headless, or the TUI's confirmation)."""
+    if rec.get("apply_class") == "live-opt-in" and not allowed:
+        return (f"{rec.get('id')} changes numerics (apply class live-opt-in); "
+                "pass --allow-inexact to `advisor attach`, or confirm it in the TUI")
+    return None
+
+
 def revert_refusal(state: SessionState, *, in_flight: bool = False) -> str | None:
     """Why a revert cannot be sent now (one sentence for the user), or None."""
     if state.finished:

@@ -149,7 +149,7 @@ class Source(Protocol):
     def snapshot(self) -> SessionState:
         """A consistent copy of the state now."""
 
-    def apply(self, recommendation_id: str) -> str | None:
+    def apply(self, recommendation_id: str, *, confirmed: bool = False) -> str | None:
         """Ask the training job to apply a recommendation; returns an error text or None."""
 
     def revert(self) -> str | None:

@@ -27,16 +27,30 @@ Flow of one ``{"type": "apply", ...}`` command:
    happens at the next boundary, before the result is emitted. A peak over the
    memory budget decides at once, without waiting for the light steps.
 
-Failures: an exception while applying (the apply functions are atomic; the
-registry reverts a handle when it fails after returning) gives status
-"failed" and training goes on unchanged. An exception raised later *inside*
+Failures: an exception while applying (the apply functions are atomic) gives
+status "failed" and training goes on unchanged. An exception raised later *inside*
 the remedied forward or backward (e.g. a recomputation that fails during the
 measured steps) happens in the user's ``loss.backward()`` and cannot be caught
 here: it reaches the script like any training error (the agent's exit record
 reports it).
 
-Multiple ranks: each rank runs its own executor; the controller must send the
-same explicit ``at_step`` to all ranks, since "next boundary" differs by rank.
+Before and after are compared on the same kind of step: light against light
+when both windows have light steps, else deep against deep (``pair``); the
+steps each figure comes from are in the result (``Measurement.time_steps``,
+``peak_steps``, ``step_kind``).
+
+Multiple ranks: the controller decides once and sends every rank the same
+command with an explicit ``at_step`` and a ``digest`` (``command_digest``).
+Every rank applies at that boundary, then all vote (``Agreement``): if any rank
+failed to apply, or the digests differ, all revert before a step runs. The
+after window then has a fixed length (``2 * measure_steps + 1`` steps, so that
+it ends at the same step everywhere) and keep/revert is voted again: any
+rank's revert (over budget, too slow) reverts all. A vote that times out
+reverts.
+
+Live-opt-in remedies (they change numerics) are refused unless the agent was
+started with ``allow_inexact`` (``advisor attach --allow-inexact``) or the
+command says the user confirmed (``"confirmed": true``, the TUI's dialog).
 """
 
 from __future__ import annotations
@@ -48,11 +62,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from torch import nn
+import torch.distributed as dist
 
 from advisor.apply import registry
-from advisor.records.results import ApplyResult, Measurement
+from advisor.apply.agreement import DEFAULT_TIMEOUT_S, Agreement
+from advisor.apply.target import Target
 from advisor.records.context import AgentContext
+from advisor.records.remedy import command_digest
+from advisor.records.results import ApplyResult, Measurement
 from advisor.records.samples import Event, StepSample
 
 logger = logging.getLogger("advisor.apply")
@@ -101,25 +118,80 @@ def _gb(value: int | None) -> str:
     return "?" if value is None else f"{value / 2**30:.3g} GiB"
 
 
-def measure(samples: list[StepSample], *, warmup: int = 0) -> Measurement:
+def _median(samples: list[StepSample]) -> float | None:
+    return statistics.median(s.time_s for s in samples) if samples else None
+
+
+def _peak(samples: list[StepSample]) -> tuple[int | None, tuple[int, ...]]:
+    with_peak = [s for s in samples if s.peak_memory_bytes is not None]
+    if not with_peak:
+        return None, ()
+    return max(s.peak_memory_bytes for s in with_peak), tuple(s.index for s in with_peak)  # type: ignore[type-var]
+
+
+def measure(samples: list[StepSample], *, warmup: int = 0, kind: str | None = None) -> Measurement:
     """Peak over all ``samples``; median step time over those after the first ``warmup``.
 
-    Deep-sampled steps are slower (the deep probes run), so the time comes
-    from light steps when there are any, else from the deep ones.
+    ``kind`` ("light" or "deep") picks the timed steps; by default light ones when there are
+    any (deep steps run the deep probes and are slower), else the deep ones.
     """
-    peaks = [s.peak_memory_bytes for s in samples if s.peak_memory_bytes is not None]
+    peak, peak_steps = _peak(samples)
     timed = samples[warmup:]
     light = [s for s in timed if not s.deep]
-    use = light or timed
+    deep = [s for s in timed if s.deep]
+    if kind is None:
+        kind = "light" if light else ("deep" if deep else None)
+    use = light if kind == "light" else deep if kind == "deep" else []
     return Measurement(
-        peak_memory_bytes=max(peaks) if peaks else None,
-        step_time_s=statistics.median(s.time_s for s in use) if use else None,
+        peak_memory_bytes=peak,
+        step_time_s=_median(use),
         steps=tuple(s.index for s in samples),
+        time_steps=tuple(s.index for s in use),
+        peak_steps=peak_steps,
+        step_kind=kind if use else None,
     )
 
 
-def _window_done(after: list[StepSample], measure_steps: int, budget_bytes: int | None) -> bool:
-    """Warm-up and ``measure_steps`` deep steps, then ``measure_steps`` light ones (or the bound)."""
+def pair(before: list[StepSample], after: list[StepSample], *, measure_steps: int,
+         warmup: int = 1) -> tuple[Measurement, Measurement]:
+    """Before and after on the same kind of step: light against light, else deep against deep.
+
+    ``before`` is the history ahead of the apply (its last ``measure_steps`` of the chosen kind
+    count); ``after`` the steps since, whose first ``warmup`` count for the peak only. When one
+    side has no step of the kind the other has, its time is None: unlike steps are not compared.
+    """
+    timed_after = after[warmup:] if len(after) > warmup else after
+    kinds = [k for k in ("light", "deep")
+             if any((not s.deep) == (k == "light") for s in before)
+             and any((not s.deep) == (k == "light") for s in timed_after)]
+    kind = kinds[0] if kinds else None
+    peak_before = [s for s in before if s.peak_memory_bytes is not None][-measure_steps:]
+    if kind is None:
+        b_time: list[StepSample] = []
+        a = measure(after, warmup=warmup if len(after) > warmup else 0)
+    else:
+        b_time = [s for s in before if (not s.deep) == (kind == "light")][-measure_steps:]
+        a = measure(after, warmup=warmup if len(after) > warmup else 0, kind=kind)
+    peak, peak_steps = _peak(peak_before)
+    b = Measurement(
+        peak_memory_bytes=peak,
+        step_time_s=_median(b_time),
+        steps=tuple(sorted({s.index for s in peak_before} | {s.index for s in b_time})),
+        time_steps=tuple(s.index for s in b_time),
+        peak_steps=peak_steps,
+        step_kind=kind if b_time else None,
+    )
+    return b, a
+
+
+def _window_done(after: list[StepSample], measure_steps: int, budget_bytes: int | None,
+                 *, fixed: bool = False) -> bool:
+    """Warm-up and ``measure_steps`` deep steps, then ``measure_steps`` light ones (or the bound).
+
+    ``fixed`` (several ranks): always the bound, so the window ends at the same step on every rank.
+    """
+    if fixed:
+        return len(after) >= 2 * measure_steps + 1
     if len(after) < measure_steps + 1:
         return False
     if budget_bytes is not None and any((s.peak_memory_bytes or 0) > budget_bytes for s in after):
@@ -156,6 +228,7 @@ class _Request:
     predicted: Measurement
     at_step: int | None
     measure_steps: int
+    digest: str
     deep_requested_at: int | None = None
 
 
@@ -168,6 +241,8 @@ class _Active:
     applied_at: int
     measure_steps: int
     from_plan: bool = False
+    digest: str | None = None
+    before: list[StepSample] = field(default_factory=list)
     after: list[StepSample] = field(default_factory=list)
 
 
@@ -184,6 +259,7 @@ class Executor:
         self._to_revert: _Active | None = None  # decided "revert", done at the next boundary
         self._kept: list[_Active] = []  # applied and kept, newest last (for "revert")
         self.results: list[ApplyResult] = []  # every result emitted, in order
+        self.agreement = Agreement(timeout_s=float(ctx.config.get("apply_agree_timeout_s", DEFAULT_TIMEOUT_S)))
 
     # -- socket thread -------------------------------------------------------------
 
@@ -197,14 +273,17 @@ class Executor:
             params = rec.get("params") or {}
             if not isinstance(params, Mapping):
                 raise ValueError("recommendation params must be an object")
-            clean, _ = registry.split_params(params)
-            registry.check_params(rec["remedy"], clean)  # also rejects unknown remedies
+            registry.check_params(rec["remedy"], params)  # also rejects unknown remedies
             at_step = command.get("at_step")
             if at_step is not None and (not isinstance(at_step, int) or at_step < 0):
                 raise ValueError(f"at_step must be a step index >= 0 or null, not {at_step!r}")
             steps = _measure_steps(command)
             if not isinstance(steps, int) or steps < 1:
                 raise ValueError(f"measure_steps must be an integer >= 1, not {steps!r}")
+            digest = command_digest(rec["remedy"], params, at_step)
+            if command.get("digest") not in (None, digest):
+                raise ValueError(f"digest {command.get('digest')!r} does not match the command ({digest})")
+            command = {**command, "digest": digest}
         elif kind != "revert":
             raise ValueError(f"unknown command type {kind!r}; valid: ['apply', 'revert']")
         with self._lock:
@@ -222,7 +301,8 @@ class Executor:
             if active is None or sample.index < active.applied_at:
                 return
             active.after.append(sample)
-            if _window_done(active.after, active.measure_steps, self.ctx.config.get("memory_budget_bytes")):
+            if _window_done(active.after, active.measure_steps, self.ctx.config.get("memory_budget_bytes"),
+                            fixed=self._multi_rank() and not active.from_plan):
                 self._decide(active, complete=True)
         except Exception as exc:  # the executor must never break training
             self._internal_error("on_step_end", exc)
@@ -272,6 +352,13 @@ class Executor:
                 continue
             rec = command["recommendation"]
             pred = rec.get("predicted") or {}
+            refusal = self._opt_in_refusal(rec, command)
+            if refusal:
+                self._emit(self.ctx.step, "apply_result", ApplyResult(
+                    remedy=rec["remedy"], recommendation_id=rec.get("id"), params=dict(rec.get("params") or {}),
+                    rank=self.ctx.rank, status="failed", error=refusal,
+                    reason="not applied: it changes numerics and was not allowed"), record=True)
+                continue
             self._queue.append(_Request(
                 remedy=rec["remedy"],
                 params=dict(rec.get("params") or {}),
@@ -280,7 +367,16 @@ class Executor:
                                       step_time_s=pred.get("step_time_s")),
                 at_step=command.get("at_step"),
                 measure_steps=_measure_steps(command),
+                digest=command["digest"],
             ))
+
+    def _opt_in_refusal(self, rec: Mapping[str, Any], command: Mapping[str, Any]) -> str | None:
+        if rec.get("apply_class") != "live-opt-in":
+            return None
+        if self.ctx.config.get("allow_inexact") or command.get("confirmed") is True:
+            return None
+        return (f"{rec.get('id') or rec['remedy']} changes numerics (apply class live-opt-in); "
+                "pass --allow-inexact to `advisor attach`, or confirm it in the TUI")
 
     def _recent_deep(self, step: int, measure_steps: int) -> bool:
         horizon = step - max(2 * measure_steps, 8)
@@ -304,56 +400,66 @@ class Executor:
         # Deep steps may carry no peak (CPU), or start a step late: bound the wait.
         return seen >= m or step >= request.deep_requested_at + m + 1
 
-    def _before(self, step: int, measure_steps: int) -> Measurement:
-        window = [s for s in self._history if step - max(2 * measure_steps, 8) <= s.index < step]
-        peaks = [s for s in window if s.peak_memory_bytes is not None][-measure_steps:]
-        light = [s for s in window if not s.deep][-measure_steps:]
-        timed = light or window[-measure_steps:]
-        return Measurement(
-            peak_memory_bytes=max(s.peak_memory_bytes for s in peaks) if peaks else None,  # type: ignore[misc]
-            step_time_s=statistics.median(s.time_s for s in timed) if timed else None,
-            steps=tuple(sorted({s.index for s in peaks} | {s.index for s in timed})),
-        )
+    def _before_samples(self, step: int, measure_steps: int) -> list[StepSample]:
+        return [s for s in self._history if step - max(2 * measure_steps, 8) <= s.index < step]
 
-    def _target(self, params: Mapping[str, Any]) -> nn.Module:
-        models = self.ctx.models()
-        if not models:
-            raise RuntimeError("no model discovered yet in this process")
-        names = params.get("modules")
-        if len(models) > 1 and isinstance(names, (list, tuple)):
-            for model in models:
-                table = dict(model.named_modules())
-                if all(n in table for n in names):
-                    return model
-        return models[0]
+    def _multi_rank(self) -> bool:
+        return self.ctx.world_size > 1 and Agreement.distributed()
+
+    def target(self) -> Target:
+        """What the remedies act on: the agent's captured objects (``ctx.target()``) when it has them."""
+        make = getattr(self.ctx, "target", None)
+        if callable(make):
+            return make()
+        group = dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
+        return Target(wrapped_models=self.ctx.wrapped_models(), optimizers=self.ctx.optimizers(),
+                      process_group=group, device=self.ctx.device, rank=self.ctx.rank,
+                      world_size=self.ctx.world_size)
 
     def _apply(self, request: _Request, step: int) -> None:
-        before = self._before(step, request.measure_steps)
+        before_samples = self._before_samples(step, request.measure_steps)
+        before, _ = pair(before_samples, [], measure_steps=request.measure_steps)
         result = ApplyResult(
-            remedy=request.remedy, recommendation_id=request.recommendation_id,
-            params={k: v for k, v in request.params.items() if k != registry.FAULT_KEY},
+            remedy=request.remedy, recommendation_id=request.recommendation_id, params=dict(request.params),
             rank=self.ctx.rank, at_step=step, predicted=request.predicted, before=before, status="kept",
         )
+        handle: registry.RemedyHandle | None = None
+        error: Exception | None = None
+        target = self.target()
+        self.agreement.bind(target.process_group)
         try:
-            handle = registry.apply_remedy(self._target(request.params), request.remedy, request.params)
-        except Exception as exc:  # atomic apply: the model is as it was
-            logger.warning("Applying %s failed, training goes on unchanged: %s", request.remedy, exc)
+            handle = registry.apply_remedy(target, request.remedy, request.params)
+        except Exception as exc:  # atomic apply: the job is as it was
+            error = exc
+        if self._multi_rank():
+            verdict = self.agreement.vote(revert=error is not None, digest=request.digest)
+            if verdict.revert and error is None and handle is not None:
+                handle.revert()  # another rank failed: nothing ran with it, so nothing to measure
+                self._emit(step, "apply_result", result.with_(
+                    status="reverted", reason=verdict.reason or "reverted on every rank"), record=True)
+                return
+        if error is not None:
+            logger.warning("Applying %s failed, training goes on unchanged: %s", request.remedy, error)
             self._emit(step, "apply_result", result.with_(
-                status="failed", at_step=None, error=f"{type(exc).__name__}: {exc}",
+                status="failed", at_step=None, error=f"{type(error).__name__}: {error}",
                 reason="applying raised; nothing was changed"), record=True)
             return
+        assert handle is not None
         self._emit(step, "apply_started", {
             "remedy": request.remedy, "recommendation_id": request.recommendation_id,
             "params": result.params, "at_step": step, "measure_steps": request.measure_steps,
-            "before": before.to_dict(),
+            "before": before.to_dict(), "digest": request.digest,
         })
         self._active = _Active(results=[result], handles=[handle], applied_at=step,
-                               measure_steps=request.measure_steps)
+                               measure_steps=request.measure_steps, digest=request.digest,
+                               before=before_samples)
         self.ctx.request_deep(request.measure_steps + 1)
 
     def _decide(self, active: _Active, *, complete: bool) -> None:
         self._active = None
-        after = measure(active.after, warmup=1 if len(active.after) > 1 else 0)
+        before, after = pair(active.before, active.after, measure_steps=active.measure_steps)
+        if active.before:
+            active.results = [r.with_(before=before) for r in active.results]
         active.results = [r.with_(after=after) for r in active.results]
         if active.from_plan:
             reason = "applied from the plan before the first step"
@@ -366,6 +472,10 @@ class Executor:
                               budget_bytes=budget, margin=margin)
         if not complete:
             keep, reason = True, reason + "; training ended before the window completed, not reverted"
+        elif self._multi_rank():
+            verdict = self.agreement.vote(revert=not keep, digest=active.digest)
+            if verdict.revert and keep:
+                keep, reason = False, verdict.reason or reason
         self._finish(active, keep=keep, reason=reason)
 
     def _finish(self, active: _Active, *, keep: bool, reason: str) -> None:
@@ -388,8 +498,7 @@ class Executor:
 
     def _cancel(self, request: _Request) -> None:
         result = ApplyResult(remedy=request.remedy, recommendation_id=request.recommendation_id,
-                             params={k: v for k, v in request.params.items() if k != registry.FAULT_KEY},
-                             rank=self.ctx.rank, predicted=request.predicted, status="reverted",
+                             params=dict(request.params), rank=self.ctx.rank, predicted=request.predicted, status="reverted",
                              reason="cancelled on request before it was applied")
         self._emit(self.ctx.step, "apply_result", result, record=True)
 
@@ -397,7 +506,9 @@ class Executor:
         step = self.ctx.step
         if self._active is not None:
             active, self._active = self._active, None
-            active.results = [r.with_(after=measure(active.after, warmup=1)) for r in active.results]
+            before, after = pair(active.before, active.after, measure_steps=active.measure_steps)
+            active.results = [r.with_(before=before if active.before else r.before, after=after)
+                              for r in active.results]
             self._revert_active(active, step, reason="reverted on request during measurement")
         elif self._to_revert is not None:
             active, self._to_revert = self._to_revert, None

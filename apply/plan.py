@@ -19,9 +19,13 @@ from torch.utils.hooks import RemovableHandle
 
 from advisor.apply import registry
 from advisor.apply.executor import DEFAULT_MEASURE_STEPS, Executor
+from advisor.apply.agreement import Agreement, Verdict
+from advisor.apply.orchestrator import Outcome, apply_in_order
+from advisor.apply.target import Target
 from advisor.records.results import ApplyResult
 from advisor.records.context import AgentContext
 from advisor.records.plan import Plan, PlanEntry, PlanError, read_plan
+from advisor.records.remedy import command_digest
 from advisor.records.samples import Event
 
 __all__ = ["Plan", "PlanEntry", "PlanError", "load_plan", "apply_plan_before_first_step", "install_plan_hook"]
@@ -29,9 +33,8 @@ __all__ = ["Plan", "PlanEntry", "PlanError", "load_plan", "apply_plan_before_fir
 logger = logging.getLogger("advisor.apply")
 
 def check_entry(remedy: str, params: Any) -> None:
-    """``ValueError`` when ``params`` do not fit ``remedy``'s applier (the test-only fault key aside)."""
-    clean, _ = registry.split_params(params)
-    registry.check_params(remedy, clean)
+    """``ValueError`` when ``params`` do not fit ``remedy``'s applier."""
+    registry.check_params(remedy, params)
 
 
 def load_plan(path: str | Path) -> Plan:
@@ -49,7 +52,8 @@ def apply_plan_before_first_step(
 ) -> list[ApplyResult]:
     """Apply every entry of ``plan`` to ``model`` (default: the first discovered model), in order.
 
-    Entries are independent: one that fails is reported "failed" (the apply
+    Entries are independent and applied in the orchestrator's phase order
+    (``advisor.apply.orchestrator``): one that fails is reported "failed" (the apply
     functions are atomic) and the rest still apply, since each one that fits
     helps a job that would not fit at all. With an ``executor`` the applied
     entries are measured over the first steps and reported then (always kept:
@@ -61,24 +65,34 @@ def apply_plan_before_first_step(
         if not models:
             raise RuntimeError("no model discovered yet; apply the plan from the model's forward pre-hook")
         model = models[0]
+    target = executor.target() if executor is not None else Target.of(model, ctx.optimizers())
+    if model not in target.wrapped_models and model not in target.models:
+        target.wrapped_models.insert(0, model)  # the model being started is the plan's model
     at_step = ctx.step
     applied: list[ApplyResult] = []
     handles: list[registry.RemedyHandle] = []
     results: list[ApplyResult] = []
-    for entry in plan.remedies:
+    outcomes = apply_in_order(target, [(e.remedy, e.params) for e in plan.remedies])
+    verdicts = _agree(ctx, executor, target, plan, outcomes)
+    for entry, outcome, verdict in zip(plan.remedies, outcomes, verdicts):
         base = ApplyResult(remedy=entry.remedy, recommendation_id=entry.recommendation_id,
-                           params={k: v for k, v in entry.params.items() if k != registry.FAULT_KEY},
-                           rank=ctx.rank, at_step=at_step, status="kept",
+                           params=dict(entry.params), rank=ctx.rank, at_step=at_step, status="kept",
                            reason="applied from the plan before the first step")
-        try:
-            handles.append(registry.apply_remedy(model, entry.remedy, entry.params))
-        except Exception as exc:
+        if outcome.handle is None:
+            exc = outcome.error
             failed = base.with_(status="failed", at_step=None, error=f"{type(exc).__name__}: {exc}",
                                 reason="applying raised; nothing was changed")
             logger.warning("Plan entry %s failed: %s", entry.remedy, exc)
             ctx.emit(Event(rank=ctx.rank, step=at_step, name="apply_result", data=failed.to_dict()))
             results.append(failed)
             continue
+        if verdict.revert:  # applied here, failed on another rank: every rank runs the same job
+            outcome.handle.revert()
+            reverted = base.with_(status="reverted", reason=verdict.reason or "reverted on every rank")
+            ctx.emit(Event(rank=ctx.rank, step=at_step, name="apply_result", data=reverted.to_dict()))
+            results.append(reverted)
+            continue
+        handles.append(outcome.handle)
         ctx.emit(Event(rank=ctx.rank, step=at_step, name="apply_started",
                        data={"remedy": entry.remedy, "recommendation_id": entry.recommendation_id,
                              "params": base.params, "at_step": at_step, "from_plan": True}))
@@ -91,6 +105,16 @@ def apply_plan_before_first_step(
             for result in applied:
                 ctx.emit(Event(rank=ctx.rank, step=at_step, name="apply_result", data=result.to_dict()))
     return results
+
+
+def _agree(ctx: AgentContext, executor: Executor | None, target: Target, plan: Plan,
+           outcomes: list[Outcome]) -> list[Verdict]:
+    """One vote over the job's ranks for every entry: an entry that failed anywhere is reverted
+    everywhere (every rank reaches this at its first forward, in the same order)."""
+    agreement = executor.agreement if executor is not None else Agreement()
+    agreement.bind(target.process_group)
+    digest = command_digest("plan", plan.to_dict(), None)
+    return agreement.vote_each([o.handle is None for o in outcomes], digest=digest)
 
 
 def install_plan_hook(

@@ -1,24 +1,28 @@
-"""Remedy name -> apply function: the plug-in point for every remedy the executor can enact.
+"""Remedy name -> applier: every ``apply_<name>`` found in ``advisor.apply.remedies``.
 
-An apply function has the torchtitan shape ``apply_<remedy>(model, *, ...)``:
-it changes ``model`` in place, logs one line, and returns a handle whose
-``revert()`` undoes it exactly. It must be atomic: either it returns a handle,
-or it raises with the model unchanged (the executor still reverts a handle
-when something fails after the function returned).
+An applier has the torchtitan shape ``apply_<name>(target, *, ...)`` (``target``: an
+``advisor.apply.target.Target``): it changes the job in place, logs one line, and returns a
+handle whose ``revert()`` undoes it exactly. It must be atomic: either it returns a handle, or it
+raises with the job unchanged (the executor still reverts a handle when something fails after
+the function returned).
 
-Later remedies (cpu offload, ZeRO stage, pipeline, mixed precision,
-micro-batching) register here under the names the recommender uses.
+Discovery walks the package (and its ``extend_path`` extensions) once, on first use; adding a
+remedy edits nothing here. ``register`` adds one at run time (tests register faulty remedies).
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
-import os
+import logging
+import pkgutil
 from typing import Any, Callable, Mapping, Protocol
 
-from torch import nn
+from advisor.apply import remedies as _package
+from advisor.apply.target import Target
+from advisor.records.remedy import PHASES
 
-from advisor.apply.activation_checkpoint import apply_activation_checkpointing
+logger = logging.getLogger("advisor.apply")
 
 
 class RemedyHandle(Protocol):
@@ -30,60 +34,67 @@ class RemedyHandle(Protocol):
 
 ApplyFn = Callable[..., RemedyHandle]
 
-_REMEDIES: dict[str, ApplyFn] = {
-    "activation_checkpointing": apply_activation_checkpointing,
-}
-
-FAULTS_ENV = "ADVISOR_TEST_FAULTS"
-FAULT_KEY = "_inject_failure"
-FAULT_POINTS: tuple[str, ...] = ("apply",)
+_REMEDIES: dict[str, ApplyFn] = {}
+_PHASES: dict[str, str] = {}
+_discovered = False
 
 
-class InjectedFault(RuntimeError):
-    """Raised at a fault-injection point (tests only; see ``FAULTS_ENV``)."""
-
-
-def faults_enabled() -> bool:
-    return os.environ.get(FAULTS_ENV) == "1"
+def _discover() -> None:
+    global _discovered
+    if _discovered:
+        return
+    _discovered = True
+    for info in pkgutil.iter_modules(_package.__path__):
+        name = info.name
+        if name.startswith("_"):
+            continue
+        try:
+            module = importlib.import_module(f"{_package.__name__}.{name}")
+        except Exception as exc:  # one broken plug-in must not take the others down
+            logger.warning("Could not load remedy %s: %s: %s", name, type(exc).__name__, exc)
+            continue
+        fn = getattr(module, f"apply_{name}", None)
+        if callable(fn):
+            _REMEDIES.setdefault(name, fn)
+            _PHASES.setdefault(name, getattr(module, "PHASE", PHASES[-1]))
 
 
 def remedy_names() -> list[str]:
+    _discover()
     return sorted(_REMEDIES)
 
 
-def register(name: str, fn: ApplyFn, *, replace: bool = False) -> None:
-    """Add a remedy (or, with ``replace=True``, override one: tests inject failures this way)."""
+def register(name: str, fn: ApplyFn, *, phase: str = PHASES[-1], replace: bool = False) -> None:
+    """Add an applier at run time (or, with ``replace=True``, override one)."""
+    _discover()
     if name in _REMEDIES and not replace:
         raise ValueError(f"remedy {name!r} is already registered; pass replace=True to override")
     _REMEDIES[name] = fn
+    _PHASES[name] = phase
 
 
 def unregister(name: str) -> None:
     _REMEDIES.pop(name, None)
+    _PHASES.pop(name, None)
 
 
 def get(name: str) -> ApplyFn:
+    _discover()
     try:
         return _REMEDIES[name]
     except KeyError:
         raise ValueError(f"unknown remedy {name!r}; valid: {remedy_names()}") from None
 
 
-def split_params(params: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
-    """Separate the remedy's keywords from the test-only fault key.
-
-    The fault key is honoured only when ``ADVISOR_TEST_FAULTS=1``: a
-    recommendation from a real controller can never trigger it.
-    """
-    clean = {k: v for k, v in params.items() if k != FAULT_KEY}
-    fault = params.get(FAULT_KEY) if faults_enabled() else None
-    if fault is not None and fault not in FAULT_POINTS:
-        raise ValueError(f"{FAULT_KEY}={fault!r}; valid: {list(FAULT_POINTS)}")
-    return clean, fault
+def phase(name: str) -> str:
+    _discover()
+    return _PHASES.get(name, PHASES[-1])
 
 
 def check_params(name: str, params: Mapping[str, Any]) -> None:
-    """``ValueError`` naming the accepted keywords when ``params`` does not fit the remedy."""
+    """``ValueError`` naming the accepted keywords when ``params`` does not fit the applier."""
+    if not isinstance(params, Mapping):
+        raise ValueError(f"remedy {name!r}: params must be an object")
     fn = get(name)
     sig = inspect.signature(fn)
     accepted = [p.name for p in sig.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
@@ -101,16 +112,7 @@ def check_params(name: str, params: Mapping[str, Any]) -> None:
         )
 
 
-def apply_remedy(model: nn.Module, name: str, params: Mapping[str, Any]) -> RemedyHandle:
-    """Apply remedy ``name`` with ``params`` to ``model``; atomic (see the module docstring)."""
-    clean, fault = split_params(params)
-    check_params(name, clean)
-    handle = get(name)(model, **clean)
-    if fault == "apply":
-        # Fail *after* the model changed, so the caller's rollback path is exercised too.
-        try:
-            raise InjectedFault(f"injected failure while applying {name} ({FAULTS_ENV}=1)")
-        except InjectedFault:
-            handle.revert()
-            raise
-    return handle
+def apply_remedy(target: Target, name: str, params: Mapping[str, Any]) -> RemedyHandle:
+    """Apply remedy ``name`` with ``params`` to ``target``; atomic (see the module docstring)."""
+    check_params(name, params)
+    return get(name)(target, **dict(params))

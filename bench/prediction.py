@@ -49,10 +49,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from advisor.recommend.checkpoint import Plan, chen_sqrt_n, solve_checkpointing  # noqa: E402
+from advisor.recommend.remedies.checkpoint_solver import Plan, chen_sqrt_n, solve_checkpointing  # noqa: E402
 from advisor.recommend.memory_model import chain_from_profile  # noqa: E402
 from advisor.recommend.profile import profile_from_report  # noqa: E402
-from advisor.recommend.rules import MEMORY_PRESSURE  # noqa: E402
+from advisor.recommend.rules.memory import MEMORY_PRESSURE  # noqa: E402
 
 SCRIPT = ROOT / "examples" / "gpt.py"
 STEP_LINE = re.compile(r"^step (\d+) loss (\S+)\s*$")

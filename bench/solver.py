@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from advisor.recommend.checkpoint import brute_force, chen_sqrt_n, min_peak_plan, solve_chain  # noqa: E402
+from advisor.recommend.remedies.checkpoint_solver import brute_force, chen_sqrt_n, min_peak_plan, solve_chain  # noqa: E402
 from advisor.recommend.memory_model import Block, Chain  # noqa: E402
 
 MIB = 2**20

@@ -18,7 +18,9 @@ from advisor.records.advice import Diagnosis, Recommendation
 def advise(profile: Profile, rules: Sequence[Rule] | None = None) -> tuple[Diagnosis, list[Recommendation]]:
     """Run the rules; the most severe finding names the bottleneck.
 
-    Recommendations are ranked: plans that fit first, by predicted step time,
+    Recommendations are ranked by the severity of the finding that proposed them (the
+    bottleneck that blocks the run or costs the most comes first: an over-budget job's memory
+    remedies before a faster optimizer), then plans that fit first, by predicted step time,
     then by predicted peak; ids are unique (first kept).
     """
     findings: list[Finding] = [f for rule in (RULES if rules is None else rules) if (f := rule(profile)) is not None]
@@ -35,17 +37,18 @@ def advise(profile: Profile, rules: Sequence[Rule] | None = None) -> tuple[Diagn
     for other in findings[1:]:
         evidence.append({"what": f"also: {other.bottleneck}", "value": other.summary})
     diagnosis = Diagnosis(bottleneck=top.bottleneck, summary=top.summary, evidence=evidence)
-    recs: dict[str, Recommendation] = {}
-    for finding in findings:
+    recs: dict[str, tuple[int, Recommendation]] = {}
+    for order, finding in enumerate(findings):
         for rec in finding.recommendations:
-            recs.setdefault(rec.id, rec)
-    return diagnosis, sorted(recs.values(), key=_rank)
+            recs.setdefault(rec.id, (order, rec))
+    return diagnosis, [rec for _, rec in sorted(recs.values(), key=lambda pair: _rank(*pair))]
 
 
-def _rank(rec: Recommendation) -> tuple[int, float, float]:
+def _rank(order: int, rec: Recommendation) -> tuple[int, int, float, float]:
     time = rec.predicted.step_time_s
     peak = rec.predicted.peak_memory_bytes
     return (
+        order,
         0 if rec.fits else 1,
         time if time is not None else math.inf,
         float(peak) if peak is not None else math.inf,

@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from advisor.apply.activation_checkpoint import apply_activation_checkpointing, is_checkpointed
+from advisor.apply.remedies.activation_checkpointing import apply_activation_checkpointing, is_checkpointed
 
 @pytest.fixture(autouse=True)
 def _one_thread():

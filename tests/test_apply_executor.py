@@ -11,7 +11,7 @@ from fakes import FakeContext
 from test_apply_checkpoint import VOCAB, batches, make, train
 
 from advisor.apply import registry
-from advisor.apply.activation_checkpoint import is_checkpointed
+from advisor.apply.remedies.activation_checkpointing import is_checkpointed
 from advisor.apply.executor import Executor, decide
 from advisor.records.results import ApplyResult, Measurement
 from advisor.records.samples import Event, StepSample
@@ -124,28 +124,30 @@ def test_over_budget_is_reverted_at_next_boundary_and_training_unchanged() -> No
     assert "forward" not in model.blocks[0].__dict__
 
 
-def test_injected_failure_reverts_and_training_goes_on(monkeypatch) -> None:
-    monkeypatch.setenv(registry.FAULTS_ENV, "1")
+def test_failure_after_a_partial_change_is_rolled_back_and_training_goes_on() -> None:
+    """A test remedy checkpoints, then raises (rolling back, as the contract asks): reported, nothing left."""
+    from advisor.apply.remedies.activation_checkpointing import apply_activation_checkpointing
+
     model, opt, ctx, ex = setup()
-    rec = dict(REC, params={**REC["params"], registry.FAULT_KEY: "apply"})
-    ex.submit({"type": "apply", "recommendation": rec, "at_step": 3})
-    losses, flags = drive(ctx, ex, model, opt, 8)
+
+    def faulty(target, *, modules):
+        handle = apply_activation_checkpointing(target, modules=modules)
+        handle.revert()
+        raise RuntimeError("injected failure after the change")
+
+    registry.register("faulty_checkpointing", faulty)
+    try:
+        rec = dict(REC, remedy="faulty_checkpointing")
+        ex.submit({"type": "apply", "recommendation": rec, "at_step": 3})
+        losses, flags = drive(ctx, ex, model, opt, 8)
+    finally:
+        registry.unregister("faulty_checkpointing")
     assert losses == baseline()
     assert not any(flags)
     assert events(ctx, "apply_started") == []
     [result] = events(ctx, "apply_result")
     assert result.data["status"] == "failed" and "injected failure" in result.data["error"]
-    assert registry.FAULT_KEY not in result.data["params"]
     assert all("forward" not in m.__dict__ for m in model.modules())
-
-
-def test_fault_key_ignored_without_env(monkeypatch) -> None:
-    monkeypatch.delenv(registry.FAULTS_ENV, raising=False)
-    model, opt, ctx, ex = setup()
-    rec = dict(REC, params={**REC["params"], registry.FAULT_KEY: "apply"})
-    ex.submit({"type": "apply", "recommendation": rec, "at_step": 1, "measure_steps": 1})
-    drive(ctx, ex, model, opt, 4)
-    assert [e.data["status"] for e in events(ctx, "apply_result")] == ["kept"]
 
 
 def test_registry_override_failing_after_partial_change() -> None:

@@ -9,7 +9,7 @@ import torch
 from fakes import FakeContext
 from test_apply_checkpoint import make, saved_tensor_count, train
 
-from advisor.apply.activation_checkpoint import is_checkpointed
+from advisor.apply.remedies.activation_checkpointing import is_checkpointed
 from advisor.apply.executor import Executor
 from advisor.apply.plan import apply_plan_before_first_step, check_entry, install_plan_hook, load_plan
 from advisor.records.plan import PLAN_VERSION, Plan, PlanEntry, PlanError, parse_plan, save_plan

@@ -99,7 +99,18 @@ def test_tui_applies_on_a_live_job_and_survives_an_injected_failure(monkeypatch,
     from advisor.session import AttachOptions, Session
     from advisor.tui import make_app
 
-    monkeypatch.setenv("ADVISOR_TEST_FAULTS", "1")
+    # A faulty remedy as a test-only plug-in on the training process's PYTHONPATH: it checkpoints,
+    # then raises after rolling back (an applier's atomicity contract), so nothing stays applied.
+    plugin = tmp_path / "plugins" / "advisor" / "apply" / "remedies"
+    plugin.mkdir(parents=True)
+    (plugin / "failing_checkpointing.py").write_text(
+        "from advisor.apply.remedies.activation_checkpointing import apply_activation_checkpointing\n"
+        "PHASE = 'saved-tensors'\n"
+        "def apply_failing_checkpointing(target, *, modules):\n"
+        "    apply_activation_checkpointing(target, modules=modules).revert()\n"
+        "    raise RuntimeError('injected failure after the change (test plug-in)')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path / "plugins"),
+                                                                    os.environ.get("PYTHONPATH")])))
     budget = int(0.7 * measured_peak)
     session = Session(AttachOptions(script=str(ROOT / "examples" / "gpt.py"), args=["--steps", "1000000"],
                                     capture_output=True,
@@ -126,7 +137,7 @@ def test_tui_applies_on_a_live_job_and_survives_an_injected_failure(monkeypatch,
             rec = session.live.snapshot().recommendations[0]
             assert rec["remedy"] == "activation_checkpointing"
             # First: a failure injected inside apply. The job must keep training.
-            failing = {**rec, "params": {**rec["params"], "_inject_failure": "apply"}}
+            failing = {**rec, "remedy": "failing_checkpointing"}
             session.live.update(recommendations=[failing])
             await wait(pilot, lambda: app.recs_view.selected is not None)  # the app has polled it
             await pilot.press("a")

@@ -29,11 +29,7 @@ TABLE: dict[str, tuple[set[str], set[str]]] = {
     CONTROLLER: ({CONTROLLER, "advisor.recommend", "advisor.records"}, {"pynvml"}),
 }
 # Named exceptions to the table, each with its reason.
-EXCEPTIONS: dict[tuple[str, str], str] = {
-    # attach checks a --plan file against the appliers' signatures before it starts the job
-    # (that path starts torch processes anyway); report, sessions and plan stay torch-free.
-    ("advisor.cli", "advisor.apply"): "plan validation at attach",
-}
+EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 
 def _files() -> list[tuple[str, Path]]:

@@ -14,7 +14,7 @@ from advisor.sections.memory import (
 )
 from advisor.state import SessionState
 from advisor.records.units import parse_size
-from advisor.probes.memory.cuda import Nvml
+from advisor.probes.device.nvml import Nvml
 from advisor.probes.memory.oom import requested_bytes_from_message
 from advisor.records.samples import MEMORY_CATEGORIES, Event, MemorySample, ModuleStat
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from advisor.recommend.advise import advise
-from advisor.recommend.checkpoint import brute_force
+from advisor.recommend.remedies.checkpoint_solver import brute_force
 from advisor.recommend.memory_model import chain_from_profile, predicted_peak
 from advisor.recommend.profile import profile_from_report
 
@@ -139,7 +139,7 @@ def test_advice_serialises_to_report_shaped_dicts() -> None:
 
 def test_recommend_imports_no_torch_textual_or_rich(repo_root) -> None:
     code = (
-        "import sys, advisor.recommend.advise, advisor.recommend.checkpoint, advisor.recommend.rules, advisor.recommend.profile, "
+        "import sys, advisor.recommend.advise, advisor.recommend.remedies.checkpoint_solver, advisor.recommend.rules, advisor.recommend.profile, "
         "advisor.recommend.memory_model, advisor.records.advice\n"
         "bad = sorted(m for m in ('torch', 'textual', 'rich', 'scipy') if m in sys.modules)\n"
         "print(','.join(bad))"

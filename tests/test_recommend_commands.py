@@ -9,10 +9,13 @@ from advisor.records.results import ApplyResult, ApplyStarted, Measurement, Reve
 
 def test_apply_command_round_trips_and_ignores_unknown_keys():
     wire = {"type": "apply", "recommendation": {"id": "a", "params": {"modules": ["x"]}}, "at_step": 7,
-            "measure_steps": 3}
-    command = command_from_dict({**wire, "digest": "newer controllers may add this"})
-    assert command == ApplyCommand(recommendation=wire["recommendation"], at_step=7, measure_steps=3)
+            "measure_steps": 3, "confirmed": False, "digest": "abc"}
+    command = command_from_dict({**wire, "shard_hint": "newer controllers may add this"})
+    assert command == ApplyCommand(recommendation=wire["recommendation"], at_step=7, measure_steps=3, digest="abc")
     assert command.to_dict() == wire
+    # an older controller's command (no confirmation, no digest) still reads
+    old = {k: v for k, v in wire.items() if k not in ("confirmed", "digest")}
+    assert command_from_dict(old) == ApplyCommand(recommendation=wire["recommendation"], at_step=7, measure_steps=3)
 
 
 def test_revert_command_and_unknown_types():
@@ -39,5 +42,8 @@ def test_apply_started_keeps_both_senders_shapes():
     plan = {"remedy": "r", "recommendation_id": None, "params": {}, "at_step": 0, "from_plan": True}
     for wire in (executor, plan):
         started = ApplyStarted.from_dict(wire)
-        assert started.to_dict() == wire
+        out = started.to_dict()
+        assert ApplyStarted.from_dict(out) == started
+        for key, value in wire.items():  # every field the sender wrote survives (newer ones may be added)
+            assert out[key] == value if key != "before" else value.items() <= out[key].items()
     assert ApplyStarted.from_dict(executor).before == Measurement(peak_memory_bytes=10, step_time_s=0.5, steps=(3, 4))

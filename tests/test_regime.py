@@ -8,6 +8,7 @@ user revert's ``apply_reverted`` data with status "reverted" (no ``measured`` ke
 import recorded
 
 from advisor.advice import AdviceLoop
+from advisor.records.remedy import command_digest
 from advisor.records.results import ApplyResult, Measurement, RevertResult
 from advisor.records.samples import Event
 from advisor.regime import (
@@ -114,7 +115,9 @@ def test_the_advice_loop_sends_typed_commands_in_the_old_wire_shape_and_refuses_
         assert loop.revert() == "Nothing to revert: no remedy is in force."  # was sent before the fix
         assert session.sent == []
         assert loop.apply(REC["id"]) is None
-        assert session.sent == [{"type": "apply", "recommendation": REC, "at_step": 9, "measure_steps": 3}]
+        assert session.sent == [{"type": "apply", "recommendation": REC, "at_step": 9, "measure_steps": 3,
+                                 "confirmed": False,
+                                 "digest": command_digest(REC["remedy"], REC["params"], 9)}]
         assert loop.apply(REC["id"]) == "An apply is already in flight; wait for its result."
         session.live.update(pending_apply=None, applied=[kept(9)])
         assert loop.revert() is None and session.sent[-1] == {"type": "revert"}

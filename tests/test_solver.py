@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from advisor.recommend.checkpoint import (
+from advisor.recommend.remedies.checkpoint_solver import (
     brute_force,
     chen_sqrt_n,
     min_peak_plan,
@@ -153,3 +153,34 @@ def test_long_chain_solves_fast_and_fits() -> None:
 def test_brute_force_refuses_long_chains() -> None:
     with pytest.raises(ValueError, match="at most"):
         brute_force(uniform_chain(25), 0)
+
+
+def test_a_plan_whose_peak_fits_the_budget_is_kept_though_it_misses_the_headroom_target() -> None:
+    """Issue 21 item 4: the greedy plan was solved against 90% of the budget, so its ``feasible``
+    flag was false, and the rule rejected it although its predicted peak fits the budget."""
+    from advisor.recommend.advise import advise
+    from advisor.recommend.profile import profile_from_report
+    from advisor.recommend.remedies.checkpoint_solver import greedy_tree
+
+    mib = 2**20
+    modules = [
+        {"name": "", "depth": 0, "forward_s": 0.1},
+        {"name": "encoder", "depth": 1, "activation_bytes": 10 * mib, "input_bytes": mib, "output_bytes": mib, "forward_s": 0.02},
+        {"name": "encoder.conv", "depth": 2, "activation_bytes": 300 * mib, "input_bytes": mib, "output_bytes": 2 * mib, "forward_s": 0.03},
+        {"name": "decoder", "depth": 1, "activation_bytes": 200 * mib, "input_bytes": mib, "output_bytes": mib, "forward_s": 0.05},
+    ]
+    cats = {"parameter": 100 * mib, "activation": 520 * mib, "temporary": 10 * mib}
+    peak = sum(cats.values())
+
+    def report(budget: int | None) -> dict:
+        return {"memory": {"budget_bytes": budget, "peak_bytes": peak, "categories_at_peak": cats,
+                           "modules": modules, "oom": None}, "steps": []}
+
+    lowest = greedy_tree(profile_from_report(report(None)), 0)[1].peak_bytes  # every useful module
+    budget = int(lowest / 0.95)  # the lowest peak fits the budget, not 90% of it
+    assert 0.9 * budget < lowest <= budget
+    _, recs = advise(profile_from_report(report(budget)))
+    [rec] = recs
+    assert rec.remedy == "activation_checkpointing" and rec.fits
+    assert rec.predicted.peak_memory_bytes == lowest
+    assert any("not the 90% headroom target" in line for line in rec.evidence)

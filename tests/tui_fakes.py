@@ -36,8 +36,8 @@ class FakeSource:
             raise self.snapshot_raises
         return self.live.snapshot()
 
-    def apply(self, recommendation_id: str) -> str | None:
-        self.calls.append(("apply", recommendation_id))
+    def apply(self, recommendation_id: str, *, confirmed: bool = False) -> str | None:
+        self.calls.append(("apply", recommendation_id) + (("confirmed",) if confirmed else ()))
         if self.apply_gate is not None:
             self.apply_gate.wait(5)
         if self.apply_raises is not None:

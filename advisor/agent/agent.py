@@ -27,7 +27,9 @@ from typing import Any, Callable
 
 import torch
 
+from advisor.agent.capture import Capture
 from advisor.apply.executor import Executor
+from advisor.apply.target import Target, unwrap
 from advisor.apply.plan import apply_plan_before_first_step, load_plan
 from advisor.probes.device.spec import detect_device_spec
 from advisor.probes.probe import Probe
@@ -44,31 +46,6 @@ class StopTraining(BaseException):
 
     A ``BaseException`` so that a script's ``except Exception`` does not swallow it.
     """
-
-
-def unwrap(module: torch.nn.Module) -> tuple[torch.nn.Module, str | None]:
-    """Strip DDP, legacy FSDP and torch.compile wrappers; returns (module, wrapper name)."""
-    wrapper = None
-    while True:
-        cls = type(module).__name__
-        inner = None
-        if cls in ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel"):
-            inner = getattr(module, "module", None)
-        elif cls == "OptimizedModule":
-            inner = getattr(module, "_orig_mod", None)
-        if not isinstance(inner, torch.nn.Module):
-            break
-        wrapper = wrapper or cls
-        module = inner
-    if wrapper is None:
-        try:
-            from torch.distributed.fsdp import FSDPModule  # FSDP2 changes the class in place
-
-            if isinstance(module, FSDPModule):
-                wrapper = "fully_shard"
-        except ImportError:  # pragma: no cover - torch without distributed
-            pass
-    return module, wrapper
 
 
 class Agent:
@@ -90,6 +67,7 @@ class Agent:
         self.world_size = world_size
         self.device = torch.device("cpu")
         self.executor: Any = None  # advisor.apply.executor.Executor, created on first command
+        self.capture = Capture()  # what the script built, for remedies (installed by hooks.install)
         self.max_steps: int | None = self.config.get("max_steps")
         self.deep_steps: set[int] = set(self.config.get("deep_steps", [1, 2, 3]))
         self.deep_every: int = int(self.config.get("deep_every", 0) or 0)
@@ -136,6 +114,10 @@ class Agent:
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
         return [o for ref in self._optimizers if (o := ref()) is not None]
+
+    def target(self) -> Target:
+        """What remedies act on (models, optimizers, schedulers, wrappers, group, device)."""
+        return self.capture.target(self)
 
     def module_name(self, module: torch.nn.Module) -> str | None:
         return self._names.get(id(module))

@@ -4,7 +4,8 @@ Uses only public global-hook APIs (PYTORCH-NOTES: they fire under runpy and
 torchrun) plus wrappers: ``torch.autograd.backward`` (``Tensor.backward``
 calls it, so one wrapper sees both spellings and the tensor the loss is),
 ``DataLoader``'s iterator ``__next__`` (to time data waits precisely),
-``GradScaler.scale`` (to record the unscaled loss) and ``Optimizer.__init__``.
+``GradScaler.scale`` (to record the unscaled loss) and the constructors in
+``advisor.agent.capture``.
 """
 
 from __future__ import annotations
@@ -52,17 +53,8 @@ def install(agent: Agent) -> InstalledHooks:
     ):
         hooks.add(handle.remove)
 
-    # Optimizers are discovered when built, so a job that fails before its first step
-    # (an OOM in step 0) still says which optimizer it would have run.
-    original_init = torch.optim.Optimizer.__init__
-
-    @functools.wraps(original_init)
-    def optimizer_init(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
-        original_init(self, *args, **kwargs)
-        agent.optimizer_created(self)
-
-    torch.optim.Optimizer.__init__ = optimizer_init  # type: ignore[method-assign]
-    hooks.add(lambda: setattr(torch.optim.Optimizer, "__init__", original_init))
+    # Optimizers, LR schedulers and DDP/FSDP wrappers are captured when built (remedies act on them).
+    agent.capture.install(agent, hooks.add)
 
     original_backward = torch.autograd.backward
 

@@ -26,6 +26,33 @@ REMEDIES: tuple[str, ...] = BUILT_REMEDIES + (
     "not_built",
 )
 CONFIDENCES: tuple[str, ...] = ("high", "medium", "low")
+_REGISTERED: set[str] = set()  # remedy names declared by recommend/remedies/*.py (RemedySpec)
+
+# How a remedy may reach the running job (docs/report-schema.md, docs/architecture.md "Acting"):
+APPLY_CLASSES: tuple[str, ...] = (
+    "live-exact",  # applied at a step boundary; same numerics (e.g. non-reentrant checkpointing)
+    "live-equivalent",  # applied live; floating-point reassociation only (e.g. fused optimizer kernels)
+    "live-opt-in",  # applied live but changes numerics: --allow-inexact headless, a confirmation in the TUI
+    "restart",  # written into a plan, applied at the next `advisor attach --plan`
+)
+
+
+def parse_apply_class(value: str) -> str:
+    """``value`` if it names an apply class, else ``ValueError`` naming the valid ones."""
+    if value not in APPLY_CLASSES:
+        raise ValueError(f"unknown apply class {value!r}; valid: {', '.join(APPLY_CLASSES)}")
+    return value
+
+
+def register_remedy(name: str) -> None:
+    """Make ``name`` a valid ``Recommendation.remedy`` (each remedy's spec calls this on import)."""
+    if not name.isidentifier():
+        raise ValueError(f"remedy name {name!r} must be a Python identifier (it names apply_<name>)")
+    _REGISTERED.add(name)
+
+
+def remedy_names() -> tuple[str, ...]:
+    return REMEDIES + tuple(sorted(_REGISTERED - set(REMEDIES)))
 
 
 def _check(value: str, valid: tuple[str, ...], what: str) -> None:
@@ -87,6 +114,8 @@ class Recommendation:
     ``params`` is what the executor needs: for activation checkpointing
     ``{"modules": [qualified names]}``. ``exact``: the remedy leaves numerics
     unchanged. ``live``: it can be applied to the running job at a step boundary.
+    ``apply_class``: one of ``APPLY_CLASSES``; when not given it follows from ``live`` and
+    ``exact`` (live and exact: live-exact; live, not exact: live-opt-in; else restart).
     """
 
     id: str
@@ -103,10 +132,16 @@ class Recommendation:
     evidence: list[str] = field(default_factory=list)
     curve: list[CurvePoint] | None = None
     fits: bool = True  # False: the best plan this remedy has still exceeds the budget
+    apply_class: str | None = None
 
     def __post_init__(self) -> None:
-        _check(self.remedy, REMEDIES, "remedy")
+        _check(self.remedy, remedy_names(), "remedy")
         _check(self.confidence, CONFIDENCES, "confidence")
+        if self.apply_class is None:
+            derived = ("live-exact" if self.exact else "live-opt-in") if self.live else "restart"
+            object.__setattr__(self, "apply_class", derived)
+        else:
+            parse_apply_class(self.apply_class)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -124,4 +159,5 @@ class Recommendation:
             "evidence": list(self.evidence),
             "curve": None if self.curve is None else [p.to_dict() for p in self.curve],
             "fits": self.fits,
+            "apply_class": self.apply_class,
         }

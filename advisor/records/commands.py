@@ -1,7 +1,8 @@
 """Commands from the controller to every rank's executor, as typed records.
 
 The wire shape is unchanged from the untyped dicts they replace:
-``{"type": "apply", "recommendation": {...}, "at_step": int|None, "measure_steps": int}``
+``{"type": "apply", "recommendation": {...}, "at_step": int|None, "measure_steps": int,
+"confirmed": bool, "digest": str|None}``
 and ``{"type": "revert"}``. ``command_from_dict`` rebuilds one and raises
 ``ValueError`` naming the valid types for anything else; unknown keys are
 ignored (a newer controller may add fields).
@@ -29,10 +30,12 @@ class ApplyCommand:
     recommendation: dict[str, Any] = field(default_factory=dict)
     at_step: int | None = None
     measure_steps: int = DEFAULT_MEASURE_STEPS
+    confirmed: bool = False  # the user accepted a live-opt-in remedy's numerics change
+    digest: str | None = None  # advisor.records.remedy.command_digest: every rank checks it enacts the same apply
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": self.TYPE, "recommendation": to_json(self.recommendation), "at_step": self.at_step,
-                "measure_steps": self.measure_steps}
+                "measure_steps": self.measure_steps, "confirmed": self.confirmed, "digest": self.digest}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ApplyCommand":

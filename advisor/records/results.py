@@ -29,12 +29,18 @@ class Measurement:
     peak_memory_bytes: int | None = None
     step_time_s: float | None = None
     steps: tuple[int, ...] = ()  # the StepSample indexes the figures come from
+    time_steps: tuple[int, ...] = ()  # the steps ``step_time_s`` is the median of
+    peak_steps: tuple[int, ...] = ()  # the steps ``peak_memory_bytes`` is the maximum of
+    step_kind: str | None = None  # "light" or "deep": the kind of the timed steps (before and after agree)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "peak_memory_bytes": self.peak_memory_bytes,
             "step_time_s": to_json(self.step_time_s),
             "steps": list(self.steps),
+            "time_steps": list(self.time_steps),
+            "peak_steps": list(self.peak_steps),
+            "step_kind": self.step_kind,
         }
 
     @classmethod
@@ -44,6 +50,9 @@ class Measurement:
             peak_memory_bytes=data.get("peak_memory_bytes"),
             step_time_s=data.get("step_time_s"),
             steps=tuple(data.get("steps") or ()),
+            time_steps=tuple(data.get("time_steps") or ()),
+            peak_steps=tuple(data.get("peak_steps") or ()),
+            step_kind=data.get("step_kind"),
         )
 
 

@@ -18,6 +18,7 @@ from textual.widgets import DataTable, Footer, Header
 
 from advisor.regime import apply_refusal, last_kept, revert_refusal
 from advisor.state import SessionState, Source
+from advisor.tui.confirm_screen import ConfirmApplyScreen
 from advisor.tui.evidence_screen import EvidenceScreen
 from advisor.tui.exit_banner import ExitBanner
 from advisor.tui.messages import (
@@ -169,6 +170,19 @@ class AdvisorApp(App[str]):
             self.notify(reason, title="Not applied", severity="warning")
             return
         assert rec is not None and rec_id is not None
+        if rec.get("apply_class") == "live-opt-in":
+            # It changes numerics: only with the user's explicit yes (headless needs --allow-inexact).
+            def answered(yes: bool | None) -> None:
+                if yes:
+                    self._start_apply(rec, rec_id, confirmed=True)
+                else:
+                    self.notify("Not applied.", title=str(rec.get("title") or rec_id))
+
+            self.push_screen(ConfirmApplyScreen(str(rec.get("title") or rec.get("remedy") or rec_id)), answered)
+            return
+        self._start_apply(rec, rec_id)
+
+    def _start_apply(self, rec: dict[str, Any], rec_id: str, *, confirmed: bool = False) -> None:
         self._pending = {
             "recommendation_id": rec_id,
             "title": str(rec.get("title") or rec.get("remedy") or rec_id),
@@ -177,15 +191,16 @@ class AdvisorApp(App[str]):
         self.result_view.notice = None
         self._redraw()
         self.post_message(ApplyRequested(rec_id))
-        self._send_apply(rec_id)
+        self._send_apply(rec_id, confirmed)
 
     def _apply_refusal(self, rec: dict[str, Any] | None) -> str | None:
         return apply_refusal(self.state, rec, in_flight=self._pending is not None)
 
     @work(thread=True, group="source", exit_on_error=False)
-    def _send_apply(self, recommendation_id: str) -> None:
+    def _send_apply(self, recommendation_id: str, confirmed: bool = False) -> None:
         try:
-            error = self.source.apply(recommendation_id)
+            error = (self.source.apply(recommendation_id, confirmed=True) if confirmed
+                     else self.source.apply(recommendation_id))
         except Exception as exc:  # the source's failure is shown, never fatal to the UI
             error = f"{type(exc).__name__}: {exc}"
         self.post_message(ApplySent(recommendation_id, error))

@@ -1,105 +1,13 @@
-"""The CUDA view of memory: the caching allocator's counters, NVML, the allocation history.
+"""The CUDA view of memory: the caching allocator's counters and the allocation history.
 
-NVML is wrapped the way nvitop's ``libnvml`` does it: one object imports ``pynvml`` and calls
-``nvmlInit`` lazily, once; every NVML failure (package missing, no driver, no device, field not
-supported) becomes ``None`` instead of an exception, so memory probing never breaks training.
+NVML (memory used by the device and by this process) is read through the one wrapper,
+``advisor.probes.device.nvml.Nvml``.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from types import ModuleType
-from typing import Any, Callable
-
-
-def _import_pynvml() -> ModuleType:
-    import pynvml  # nvidia-ml-py; importable without a driver, nvmlInit then raises
-
-    return pynvml
-
-
-class Nvml:
-    """Lazy, failure-tolerant NVML access. ``loader`` returns the pynvml module (a fake in tests)."""
-
-    def __init__(self, loader: Callable[[], ModuleType] = _import_pynvml) -> None:
-        self._loader = loader
-        self._lib: ModuleType | None = None
-        self._tried = False
-        self.status = "not initialised"  # then "ok", "package missing", "no driver: ..."
-
-    def _get(self) -> ModuleType | None:
-        if not self._tried:
-            self._tried = True
-            try:
-                lib = self._loader()
-            except ImportError:
-                self.status = "package missing"
-                return None
-            try:
-                lib.nvmlInit()
-            except Exception as exc:  # NVMLError_LibraryNotFound, _DriverNotLoaded, ...
-                self.status = f"no driver: {exc}"
-                return None
-            self._lib = lib
-            self.status = "ok"
-        return self._lib
-
-    def device_count(self) -> int | None:
-        """Devices NVML sees (``nvmlDeviceGetCount``), or None when NVML is unusable."""
-        lib = self._get()
-        if lib is None:
-            return None
-        try:
-            return int(lib.nvmlDeviceGetCount())
-        except Exception:
-            return None
-
-    def _handle(self, index: int, uuid: str | None) -> Any:
-        lib = self._get()
-        if lib is None:
-            return None
-        if uuid:
-            try:
-                return lib.nvmlDeviceGetHandleByUUID(uuid)
-            except Exception:
-                pass  # fall back to the index (right unless CUDA_VISIBLE_DEVICES reorders)
-        count = self.device_count()
-        if count is None or index >= count:
-            return None
-        try:
-            return lib.nvmlDeviceGetHandleByIndex(index)
-        except Exception:
-            return None
-
-    def device_used_bytes(self, index: int, uuid: str | None = None) -> int | None:
-        """Device memory in use by all processes, bytes (``nvmlDeviceGetMemoryInfo(h).used``)."""
-        handle = self._handle(index, uuid)
-        if handle is None:
-            return None
-        try:
-            return int(self._lib.nvmlDeviceGetMemoryInfo(handle).used)  # type: ignore[union-attr]
-        except Exception:
-            return None
-
-    def process_used_bytes(self, index: int, pid: int, uuid: str | None = None) -> int | None:
-        """Device memory used by process ``pid``, bytes (``nvmlDeviceGetComputeRunningProcesses``).
-
-        None when NVML cannot say (no such process listed, or the field is unavailable, as it is
-        inside some containers).
-        """
-        handle = self._handle(index, uuid)
-        if handle is None:
-            return None
-        try:
-            procs = self._lib.nvmlDeviceGetComputeRunningProcesses(handle)  # type: ignore[union-attr]
-        except Exception:
-            return None
-        for proc in procs:
-            if int(getattr(proc, "pid", -1)) == pid:
-                used = getattr(proc, "usedGpuMemory", None)
-                return int(used) if isinstance(used, int) else None
-        return None
 
 
 def device_uuid(index: int) -> str | None:

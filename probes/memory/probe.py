@@ -24,8 +24,8 @@ import torch
 
 from advisor.probes.memory.budget import apply_cuda_budget
 from advisor.probes.memory.categories import role_tensors, storage_key
+from advisor.probes.device.nvml import Nvml
 from advisor.probes.memory.cuda import (
-    Nvml,
     allocator_view,
     device_uuid,
     dump_snapshot,

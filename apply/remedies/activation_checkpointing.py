@@ -1,4 +1,5 @@
-"""Activation checkpointing of named submodules, applied in place and revertible.
+"""Activation checkpointing of named submodules, applied in place and revertible (the applier
+half of the remedy; the predictor is ``recommend/remedies/activation_checkpointing.py``).
 
 How: each named module gets an *instance* ``forward`` attribute that runs the
 module's previous forward under non-reentrant ``torch.utils.checkpoint``.
@@ -36,28 +37,12 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from advisor.apply.target import Target, as_target, unwrap_model
+
 logger = logging.getLogger("advisor.apply")
 
 _MARK = "__advisor_checkpoint__"  # set on our forward wrapper, to recognise it again
 _MISSING = object()
-
-
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """The user's module under DDP / DataParallel / ``torch.compile`` wrappers.
-
-    Names in a recommendation are relative to this module (the agent reports
-    ``ModelInfo.modules`` of the unwrapped model).
-    """
-    seen = 0
-    while seen < 8:  # wrappers nest at most a few deep; bound it anyway
-        seen += 1
-        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
-            model = model.module
-        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
-            model = model._orig_mod  # torch.compile's OptimizedModule
-        else:
-            break
-    return model
 
 
 def is_checkpointed(module: nn.Module) -> bool:
@@ -142,16 +127,22 @@ def resolve_modules(model: nn.Module, modules: Sequence[str]) -> dict[str, nn.Mo
     return found
 
 
-def apply_activation_checkpointing(model: nn.Module, *, modules: Sequence[str]) -> CheckpointHandle:
-    """Checkpoint exactly the named submodules of ``model`` (non-reentrant), in place.
+PHASE = "saved-tensors"  # advisor.records.remedy.PHASES
 
-    ``model`` may be wrapped (DDP, DataParallel, ``torch.compile``); names are
-    relative to the unwrapped module. Either every module is wrapped and a
+
+def apply_activation_checkpointing(target: Target | nn.Module, *, modules: Sequence[str]) -> CheckpointHandle:
+    """Checkpoint exactly the named submodules (non-reentrant), in place.
+
+    The model is the target's model that has every named module (a bare model is accepted);
+    it may be wrapped (DDP, DataParallel, ``torch.compile``); names are relative to the unwrapped
+    module. Either every module is wrapped and a
     handle is returned, or ``ValueError`` is raised and nothing changed.
     Applying to a module that is already checkpointed (or inside / around one)
     is a ``ValueError``: stacking two checkpoints would recompute twice.
     """
-    root = unwrap_model(model)
+    if isinstance(modules, str):
+        raise ValueError(f"modules must be a list of names, not the string {modules!r}")
+    root = unwrap_model(as_target(target).model_for(list(modules)))
     found = resolve_modules(root, modules)
     for name, module in found.items():
         if is_checkpointed(module):

@@ -1,0 +1,38 @@
+"""What a rule concludes: a bottleneck with its evidence and candidate remedies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+from advisor.records.advice import Recommendation
+
+if TYPE_CHECKING:  # pragma: no cover
+    from advisor.recommend.profile import Profile
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finding:
+    """What one rule concluded. ``severity`` orders findings: the highest names the bottleneck."""
+
+    bottleneck: str
+    summary: str
+    severity: float
+    evidence: list[dict[str, object]] = field(default_factory=list)
+    recommendations: list[Recommendation] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "bottleneck": self.bottleneck,
+            "summary": self.summary,
+            "severity": self.severity,
+            "evidence": list(self.evidence),
+            "recommendations": [r.to_dict() for r in self.recommendations],
+        }
+
+
+Rule = Callable[["Profile"], "Finding | None"]
+
+
+def gib(n: int | float) -> str:
+    return f"{n / 2**30:.2f} GiB"

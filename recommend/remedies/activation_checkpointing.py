@@ -1,0 +1,119 @@
+"""Activation checkpointing, the predictor half: spec, the plan it proposes for a memory finding.
+
+The solver and its cost model are in ``checkpoint_solver`` (exact chain DP, greedy tree fallback)
+over the memory model of ``recommend/memory_model.py``. The applier is
+``apply/remedies/activation_checkpointing.py``. Non-reentrant checkpointing restores the RNG
+state and recomputes bit-identical activations on deterministic kernels: ``live-exact``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from advisor.recommend.finding import gib
+from advisor.recommend.memory_model import COST_MODEL, Chain, chain_from_profile, measured_peak
+from advisor.recommend.profile import Profile
+from advisor.recommend.remedies import RemedySpec
+from advisor.recommend.remedies.checkpoint_solver import Plan, greedy_tree, solve_chain, tradeoff_curve
+from advisor.records.advice import Prediction, Recommendation
+
+HEADROOM = 0.90  # plan for this share of the budget first; a plan that only fits the budget still fits
+
+
+def validate(params: Mapping[str, Any]) -> None:
+    """``modules``: a non-empty list of distinct qualified module names (checked against the model
+    in the training process, where the module tree is known)."""
+    modules = params.get("modules")
+    if isinstance(modules, str) or not isinstance(modules, (list, tuple)):
+        raise ValueError(f"modules must be a list of module names, not {modules!r}")
+    if not modules:
+        raise ValueError("modules is empty: name at least one submodule to checkpoint")
+    if not all(isinstance(m, str) and m for m in modules):
+        raise ValueError(f"modules must be non-empty strings, got {list(modules)!r}")
+    if len(set(modules)) != len(modules):
+        raise ValueError(f"modules names one module twice: {list(modules)!r}")
+
+
+def fitting_plan(profile: Profile, budget: int) -> tuple[Chain | None, Plan | None]:
+    """The least-recompute plan under ``HEADROOM`` of the budget, else under the budget itself.
+
+    A plan fits when its predicted peak is within ``budget``: its ``feasible`` flag only says
+    whether it met the bound it was solved against, which may be the headroom target.
+    """
+    chain = chain_from_profile(profile)
+    target = int(HEADROOM * budget)
+    plan: Plan | None = None
+    units: Chain | None = chain
+    if chain is not None:
+        plan = solve_chain(chain, target)
+        if not plan.feasible:
+            plan = solve_chain(chain, budget)
+    if plan is None or plan.peak_bytes > budget:
+        for bound in (target, budget):  # greedy adds modules until the bound holds, or none is left
+            tree = greedy_tree(profile, bound)
+            if tree is not None and tree[1].peak_bytes <= budget:
+                units, plan = tree
+                break
+    return units, plan
+
+
+def propose(profile: Profile, budget: int, evidence: list[dict[str, object]]) -> list[Recommendation]:
+    """One recommendation when a plan fits ``budget``; none when nothing fits (``evidence`` says so)."""
+    units, plan = fitting_plan(profile, budget)
+    if plan is None or units is None or plan.peak_bytes > budget:
+        best = plan.peak_bytes if plan is not None else None
+        evidence.append({"what": "lowest peak with activation checkpointing", "value": best, "unit": "bytes",
+                         "threshold": budget})
+        return []
+    if not plan.modules:
+        return []  # the job already fits this budget: checkpointing nothing is no recommendation
+    target = int(HEADROOM * budget)
+    baseline_time = profile.step_time_s
+    predicted_time = None if baseline_time is None else baseline_time + plan.overhead_s
+    coverage = profile.module_activation_total / max(1, profile.activation_at_peak)
+    confidence = "high" if plan.method == "dp" and plan.exact and coverage >= 0.5 else "medium"
+    if profile.oom or not profile.modules:
+        confidence = "low"
+    group = plan.modules[0].rpartition(".")[0] if plan.method == "dp" and plan.modules else "modules"
+    ev = [
+        f"measured peak {gib(measured_peak(profile))} against a budget of {gib(budget)} (target {gib(target)})",
+        f"checkpointing {len(plan.modules)} of {units.n} {'blocks' if plan.method == 'dp' else 'modules'} "
+        f"keeps their inputs instead of {gib(sum(units.blocks[i].activation_bytes for i in plan.indices))} of activations",
+        f"recompute adds {plan.overhead_s * 1e3:.1f} ms per step (one more forward of each checkpointed module)",
+        f"model activations attributed to modules cover {min(coverage, 1.0):.0%} of those at the peak",
+    ]
+    if plan.peak_bytes > target:
+        ev.append(f"fits the budget but not the {HEADROOM:.0%} headroom target")
+    curve = tradeoff_curve(units) if plan.method == "dp" else None
+    return [
+        Recommendation(
+            id=f"checkpoint-{group.rpartition('.')[2] or 'blocks'}-{len(plan.modules)}",
+            remedy=SPEC.name,
+            title=f"Checkpoint {len(plan.modules)} {group} module(s): peak {gib(plan.peak_bytes)}, +{plan.overhead_s * 1e3:.1f} ms/step",
+            params={"modules": list(plan.modules)},
+            predicted=Prediction(peak_memory_bytes=plan.peak_bytes, step_time_s=predicted_time),
+            baseline=Prediction(peak_memory_bytes=measured_peak(profile), step_time_s=baseline_time),
+            cost_model=f"{plan.method}: {COST_MODEL}",
+            confidence=confidence,
+            exact=True,  # non-reentrant checkpoint restores the RNG state: same numerics
+            live=True,
+            apply_class=SPEC.apply_class,
+            prerequisites=[
+                "the modules' forward is re-run in backward: it must not change state outside its outputs",
+            ],
+            evidence=ev,
+            curve=curve,
+            fits=True,
+        )
+    ]
+
+
+SPEC = RemedySpec(
+    name="activation_checkpointing",
+    apply_class="live-exact",
+    params=("modules",),
+    validate=validate,
+    phase="saved-tensors",
+    addresses="memory",
+    propose=propose,
+)

@@ -1,0 +1,98 @@
+"""Memory rule: peak over 90% of the budget, or an OOM. It asks every memory remedy for a plan.
+
+Memory remedies are the ``recommend/remedies`` modules whose spec says ``addresses="memory"``;
+each proposes what fits (activation checkpointing when activations dominate). When none does,
+a not-built note names the remedies that would. Thresholds: REFERENCE.md ("Other remedies and
+their signals").
+"""
+
+from __future__ import annotations
+
+from advisor.recommend import remedies
+from advisor.recommend.finding import Finding, gib
+from advisor.recommend.memory_model import measured_peak
+from advisor.recommend.profile import Profile
+from advisor.records.advice import Prediction, Recommendation
+
+MEMORY_PRESSURE = 0.90  # peak above this share of the budget deserves advice
+NOT_BUILT = (
+    "CPU offload of activations or optimizer state",
+    "ZeRO / FSDP sharding of model states",
+    "a smaller micro-batch with gradient accumulation",
+    "a pipeline split across devices",
+)
+
+
+def memory_rule(profile: Profile) -> Finding | None:
+    """Peak over 90% of the budget, or an OOM: checkpointing when activations dominate."""
+    budget = profile.budget_bytes
+    if not budget and profile.oom and profile.oom.get("categories"):
+        # No capacity recorded: what was allocated when the request failed is the best estimate of it.
+        budget = sum(int(v) for v in profile.oom["categories"].values()) or None
+    peak = measured_peak(profile)
+    if not profile.oom and (not budget or peak <= MEMORY_PRESSURE * budget):
+        return None
+    cats = dict(profile.categories_at_peak or profile.categories_max)
+    if profile.oom and profile.oom.get("categories"):
+        cats = {k: int(v) for k, v in profile.oom["categories"].items()}
+    largest = max(cats, key=lambda k: cats[k]) if cats else None
+    evidence: list[dict[str, object]] = [{"what": "peak memory", "value": peak, "unit": "bytes"}]
+    if budget:
+        evidence.append({"what": "peak / budget", "value": round(peak / budget, 4), "threshold": MEMORY_PRESSURE})
+    if profile.oom:
+        oom = profile.oom
+        evidence.append({"what": "out of memory",
+                         "value": f"{oom.get('op') or '?'} in {oom.get('module') or '?'} asked for {oom.get('requested_bytes')} bytes"})
+    if largest:
+        evidence.append({"what": f"largest category at peak: {largest}", "value": cats[largest], "unit": "bytes"})
+    summary = (f"out of memory in {profile.oom.get('module') or profile.oom.get('op') or 'the step'}" if profile.oom
+               else f"peak {gib(peak)} is {peak / budget:.0%} of the {gib(budget)} budget")
+    recs: list[Recommendation] = []
+    if largest == "activation" and budget:
+        for spec in remedies.specs().values():
+            if spec.addresses == "memory" and spec.propose is not None:
+                recs += spec.propose(profile, budget, evidence)
+        if not recs and not _fits_already(evidence):
+            best = _lowest_peak(evidence)
+            recs = [_not_built(profile, budget, best, "no set of checkpointed modules fits the budget")]
+    else:
+        evidence.append({"what": "activation checkpointing", "value": "not proposed: activations are not the largest category"})
+        recs = [_not_built(profile, budget, None, "model states or other memory dominate, which checkpointing cannot reduce")]
+    severity = 2.0 if profile.oom else 1.0 + (peak / budget if budget else 0.0)
+    return Finding(bottleneck="memory", summary=summary, severity=severity, evidence=evidence, recommendations=recs)
+
+
+def _lowest_peak(evidence: list[dict[str, object]]) -> int | None:
+    for item in evidence:
+        if item.get("what") == "lowest peak with activation checkpointing":
+            value = item.get("value")
+            return value if isinstance(value, int) else None
+    return None
+
+
+def _fits_already(evidence: list[dict[str, object]]) -> bool:
+    """A remedy found nothing to change (the job fits) when it left no 'lowest peak' evidence."""
+    return not any(item.get("what") == "lowest peak with activation checkpointing" for item in evidence)
+
+
+def _not_built(profile: Profile, budget: int | None, best_peak: int | None, why: str) -> Recommendation:
+    """Says plainly that nothing built fits, and which remedies would (not built yet)."""
+    return Recommendation(
+        id="memory-not-built",
+        remedy="not_built",
+        title=f"No built remedy fits the memory budget ({why}); consider: " + "; ".join(NOT_BUILT),
+        params={"remedies": ["cpu_offload", "zero", "micro_batch", "pipeline"]},
+        predicted=Prediction(peak_memory_bytes=best_peak, step_time_s=None),
+        baseline=Prediction(peak_memory_bytes=measured_peak(profile), step_time_s=profile.step_time_s),
+        cost_model="none",
+        confidence="low",
+        exact=False,
+        live=False,
+        prerequisites=["not built yet in this advisor"],
+        evidence=[why] + ([f"lowest peak with activation checkpointing: {gib(best_peak)}"] if best_peak else [])
+        + ([f"budget {gib(budget)}"] if budget else []),
+        fits=False,
+    )
+
+
+RULE = memory_rule

@@ -1,0 +1,173 @@
+"""The remedy contract: discovery without edits, plan order, apply classes, same-kind windows."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from fakes import FakeContext
+
+from advisor.apply import registry
+from advisor.apply.executor import Executor, pair
+from advisor.apply.orchestrator import apply_in_order
+from advisor.apply.target import Target, unwrap
+from advisor.recommend.remedies import plan_order
+from advisor.records.advice import Prediction, Recommendation, parse_apply_class
+from advisor.records.remedy import command_digest
+from advisor.records.samples import StepSample
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_an_applier_on_sys_path_is_found_without_editing_the_package(tmp_path) -> None:
+    folder = tmp_path / "advisor" / "apply" / "remedies"
+    folder.mkdir(parents=True)
+    (folder / "faulty_plugin.py").write_text(textwrap.dedent("""
+        PHASE = "layout"
+
+        def apply_faulty_plugin(target, *, when):
+            raise RuntimeError("injected by a test plug-in")
+    """))
+    code = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
+            "from advisor.apply import registry\n"
+            "print(registry.remedy_names(), registry.phase('faulty_plugin'))")
+    out = subprocess.run([sys.executable, "-c", code, str(ROOT), str(tmp_path)], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "['activation_checkpointing', 'faulty_plugin', 'fused_optimizer'] layout"
+
+
+def test_a_plan_applies_in_phase_order_and_reports_in_its_own() -> None:
+    calls: list[str] = []
+
+    def make(name: str, fail: bool = False):
+        def apply(target, *, n: int):
+            calls.append(name)
+            if fail:
+                raise ValueError(f"{name} refused")
+            return type("H", (), {"revert": lambda self: None})()
+        return apply
+
+    registry.register("t_layout", make("t_layout"), phase="layout")
+    registry.register("t_saved", make("t_saved", fail=True), phase="saved-tensors")
+    registry.register("t_optim", make("t_optim"), phase="optimizer")
+    try:
+        outcomes = apply_in_order(Target(), [("t_layout", {"n": 1}), ("t_saved", {"n": 2}), ("t_optim", {"n": 3})])
+    finally:
+        for name in ("t_layout", "t_saved", "t_optim"):
+            registry.unregister(name)
+    assert calls == ["t_saved", "t_optim", "t_layout"]
+    assert [o.remedy for o in outcomes] == ["t_layout", "t_saved", "t_optim"]
+    assert outcomes[0].handle is not None and isinstance(outcomes[1].error, ValueError)
+    assert plan_order(["fused_optimizer", "activation_checkpointing"]) == ["activation_checkpointing",
+                                                                            "fused_optimizer"]
+
+
+def _rec(**kw) -> Recommendation:
+    base = dict(id="x", remedy="activation_checkpointing", title="t", params={},
+                predicted=Prediction(peak_memory_bytes=None, step_time_s=None),
+                baseline=Prediction(peak_memory_bytes=None, step_time_s=None),
+                cost_model="m", confidence="low", exact=True, live=True)
+    return Recommendation(**{**base, **kw})
+
+
+def test_every_recommendation_has_an_apply_class() -> None:
+    assert _rec().apply_class == "live-exact"
+    assert _rec(exact=False).apply_class == "live-opt-in"
+    assert _rec(live=False).apply_class == "restart"
+    assert _rec(apply_class="live-equivalent", exact=False).to_dict()["apply_class"] == "live-equivalent"
+    with pytest.raises(ValueError, match="valid: live-exact, live-equivalent, live-opt-in, restart"):
+        parse_apply_class("live")
+
+
+@pytest.mark.parametrize(("config", "extra", "applied"), [
+    ({}, {}, False),
+    ({"allow_inexact": True}, {}, True),
+    ({}, {"confirmed": True}, True),
+])
+def test_live_opt_in_needs_allow_inexact_or_a_confirmation(config, extra, applied) -> None:
+    seen = []
+
+    def apply_scale(target, *, factor: float):
+        seen.append(factor)
+        return type("H", (), {"revert": lambda self: None})()
+
+    registry.register("t_scale", apply_scale)
+    try:
+        model = torch.nn.Linear(2, 2)
+        ctx = FakeContext([model], config=config)
+        ex = Executor(ctx)
+        ex.submit({"type": "apply", "at_step": 1, "measure_steps": 1, **extra,
+                   "recommendation": {"id": "s", "remedy": "t_scale", "params": {"factor": 2.0},
+                                      "apply_class": "live-opt-in"}})
+        for i in range(3):
+            ctx.step = i
+            ex.on_boundary(i)
+            ex.on_step_end(StepSample(index=i, time_s=0.1))
+    finally:
+        registry.unregister("t_scale")
+    assert bool(seen) == applied
+    if not applied:
+        [result] = ex.results
+        assert result.status == "failed" and "--allow-inexact" in (result.error or "")
+
+
+def _s(index: int, deep: bool, time_s: float, peak: int | None = None) -> StepSample:
+    return StepSample(index=index, time_s=time_s, deep=deep, peak_memory_bytes=peak)
+
+
+def test_before_and_after_are_timed_on_the_same_kind_of_step() -> None:
+    before = [_s(1, True, 5.0, 100), _s(2, True, 5.0, 110), _s(3, False, 1.0), _s(4, False, 1.2)]
+    after = [_s(5, True, 6.0, 90), _s(6, True, 6.0, 80), _s(7, False, 1.1), _s(8, False, 1.3)]
+    b, a = pair(before, after, measure_steps=2)
+    assert (b.step_kind, b.time_steps, b.step_time_s) == ("light", (3, 4), pytest.approx(1.1))
+    assert (a.step_kind, a.time_steps, a.step_time_s) == ("light", (7, 8), pytest.approx(1.2))
+    assert (b.peak_memory_bytes, b.peak_steps, a.peak_memory_bytes, a.peak_steps) == (110, (1, 2), 90, (5, 6))
+    # Only deep steps after the apply (a run that deep-samples every step): deep against deep.
+    b, a = pair(before, [_s(5, True, 6.0, 90), _s(6, True, 6.2, 80), _s(7, True, 6.4, 85)], measure_steps=2)
+    assert (b.step_kind, b.time_steps, b.step_time_s) == ("deep", (1, 2), 5.0)
+    assert (a.step_kind, a.time_steps, a.step_time_s) == ("deep", (6, 7), pytest.approx(6.3))
+    # Nothing of the same kind before: the before time stays unknown rather than compared across kinds.
+    b, a = pair([_s(3, False, 1.0)], [_s(5, True, 6.0, 90), _s(6, True, 6.0, 80)], measure_steps=2)
+    assert b.step_time_s is None and a.step_kind == "deep"
+
+
+def test_one_unwrap_for_ddp_and_compile() -> None:
+    inner = torch.nn.Linear(2, 2)
+    compiled = torch.compile(inner, backend="eager")
+    assert unwrap(compiled) == (inner, "OptimizedModule")
+    assert unwrap(inner) == (inner, None)
+    assert Target.of(compiled).models == [inner]
+
+
+def test_headless_refuses_live_opt_in_without_allow_inexact() -> None:
+    from types import SimpleNamespace
+
+    from advisor.advice import AdviceLoop
+    from advisor.state import LiveState
+
+    def loop(allow: bool) -> tuple[AdviceLoop, list[dict]]:
+        sent: list[dict] = []
+        live = LiveState()
+        live.update(recommendations=[{"id": "bf16", "remedy": "t", "params": {}, "live": True,
+                                      "apply_class": "live-opt-in"}])
+        session = SimpleNamespace(live=live, options=SimpleNamespace(agent_config={"allow_inexact": allow}),
+                                  send_command=lambda c: sent.append(c) or True)
+        return AdviceLoop(session, budget_bytes=None), sent
+
+    advice, sent = loop(False)
+    try:
+        error = advice.apply("bf16")
+    finally:
+        advice.close()
+    assert error and "--allow-inexact" in error and sent == []
+    advice, sent = loop(True)
+    try:
+        assert advice.apply("bf16", at_step=4) is None
+    finally:
+        advice.close()
+    [command] = [c.to_dict() for c in sent]  # the typed command, as it travels
+    assert command["digest"] == command_digest("t", {}, command["at_step"])
