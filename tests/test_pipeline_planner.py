@@ -105,9 +105,10 @@ def test_gpipe_keeps_m_micro_batches_and_1f1b_at_most_p() -> None:
     g = evaluate(blocks, bounds, micro_batches=8, schedule="gpipe")
     f = evaluate(blocks, bounds, micro_batches=8, schedule="1f1b")
     states = 2 * 20 + 40
-    # GPipe: all 8 micro-batches of 1600/8 bytes; 1F1B: stage 0 keeps p=2, stage 1 keeps 1.
-    assert g.peak_bytes == (states + 1600 + 10, states + 1600 + 10)
-    assert f.peak_bytes == (states + 2 * 200 + 10, states + 1 * 200 + 10)
+    # GPipe: all 8 micro-batches of 1600/8 bytes (stage 1 also keeps the 80/8 it receives of
+    # each); 1F1B: stage 0 keeps p=2, stage 1 keeps 1.
+    assert g.peak_bytes == (states + 1600 + 10, states + 1600 + 80 + 10)
+    assert f.peak_bytes == (states + 2 * 200 + 10, states + 1 * (200 + 10) + 10)
     # Under a limit only 1F1B fits, so the plan takes it; GPipe alone cannot fit at all.
     plan = plan_pipeline(blocks, stages=2, memory_bytes=1000, micro_batches=[8])
     assert plan.best.feasible and plan.best.schedule == "1f1b"

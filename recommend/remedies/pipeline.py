@@ -7,10 +7,11 @@ batch split into m micro-batches:
                  (whole batch; the send of the stage's output forward and of its gradient back,
                  over the link to the next stage; the last stage sends nothing)
     step time    (m + p - 1) * max_s T_s / m       (GPipe and 1F1B: the bubble is (p-1)/(m+p-1))
-    peak of s    2 * params_s + optimizer_s + extra_s + kept_s * act_s / m + y_last(s) / m
+    peak of s    2 * params_s + optimizer_s + extra_s + kept_s * (act_s + y_in(s)) / m + y_last(s) / m
                  (parameters and their gradients, optimizer state, what the stage's device holds
-                 beyond its blocks, the activations of the micro-batches kept for backward, and
-                 one outgoing micro-batch of output)
+                 beyond its blocks, the activations of the micro-batches kept for backward with the
+                 received input copy its first block keeps (y_in: the previous block's output; none
+                 for stage 0), and one outgoing micro-batch of output)
     kept_s       GPipe: m (every micro-batch's forward runs before any backward);
                  1F1B: min(m, p - s) (stage s holds at most p - s forwards in flight)
     imbalance    max_s T_s / mean_s T_s
@@ -157,7 +158,9 @@ def _range_peak(c: _Chain, i: Any, j: Any, *, stage: int, p: int, m: int, schedu
     """Peak bytes of stage [i, j) (see the module docstring)."""
     kept = _kept(schedule, m, p, stage)
     model_states = 2.0 * (c.params[j] - c.params[i]) + (c.optim[j] - c.optim[i])
-    return extra + model_states + kept * (c.act[j] - c.act[i]) / m + c.out[np.asarray(j) - 1] / m
+    i = np.asarray(i)
+    inbound = np.where(i > 0, c.out[np.maximum(i, 1) - 1], 0.0)  # received copies the first block keeps
+    return extra + model_states + kept * (c.act[j] - c.act[i] + inbound) / m + c.out[np.asarray(j) - 1] / m
 
 
 def _per_stage(values: Sequence[float] | float | None, p: int, what: str) -> list[float]:
