@@ -190,6 +190,16 @@ def test_failure_mid_apply_reverts_and_training_goes_on(gpt_baseline: list[float
     assert losses == gpt_baseline  # nothing of the split survived: the run is bit-identical
 
 
+def test_parameter_tied_outside_the_chain_is_refused() -> None:
+    model = MLPChain()
+    model.head = nn.Linear(16, 16)
+    model.head.weight = model.blocks[3][0].weight  # tied, as an embedding and a head can be
+    target = Target(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(ValueError, match="outside the chain"):
+        apply_pipeline(target, stages=[["blocks.0", "blocks.1"], ["blocks.2", "blocks.3"]], micro_batches=2,
+                       devices=["cpu", "cpu"])
+
+
 def test_bad_params_are_refused() -> None:
     model = MLPChain()
     target = Target(model, torch.optim.SGD(model.parameters(), lr=0.1))

@@ -107,9 +107,10 @@ def _resolve(target: Any, names: list[str]) -> tuple[nn.Module, list[nn.Module]]
         if all(n in table for n in names):
             return root, [table[n] for n in names]
     known = [n for root in target.models() for n, _ in root.named_children()]
-    missing = names[0] if not target.models() else next(
-        n for n in names if not any(n in dict(r.named_modules()) for r in target.models()))
-    raise ValueError(f"no block {missing!r} in the job's models; top-level modules: {known[:10]}")
+    missing = [n for n in names if not any(n in dict(r.named_modules()) for r in target.models())]
+    if not missing:
+        raise ValueError(f"the blocks {names} are spread over several models; a chain lives in one")
+    raise ValueError(f"no block {missing[0]!r} in the job's models; top-level modules: {known[:10]}")
 
 
 def _check_chain(root: nn.Module, names: list[str], blocks: list[nn.Module]) -> None:
@@ -365,6 +366,11 @@ def apply_pipeline(target: Any, *, stages: list[list[str]], micro_batches: int, 
                 if owner.setdefault(id(param), s) != s:
                     raise ValueError("a parameter is shared by blocks of different stages (tied weights); "
                                      "put those blocks in one stage")
+    chain_ids = {id(q) for b in blocks for q in b.modules()}
+    outside = {id(q) for sub in root.modules() if id(sub) not in chain_ids for q in sub.parameters(recurse=False)}
+    if outside & set(owner):
+        raise ValueError("a block shares a parameter with a module outside the chain (tied weights); "
+                         "moving it would leave that module on another device")
     handle = PipelineHandle(stages=tuple(tuple(s) for s in stages), devices=devs, micro_batches=micro_batches)
     states: dict[nn.Parameter, list[dict[str, Any]]] = {}
     for opt in target.optimizers():
