@@ -470,6 +470,9 @@ class Executor:
         first = active.results[0]
         keep, reason = decide(before=first.before, after=after, predicted=first.predicted,
                               budget_bytes=budget, margin=margin)
+        refusals = [r for h in active.handles if (r := getattr(h, "refusal", None))]
+        if refusals:  # the applier found on the job's own steps that it cannot work as intended
+            keep, reason = False, "; ".join(refusals)
         if not complete:
             keep, reason = True, reason + "; training ended before the window completed, not reverted"
         elif self._multi_rank():

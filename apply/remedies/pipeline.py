@@ -42,8 +42,11 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
+from advisor.apply.target import as_target
+
 logger = logging.getLogger("advisor.apply")
 
+PHASE = "layout"  # advisor.records.remedy.PHASES
 TIMELINE = 4096  # (stage, micro_batch, start, end) records kept on the handle
 _MISSING = object()
 _NORMS = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm)
@@ -102,12 +105,13 @@ class PipelineHandle:
 
 # ------------------------------------------------------------------------- checks -----------
 def _resolve(target: Any, names: list[str]) -> tuple[nn.Module, list[nn.Module]]:
-    for root in target.models():
+    for root in as_target(target).models:
         table = dict(root.named_modules())
         if all(n in table for n in names):
             return root, [table[n] for n in names]
-    known = [n for root in target.models() for n, _ in root.named_children()]
-    missing = [n for n in names if not any(n in dict(r.named_modules()) for r in target.models())]
+    roots = as_target(target).models
+    known = [n for root in roots for n, _ in root.named_children()]
+    missing = [n for n in names if not any(n in dict(r.named_modules()) for r in roots)]
     if not missing:
         raise ValueError(f"the blocks {names} are spread over several models; a chain lives in one")
     raise ValueError(f"no block {missing[0]!r} in the job's models; top-level modules: {known[:10]}")
@@ -343,7 +347,7 @@ class _thread_state:
 def apply_pipeline(target: Any, *, stages: list[list[str]], micro_batches: int, devices: list[str]) -> PipelineHandle:
     """Split the chain named by ``stages`` over ``devices`` and pipeline it in ``micro_batches``.
 
-    ``target``: any object with ``models()`` (root modules, unwrapped) and ``optimizers()``.
+    ``target``: an ``advisor.apply.target.Target`` (or a bare model).
     Atomic: either a handle is returned, or ``ValueError`` (refused) / the failure is raised with
     every block, tensor and forward as it was.
     """
@@ -373,7 +377,7 @@ def apply_pipeline(target: Any, *, stages: list[list[str]], micro_batches: int, 
                          "moving it would leave that module on another device")
     handle = PipelineHandle(stages=tuple(tuple(s) for s in stages), devices=devs, micro_batches=micro_batches)
     states: dict[nn.Parameter, list[dict[str, Any]]] = {}
-    for opt in target.optimizers():
+    for opt in as_target(target).optimizers:
         for param, state in opt.state.items():
             states.setdefault(param, []).append(state)
     runner = _Runner(handle)
