@@ -1,76 +1,74 @@
-"""The controller's advice loop: re-advise as measurements arrive, send apply commands.
+"""The controller's advice: one path from a session's records to its advice, and the live loop.
 
-``recommend/`` is pure: it reads the report's sections. This module decides
-*when* to ask it (after each deep-sampled step, after an OOM, at the end), and
-turns a chosen recommendation into a command for every rank's executor.
+``advise_state`` is the only way the advisor asks ``recommend/`` for advice:
+the live ``AdviceLoop``, ``advisor report`` (advisor/sections) and ``advisor
+plan`` all call it on a ``SessionState``, so they see the same records and
+give the same answer; the report only serialises it. The loop decides *when*
+to ask (after each deep-sampled step, after an OOM or an apply result, at the
+end) and turns a chosen recommendation into a command for every rank.
 """
 
 from __future__ import annotations
 
-import copy
 import sys
 import threading
 import time
 from typing import Any
 
-from advisor.state import SessionState
+from advisor.recommend.advise import advise
+from advisor.recommend.profile import has_measurements, profile_from_records
+from advisor.records.commands import ApplyCommand, RevertCommand
+from advisor.records.results import ApplyResult, RevertResult
 from advisor.records.samples import Event, Record, StepSample
+from advisor.regime import apply_refusal, current_regime, revert_refusal
+from advisor.state import SessionState
 
 MEASURE_STEPS = 3  # steps measured after an apply before keep-or-revert
 
 
-def advise_report(report: dict[str, Any], *, budget_bytes: int | None = None) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    """Diagnosis and ranked recommendations (as report dicts) for a report's measurements."""
-    from advisor.recommend.advise import advise
-    from advisor.recommend.profile import profile_from_report
+def recorded_budget(state: SessionState) -> int | None:
+    """The --memory-budget the session was recorded with, if any."""
+    for run in state.runs.values():
+        if run.config.get("memory_budget_bytes"):
+            return int(run.config["memory_budget_bytes"])
+    return None
 
-    memory = report.get("memory") or {}
-    if not report.get("steps") and not memory.get("modules") and not memory.get("oom"):
-        return None, []  # nothing measured yet (an OOM before the first step still counts)
-    profile = profile_from_report(report, budget_bytes=budget_bytes)
+
+def advise_state(state: SessionState, *, budget_bytes: int | None = None
+                 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """Diagnosis and ranked recommendations (report-shaped dicts) for the job as it runs now.
+
+    Reads the current regime's records (advisor/regime.py); ``budget_bytes`` overrides the
+    budget the session was recorded with. ``(None, [])`` when nothing is measured yet.
+    """
+    regime = current_regime(state)
+    steps = [s for rank in sorted(regime.steps) for s in regime.steps[rank]]
+    if not has_measurements(steps=steps, modules=regime.modules, events=regime.events):
+        return None, []
+    profile = profile_from_records(
+        steps=steps, memory=regime.memory, modules=regime.modules, ops=regime.ops,
+        collectives=regime.collectives, events=regime.events,
+        runs=[regime.runs[r] for r in sorted(regime.runs)], models=regime.models,
+        optimizers=regime.optimizers, budget_bytes=budget_bytes or recorded_budget(state))
     diagnosis, recommendations = advise(profile)
     return diagnosis.to_dict(), [r.to_dict() for r in recommendations]
 
 
-def current_regime(state: SessionState) -> SessionState:
-    """The part of a session measured since the last kept remedy (the job as it runs now).
-
-    Advice must describe the job as it is: after a kept checkpointing plan the
-    old peak no longer exists. Falls back to the whole session when nothing was
-    measured yet under the remedy.
-    """
-    kept = [a for a in state.applied if a.get("status") == "kept" and a.get("at_step") is not None]
-    if not kept:
-        return state
-    since = max(a["at_step"] for a in kept)
-    regime = copy.copy(state)
-    regime.steps = {r: [s for s in samples if s.index >= since] for r, samples in state.steps.items()}
-    regime.memory = [m for m in state.memory if m.step >= since]
-    regime.modules = [m for m in state.modules if m.step >= since]
-    if not regime.modules or not any(s.deep for samples in regime.steps.values() for s in samples):
-        return state
-    return regime
-
-
-def _partial_report(state: SessionState, budget_bytes: int | None) -> dict[str, Any]:
-    from advisor.report import run_section, steps_section
-    from advisor.sections.memory import build_memory_section
-
-    return {"run": run_section(state), "steps": steps_section(state),
-            "memory": build_memory_section(state, budget_bytes=budget_bytes)}
-
-
 class AdviceLoop:
+    """Re-advises in the background as records arrive; applies and reverts on request."""
+
     def __init__(self, session: Any, *, budget_bytes: int | None, apply: str | None = None,
                  apply_at_step: int | None = None) -> None:
         self.session = session
         self.budget_bytes = budget_bytes
         self.apply_request = apply
         self.apply_at_step = apply_at_step
-        self._dirty = threading.Event()
+        self._idle = threading.Condition()
+        self._dirty = False  # guarded by _idle
+        self._refreshing = False  # guarded by _idle
         self._closed = False
         self._applied_auto = False
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one refresh at a time (loop thread, finish())
         self.last_error: str | None = None
         self._thread = threading.Thread(target=self._loop, name="advisor-advice", daemon=True)
         self._thread.start()
@@ -78,25 +76,39 @@ class AdviceLoop:
     # -- called on the receiver thread: cheap --------------------------------------------
     def on_record(self, record: Record) -> None:
         if (isinstance(record, StepSample) and record.deep) or (
-                isinstance(record, Event) and record.name in ("oom", "apply_result")):
-            self._dirty.set()
+                isinstance(record, Event) and record.name in ("oom", ApplyResult.EVENT, RevertResult.EVENT)):
+            with self._idle:
+                self._dirty = True
+                self._idle.notify_all()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until every record seen so far has been advised on; False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._closed or not (self._dirty or self._refreshing), timeout)
 
     # -- background ------------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._closed:
-            if self._dirty.wait(0.5) and not self._closed:
-                self._dirty.clear()
-                self.refresh()
+            with self._idle:
+                self._idle.wait_for(lambda: self._dirty or self._closed, 0.5)
+                run = self._dirty and not self._closed
+                if run:
+                    self._dirty, self._refreshing = False, True
+            if run:
+                try:
+                    self.refresh()
+                finally:
+                    with self._idle:
+                        self._refreshing = False
+                        self._idle.notify_all()
             self._maybe_auto_apply()
 
     def refresh(self) -> None:
-        """Re-run the recommender on everything measured so far."""
+        """Re-run the recommender on everything measured so far (``advise_state``)."""
         with self._lock:
             state = self.session.live.snapshot()
             try:
-                regime = current_regime(state)
-                diagnosis, recs = advise_report(_partial_report(regime, self.budget_bytes),
-                                                budget_bytes=self.budget_bytes)
+                diagnosis, recs = advise_state(state, budget_bytes=self.budget_bytes)
             except Exception as exc:  # noqa: BLE001 - advice must never stop the recording
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 return
@@ -127,38 +139,35 @@ class AdviceLoop:
 
     # -- user actions (TUI, headless --apply) -------------------------------------------
     def apply(self, recommendation_id: str, *, at_step: int | None = None) -> str | None:
+        """Send an apply for every rank; returns why it was not sent, or None."""
         state = self.session.live.snapshot()
         rec = next((r for r in state.recommendations if r["id"] == recommendation_id), None)
         if rec is None:
-            return f"no recommendation {recommendation_id!r}"
-        if not rec.get("live"):
-            return f"{recommendation_id} cannot be applied to a running job"
-        if state.finished:
-            return "the training job has ended"
-        if state.pending_apply:
-            return "an apply is already in progress"
+            return f"No recommendation {recommendation_id!r}."
+        refusal = apply_refusal(state, rec)
+        if refusal:
+            return refusal
         # All ranks apply at the same boundary: one past the furthest rank, or the step asked for.
         target = max(at_step or 0, state.latest_step() + 2)
-        sent = self.session.send_command({"type": "apply", "recommendation": rec, "at_step": target,
-                                          "measure_steps": MEASURE_STEPS})
-        if not sent:
+        if not self.session.send_command(ApplyCommand(recommendation=rec, at_step=target,
+                                                      measure_steps=MEASURE_STEPS)):
             return "no training process is connected"
         self.session.live.update(pending_apply={"recommendation_id": recommendation_id,
                                                 "requested_at": time.time(), "at_step": target})
         return None
 
     def revert(self) -> str | None:
-        state = self.session.live.snapshot()
-        if state.finished:
-            return "the training job has ended"
-        if not any(a.get("status") == "kept" for a in state.applied):
-            return "nothing applied to revert"
-        return None if self.session.send_command({"type": "revert"}) else "no training process is connected"
+        """Send a revert of the remedy in force; returns why it was not sent, or None."""
+        refusal = revert_refusal(self.session.live.snapshot())
+        if refusal:
+            return refusal
+        return None if self.session.send_command(RevertCommand()) else "no training process is connected"
 
     def finish(self) -> None:
         self.refresh()
 
     def close(self) -> None:
-        self._closed = True
-        self._dirty.set()
+        with self._idle:
+            self._closed = True
+            self._idle.notify_all()
         self._thread.join(2)

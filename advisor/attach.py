@@ -6,7 +6,13 @@ import argparse
 import sys
 from typing import Any
 
+from advisor import tui  # its package defers textual until make_app is used (headless never loads it)
+from advisor.advice import AdviceLoop
 from advisor.errors import EXIT_LAUNCH, AdvisorError
+from advisor.live_source import SessionSource
+from advisor.progress import ProgressPrinter
+from advisor.render import print_exit_summary, print_report
+from advisor.report import build_report, write_json
 from advisor.session import AttachOptions, Session
 
 
@@ -14,8 +20,6 @@ def run_attach(ns: argparse.Namespace, config: dict[str, Any]) -> int:
     options = AttachOptions(script=ns.script, args=list(ns.args), nproc_per_node=ns.nproc_per_node,
                             max_steps=ns.steps, capture_output=not ns.headless, agent_config=config)
     session = Session(options)
-    from advisor.advice import AdviceLoop
-
     advice = AdviceLoop(session, budget_bytes=config.get("memory_budget_bytes"),
                         apply=ns.apply, apply_at_step=ns.apply_at_step)
     session.add_listener(advice.on_record)
@@ -38,8 +42,6 @@ def run_attach(ns: argparse.Namespace, config: dict[str, Any]) -> int:
 
 
 def _follow_headless(session: Session, ns: argparse.Namespace) -> int:
-    from advisor.progress import ProgressPrinter
-
     printer = ProgressPrinter(total=ns.steps)
     session.add_listener(printer)
     print(f"advisor: session {session.id} ({session.dir})", file=sys.stderr, flush=True)
@@ -50,11 +52,8 @@ def _follow_headless(session: Session, ns: argparse.Namespace) -> int:
 
 
 def _follow_tui(session: Session, advice: Any, ns: argparse.Namespace) -> int:
-    from advisor.live_source import SessionSource
-    from advisor.tui.app import make_app
-
     source = SessionSource(session, advice)
-    app = make_app(source, title=f"advisor · {ns.script}")
+    app = tui.make_app(source, title=f"advisor · {ns.script}")
     try:
         app.run()
     finally:
@@ -68,20 +67,14 @@ def _follow_tui(session: Session, advice: Any, ns: argparse.Namespace) -> int:
 
 
 def _report(session: Session, ns: argparse.Namespace, code: int, reason: str) -> int:
-    from advisor.report import build_report, write_json
-
     state = session.live.snapshot()
     report = build_report(state, budget_bytes=ns.memory_budget)
     session.save_analysis(diagnosis=report.get("diagnosis"), recommendations=report.get("recommendations"))
     if ns.json:
         write_json(report, ns.json)
     if ns.headless:
-        from advisor.render import print_report
-
         print_report(report)
     else:
-        from advisor.render import print_exit_summary
-
         print_exit_summary(report)
     print(f"advisor: {reason} (exit code {code}); session {session.id}", file=sys.stderr, flush=True)
     return code

@@ -10,11 +10,16 @@ from typing import Any
 
 from advisor import __version__
 from advisor.errors import AdvisorError, UsageError
+from advisor.records.settings import probe_names
+from advisor.records.units import parse_size
+
+# Each cmd_* imports its command's modules inside the function, on purpose: `advisor --help`
+# and `advisor sessions` stay fast and never load rich/textual/torch-side code they do not use.
+# These are the only deferred imports of our own modules in the controller (with advisor/tui's
+# lazy textual import); tests/test_import_graph.py still sees them.
 
 
 def _size(value: str) -> int:
-    from advisor.records.units import parse_size
-
     try:
         return parse_size(value)
     except ValueError as exc:
@@ -122,7 +127,6 @@ def check_script(path: str) -> None:
 
 
 def agent_config(ns: argparse.Namespace) -> dict[str, Any]:
-    from advisor.records.settings import probe_names
 
     try:
         probes = probe_names(ns.probes)

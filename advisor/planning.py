@@ -5,17 +5,17 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from advisor.advice import advise_state
 from advisor.errors import AdvisorError
 from advisor.records.plan import Plan, PlanEntry, save_plan
-from advisor.report import build_report
 from advisor.store import load_state
 
 
 def write_plan_from_session(db_path: Path, output: str, *, budget_bytes: int | None,
                             recommendation_id: str | None) -> int:
-
-    report = build_report(load_state(db_path), budget_bytes=budget_bytes)
-    recs = [r for r in report.get("recommendations") or [] if r.get("live")]  # applicable remedies only
+    # The advice `advisor report` and the live loop give for this session (one path: advise_state).
+    diagnosis, recommendations = advise_state(load_state(db_path), budget_bytes=budget_bytes)
+    recs = [r for r in recommendations if r.get("live")]  # applicable remedies only
     if recommendation_id:
         chosen = next((r for r in recs if r["id"] == recommendation_id), None)
         if chosen is None:
@@ -24,8 +24,7 @@ def write_plan_from_session(db_path: Path, output: str, *, budget_bytes: int | N
     else:
         chosen = recs[0] if recs else None
     if chosen is None:
-        diagnosis = report.get("diagnosis") or {}
-        raise AdvisorError(f"nothing to plan: {diagnosis.get('summary') or 'no recommendation for this session'}",
+        raise AdvisorError(f"nothing to plan: {(diagnosis or {}).get('summary') or 'no recommendation for this session'}",
                            hint="pass --memory-budget to plan against a smaller budget")
     save_plan(Plan(remedies=(PlanEntry(remedy=chosen["remedy"], params=chosen["params"],
                                        recommendation_id=chosen["id"]),)), output)

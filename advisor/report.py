@@ -11,6 +11,8 @@ import os
 import statistics
 from typing import Any
 
+from advisor.advice import recorded_budget
+from advisor.sections import build_sections
 from advisor.state import SessionState
 
 SCHEMA = "advisor.report/1"
@@ -60,18 +62,8 @@ def summary_section(state: SessionState) -> dict[str, Any]:
             "last_loss": samples[-1].loss}
 
 
-def recorded_budget(state: SessionState) -> int | None:
-    """The --memory-budget the session was recorded with, if any."""
-    for run in state.runs.values():
-        if run.config.get("memory_budget_bytes"):
-            return int(run.config["memory_budget_bytes"])
-    return None
-
-
 def build_report(state: SessionState, *, budget_bytes: int | None = None) -> dict[str, Any]:
     """The report; ``budget_bytes`` overrides the budget the session was recorded with."""
-    from advisor.sections import build_sections
-
     budget_bytes = budget_bytes or recorded_budget(state)
     report: dict[str, Any] = {
         "schema": SCHEMA,

@@ -15,6 +15,7 @@ from advisor.paths import DB_NAME, new_session_dir
 from advisor.server import ChannelServer
 from advisor.state import LiveState, SessionState
 from advisor.store import SessionStore
+from advisor.records.commands import Command
 from advisor.records.samples import ExitInfo, Record
 from advisor.records.wire import SECRET_ENV, SOCKET_ENV, new_secret, write_secret_file
 
@@ -66,8 +67,9 @@ class Session:
             except Exception:  # a UI callback must never stop the recording
                 pass
 
-    def send_command(self, command: dict[str, Any]) -> int:
-        return self.server.broadcast(command)
+    def send_command(self, command: Command | dict[str, Any]) -> int:
+        """Send a command to every connected rank; returns how many received it."""
+        return self.server.broadcast(command if isinstance(command, dict) else command.to_dict())
 
     # -- the training process ----------------------------------------------------------
     def command_line(self) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from advisor.sections.memory import memory_trace_events
 from advisor.state import SessionState
 
 _PHASES = ("data_s", "forward_s", "backward_s", "optimizer_s", "other_s")
@@ -29,8 +30,6 @@ def step_trace_events(state: SessionState) -> list[dict[str, Any]]:
 
 
 def write_trace(state: SessionState, path: str) -> None:
-    from advisor.sections.memory import memory_trace_events
-
     events = step_trace_events(state) + memory_trace_events(state)
     with open(path, "w") as handle:
         json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, handle)

@@ -1,17 +1,18 @@
 """Entry point: a profile in, a diagnosis and ranked recommendations out.
 
-The controller calls ``advise_report(report)`` (or ``advise(profile_from_memory(...))``)
-whenever new deep-step data arrives and stores the dicts in ``SessionState``.
+The controller calls ``advise(profile_from_records(...))`` through
+``advisor.advice.advise_state``, the one path the live loop, ``advisor report``
+and ``advisor plan`` share, and stores the ``to_dict()`` forms in ``SessionState``.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
-from advisor.recommend.profile import Profile, profile_from_report
-from advisor.records.advice import Diagnosis, Recommendation
+from advisor.recommend.profile import Profile
 from advisor.recommend.rules import RULES, Finding, Rule
+from advisor.records.advice import Diagnosis, Recommendation
 
 
 def advise(profile: Profile, rules: Sequence[Rule] | None = None) -> tuple[Diagnosis, list[Recommendation]]:
@@ -39,12 +40,6 @@ def advise(profile: Profile, rules: Sequence[Rule] | None = None) -> tuple[Diagn
         for rec in finding.recommendations:
             recs.setdefault(rec.id, rec)
     return diagnosis, sorted(recs.values(), key=_rank)
-
-
-def advise_report(report: Mapping[str, Any], *, budget_bytes: int | None = None) -> dict[str, Any]:
-    """Re-advise a saved or live report: ``{"diagnosis": {...}, "recommendations": [...]}``."""
-    diagnosis, recs = advise(profile_from_report(report, budget_bytes=budget_bytes))
-    return {"diagnosis": diagnosis.to_dict(), "recommendations": [r.to_dict() for r in recs]}
 
 
 def _rank(rec: Recommendation) -> tuple[int, float, float]:

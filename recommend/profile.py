@@ -1,16 +1,32 @@
-"""The plain data the recommender reads, built from a report (live or saved).
+"""The plain data the recommender reads, built from a session's records.
 
-``profile_from_report(report)`` takes the headless report's JSON (its
-``memory`` and ``steps`` sections); ``profile_from_memory(memory, steps)`` is
-the same from the pieces, for the controller which holds them separately.
+``profile_from_records(...)`` is the one path the advisor uses: the live
+advice loop, ``advisor report`` and ``advisor plan`` all pass it the same
+typed records (steps, memory samples, module stats, op stats, collectives,
+events) of the regime being advised, so a rule sees the same data wherever
+it runs. ``profile_from_report(report)`` reads a saved report JSON instead; it
+is kept for ``bench/prediction.py``, which works from ``attach --json`` output.
 Nothing here imports torch: any saved session can be re-advised.
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
+
+from advisor.records.samples import (
+    MEMORY_CATEGORIES,
+    CollectiveStat,
+    Event,
+    MemorySample,
+    ModelInfo,
+    ModuleStat,
+    OpStat,
+    OptimizerInfo,
+    RunInfo,
+    StepSample,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +70,10 @@ class Profile:
     phases: dict[str, float] = field(default_factory=dict)
     oom: dict[str, Any] | None = None
     time_scale: float = 1.0
+    # The rank of interest's deep-step measurements, for rules that read ops or communication
+    # (not serialised by ``to_dict``: the report has its own ops and collectives sections).
+    ops: tuple[OpStat, ...] = ()
+    collectives: tuple[CollectiveStat, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -142,27 +162,30 @@ _STATE_FACTOR = {"Adam": 2.0, "AdamW": 2.0, "NAdam": 2.0, "RAdam": 2.0, "Adamax"
 
 
 def missing_model_states(report: Mapping[str, Any]) -> dict[str, int]:
+    """``_missing_model_states`` on a report's ``run`` and ``memory`` sections."""
+    run = report.get("run") or {}
+    seen = (report.get("memory") or {}).get("categories_max") or {}
+    param_bytes = sum(int(m.get("parameter_bytes") or 0) for m in run.get("models") or [])
+    return _missing_model_states(seen, completed_step=bool(report.get("steps")), param_bytes=param_bytes,
+                                 optimizers=list(run.get("optimizers") or []))
+
+
+def _missing_model_states(seen: Mapping[str, Any], *, completed_step: bool, param_bytes: int,
+                          optimizers: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     """Gradient and optimizer-state bytes a steady step will hold that the measurement lacks.
 
     Zero for any session that completed an optimizer step (its measurement has them). For one
     that did not, gradients are one copy of the trainable parameters and the optimizer state
     follows the optimizer's type (SGD: one copy with momentum, none without; unknown: two).
     """
-    memory = report.get("memory") or {}
-    seen = memory.get("categories_max") or {}
-    run = report.get("run") or {}
-    if report.get("steps"):
-        return {}  # a completed step's measurement already holds them
-    param_bytes = sum(int(m.get("parameter_bytes") or 0) for m in run.get("models") or [])
-    if not param_bytes:
+    if completed_step or not param_bytes:
         return {}
     missing: dict[str, int] = {}
     if not seen.get("gradient"):
         missing["gradient"] = param_bytes
     if not seen.get("optimizer_state"):
         factor = 0.0
-        optimizers = run.get("optimizers") or [{"name": "unknown"}]
-        for opt in optimizers:
+        for opt in optimizers or [{"name": "unknown"}]:
             name = opt.get("name", "")
             if name == "SGD":
                 groups = opt.get("param_groups") or [{}]
@@ -172,6 +195,101 @@ def missing_model_states(report: Mapping[str, Any]) -> dict[str, int]:
         if factor:
             missing["optimizer_state"] = int(param_bytes * factor)
     return missing
+
+
+def has_measurements(*, steps: Sequence[StepSample], modules: Sequence[ModuleStat],
+                     events: Sequence[Event]) -> bool:
+    """Whether there is anything to advise on (an OOM before the first step still counts)."""
+    return bool(steps) or bool(modules) or any(e.name == "oom" for e in events)
+
+
+def profile_from_records(
+    *,
+    steps: Sequence[StepSample],
+    memory: Sequence[MemorySample] = (),
+    modules: Sequence[ModuleStat] = (),
+    ops: Sequence[OpStat] = (),
+    collectives: Sequence[CollectiveStat] = (),
+    events: Sequence[Event] = (),
+    runs: Sequence[RunInfo] = (),
+    models: Sequence[ModelInfo] = (),
+    optimizers: Sequence[OptimizerInfo] = (),
+    budget_bytes: int | None = None,
+) -> Profile:
+    """The ``Profile`` of one session's records (all ranks; one rank of interest is read).
+
+    Memory and modules come from rank 0 (else the lowest rank that reported), as in the
+    report's memory section: the peak is the ``MemorySample`` with the highest
+    ``total_bytes``, modules are each name's latest ``ModuleStat``. Steps come from the lowest
+    rank that has steps. The device capacity (the budget when none is given) is the
+    ``device_spec`` event's ``memory_capacity``, else the first run's ``device.memory_capacity``.
+    """
+    rank = _rank_of_interest({s.rank for s in memory} | {m.rank for m in modules})
+    samples = [s for s in memory if s.rank == rank]
+    peak = max(samples, key=lambda s: s.total_bytes, default=None)
+    categories_max = {c: max((s.categories.get(c, 0) for s in samples), default=0) for c in MEMORY_CATEGORIES}
+    at_peak = {c: int(peak.categories.get(c, 0)) for c in MEMORY_CATEGORIES} if peak is not None else {}
+    peak_bytes = peak.total_bytes if peak is not None else 0
+    param_bytes = sum(m.parameter_bytes for m in models)
+    missing = _missing_model_states(categories_max, completed_step=bool(steps), param_bytes=param_bytes,
+                                    optimizers=[o.to_dict() for o in optimizers])
+    if missing:
+        # The measurement predates the first optimizer step (an OOM in step 0, say): the
+        # steady state will also hold gradients and optimizer state, so plan for them.
+        for category, extra in missing.items():
+            at_peak[category] = at_peak.get(category, 0) + extra
+        peak_bytes += sum(missing.values())
+    section = {
+        "peak_bytes": peak_bytes,
+        "categories_at_peak": at_peak,
+        "categories_max": categories_max,
+        "modules": _latest_modules(modules, rank),
+        "oom": _oom(events, rank),
+    }
+    profile = profile_from_memory(section, steps, capacity_bytes=_record_capacity(runs, events),
+                                  budget_bytes=budget_bytes)
+    op_rank = min((o.rank for o in ops), default=0)
+    comm_rank = min((c.rank for c in collectives), default=0)
+    return replace(profile, ops=tuple(o for o in ops if o.rank == op_rank),
+                   collectives=tuple(c for c in collectives if c.rank == comm_rank))
+
+
+def _rank_of_interest(ranks: set[int]) -> int | None:
+    if not ranks:
+        return None
+    return 0 if 0 in ranks else min(ranks)
+
+
+def _latest_modules(stats: Sequence[ModuleStat], rank: int | None) -> list[dict[str, Any]]:
+    """Each module's latest stat, heaviest activations first (the report's memory.modules order)."""
+    latest: dict[str, ModuleStat] = {}
+    for stat in stats:
+        if stat.rank == rank and (stat.name not in latest or stat.step >= latest[stat.name].step):
+            latest[stat.name] = stat
+    rows = [s.to_dict() for s in latest.values()]
+    rows.sort(key=lambda r: (-r["activation_bytes"], r["name"]))
+    return rows
+
+
+def _oom(events: Sequence[Event], rank: int | None) -> dict[str, Any] | None:
+    ooms = [e for e in events if e.name == "oom"]
+    if not ooms:
+        return None
+    event = ([e for e in ooms if e.rank == rank] or ooms)[-1]
+    return {"rank": event.rank, "step": event.step, **event.data}
+
+
+def _record_capacity(runs: Sequence[RunInfo], events: Sequence[Event]) -> int | None:
+    specs = [e for e in events if e.name == "device_spec"]
+    if specs:
+        low = min(e.rank for e in specs)
+        capacity = [e for e in specs if e.rank == low][-1].data.get("memory_capacity")
+        if capacity:
+            return int(capacity)
+    for run in sorted(runs, key=lambda r: r.rank):
+        if run.device.get("memory_capacity"):
+            return int(run.device["memory_capacity"])
+    return None
 
 
 def profile_from_memory(

@@ -56,6 +56,7 @@ def test_gpt_losses_match_plain_python_and_phases_add_up(tmp_path):
     assert report["run"]["models"][0]["name"] == "GPT"
 
 
+@pytest.mark.slow
 def test_argv_output_and_exit_code_pass_through(tmp_path):
     run = advisor("attach", "--headless", "--probes", "none", TINY, "--steps", "3", "--exit-code", "3")
     assert run.returncode == 3, run.stderr
@@ -64,6 +65,7 @@ def test_argv_output_and_exit_code_pass_through(tmp_path):
     assert "sys.exit(3)" in run.stderr
 
 
+@pytest.mark.slow
 def test_missing_unreadable_binary_and_syntax_error_scripts(tmp_path):
     missing = advisor("attach", "--headless", "nope.py")
     assert missing.returncode == 2
@@ -83,6 +85,7 @@ def test_missing_unreadable_binary_and_syntax_error_scripts(tmp_path):
     assert not sessions_root().exists() or not list(sessions_root().iterdir())  # nothing recorded
 
 
+@pytest.mark.slow
 def test_exception_at_import_is_reported_with_the_script_frame(tmp_path):
     out = tmp_path / "r.json"
     run = advisor("attach", "--headless", "--probes", "none", "--json", str(out), str(SCRIPTS / "raise_at_import.py"))
@@ -95,6 +98,7 @@ def test_exception_at_import_is_reported_with_the_script_frame(tmp_path):
     assert frame["file"].endswith("raise_at_import.py") and frame["line"] == 3
 
 
+@pytest.mark.slow
 def test_exception_at_step_keeps_earlier_steps(tmp_path):
     out = tmp_path / "r.json"
     run = advisor("attach", "--headless", "--probes", "none", "--json", str(out), TINY, "--steps", "6",
@@ -110,6 +114,7 @@ def test_exception_at_step_keeps_earlier_steps(tmp_path):
     assert [s["loss"] for s in json.loads(again.read_text())["steps"]] == [s["loss"] for s in report["steps"]]
 
 
+@pytest.mark.slow
 def test_script_that_never_steps_says_so():
     run = advisor("attach", "--headless", "--probes", "none", str(SCRIPTS / "never_steps.py"))
     assert run.returncode == 0
@@ -125,6 +130,7 @@ def test_corrupted_session_file_gives_one_line_error(tmp_path):
     assert advisor("report", "no-such-session").returncode == 3
 
 
+@pytest.mark.slow
 def test_session_files_are_owner_only_and_listed():
     run = advisor("attach", "--headless", "--probes", "none", TINY, "--steps", "2")
     assert run.returncode == 0, run.stderr

@@ -122,13 +122,12 @@ def test_tui_applies_on_a_live_job_and_survives_an_injected_failure(monkeypatch,
             # Past the last deep step (3), and the advice loop done with it: nothing will
             # re-advise and replace what the test puts in the list until an apply result comes.
             await wait(pilot, lambda: session.live.snapshot().latest_step() >= 5)
-            await wait(pilot, lambda: not advice._dirty.is_set())
-            with advice._lock:
-                rec = session.live.snapshot().recommendations[0]
-                assert rec["remedy"] == "activation_checkpointing"
-                # First: a failure injected inside apply. The job must keep training.
-                failing = {**rec, "params": {**rec["params"], "_inject_failure": "apply"}}
-                session.live.update(recommendations=[failing])
+            await wait(pilot, lambda: advice.wait_idle(0))
+            rec = session.live.snapshot().recommendations[0]
+            assert rec["remedy"] == "activation_checkpointing"
+            # First: a failure injected inside apply. The job must keep training.
+            failing = {**rec, "params": {**rec["params"], "_inject_failure": "apply"}}
+            session.live.update(recommendations=[failing])
             await wait(pilot, lambda: app.recs_view.selected is not None)  # the app has polled it
             await pilot.press("a")
             await wait(pilot, lambda: session.live.snapshot().applied)

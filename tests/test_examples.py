@@ -74,6 +74,7 @@ def _torchrun(extra: list[str]) -> str:
                  str(EXAMPLES / "ddp.py"), "--steps", "3", "--device", "cpu", *extra])
 
 
+@pytest.mark.slow
 def test_gpt_is_deterministic_and_learns():
     cmd = [str(EXAMPLES / "gpt.py"), *GPT_SMALL, "--steps", "15", "--lr", "1e-2", "--seed", "1"]
     first, second = (_losses(out, 15) for out in _run_many(cmd, cmd))
@@ -95,12 +96,14 @@ def test_gpt_parameter_count_matches_docstring_formula(monkeypatch):
     assert "12h^2+13h" in gpt.__doc__.replace(" ", "").replace("*", "")
 
 
+@pytest.mark.slow
 def test_cnn_runs():
     out = _run([str(EXAMPLES / "cnn.py"), "--width", "8", "--blocks", "1", "--batch", "8",
                 "--steps", "3", "--device", "cpu"])
     _losses(out, 3)
 
 
+@pytest.mark.slow
 def test_slow_input_losses_do_not_depend_on_workers():
     base = [str(EXAMPLES / "slow_input.py"), "--steps", "3", "--load-ms", "1", "--device", "cpu"]
     inline, workers = (_losses(out, 3) for out in

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from advisor.recommend.advise import advise, advise_report
+from advisor.recommend.advise import advise
 from advisor.recommend.remedies.checkpoint_solver import brute_force
 from advisor.recommend.memory_model import chain_from_profile, predicted_peak
 from advisor.recommend.profile import profile_from_report
@@ -129,11 +129,12 @@ def test_input_rule_is_reported_when_memory_is_fine() -> None:
     assert diagnosis.bottleneck == "input" and recs == []
 
 
-def test_advise_report_gives_report_shaped_dicts() -> None:
-    out = advise_report(gpt_report())
+def test_advice_serialises_to_report_shaped_dicts() -> None:
+    diagnosis, recs = advise(profile_from_report(gpt_report()))
+    out = {"diagnosis": diagnosis.to_dict(), "recommendations": [r.to_dict() for r in recs]}
     assert set(out["diagnosis"]) == {"bottleneck", "summary", "evidence"}
     assert out["recommendations"][0]["predicted"]["peak_memory_bytes"] > 0
-    json.dumps(out)
+    json.dumps(out, allow_nan=False)
 
 
 def test_recommend_imports_no_torch_textual_or_rich(repo_root) -> None:

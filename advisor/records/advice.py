@@ -8,9 +8,10 @@ baseline, ...}]``. Pure standard library: ``recommend/`` never imports torch.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
+
+from advisor.records.jsonable import to_json
 
 BOTTLENECKS: tuple[str, ...] = ("memory", "compute", "communication", "input", "launch_overhead", "none")
 
@@ -54,17 +55,6 @@ def remedy_names() -> tuple[str, ...]:
     return REMEDIES + tuple(sorted(_REGISTERED - set(REMEDIES)))
 
 
-def _json(value: Any) -> Any:
-    """Plain JSON types only (NaN and infinities become None, tuples become lists)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, Mapping):
-        return {str(k): _json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json(v) for v in value]
-    return value
-
-
 def _check(value: str, valid: tuple[str, ...], what: str) -> None:
     if value not in valid:
         raise ValueError(f"unknown {what} {value!r}; valid: {', '.join(valid)}")
@@ -78,7 +68,7 @@ class Prediction:
     step_time_s: float | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"peak_memory_bytes": self.peak_memory_bytes, "step_time_s": _json(self.step_time_s)}
+        return {"peak_memory_bytes": self.peak_memory_bytes, "step_time_s": to_json(self.step_time_s)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,7 +83,7 @@ class CurvePoint:
     def to_dict(self) -> dict[str, Any]:
         return {
             "budget_bytes": self.budget_bytes,
-            "overhead_s": _json(self.overhead_s),
+            "overhead_s": to_json(self.overhead_s),
             "peak_memory_bytes": self.peak_memory_bytes,
             "modules_count": self.modules_count,
         }
@@ -114,7 +104,7 @@ class Diagnosis:
         _check(self.bottleneck, BOTTLENECKS, "bottleneck")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"bottleneck": self.bottleneck, "summary": self.summary, "evidence": _json(self.evidence)}
+        return {"bottleneck": self.bottleneck, "summary": self.summary, "evidence": to_json(self.evidence)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,7 +148,7 @@ class Recommendation:
             "id": self.id,
             "remedy": self.remedy,
             "title": self.title,
-            "params": _json(self.params),
+            "params": to_json(self.params),
             "predicted": self.predicted.to_dict(),
             "baseline": self.baseline.to_dict(),
             "cost_model": self.cost_model,

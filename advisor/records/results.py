@@ -7,16 +7,13 @@ report reads it back with ``ApplyResult.from_dict``.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Mapping
+from typing import Any, ClassVar, Literal, Mapping
+
+from advisor.records.jsonable import known_fields, to_json
 
 Status = Literal["kept", "reverted", "failed"]
 STATUSES: tuple[str, ...] = ("kept", "reverted", "failed")
-
-
-def _finite(value: float | None) -> float | None:
-    return value if value is None or math.isfinite(value) else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,7 +36,7 @@ class Measurement:
     def to_dict(self) -> dict[str, Any]:
         return {
             "peak_memory_bytes": self.peak_memory_bytes,
-            "step_time_s": _finite(self.step_time_s),
+            "step_time_s": to_json(self.step_time_s),
             "steps": list(self.steps),
             "time_steps": list(self.time_steps),
             "peak_steps": list(self.peak_steps),
@@ -61,8 +58,12 @@ class Measurement:
 
 @dataclass(frozen=True, kw_only=True)
 class ApplyResult:
-    """One remedy applied (or attempted) at a step boundary of one rank."""
+    """One remedy applied (or attempted) at a step boundary of one rank.
 
+    Travels as ``Event(name=ApplyResult.EVENT, data=result.to_dict())``.
+    """
+
+    EVENT: ClassVar[str] = "apply_result"
     remedy: str
     recommendation_id: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
@@ -86,12 +87,12 @@ class ApplyResult:
         return {
             "remedy": self.remedy,
             "recommendation_id": self.recommendation_id,
-            "params": dict(self.params),
+            "params": to_json(self.params),
             "rank": self.rank,
             "at_step": self.at_step,
             "predicted": {
                 "peak_memory_bytes": self.predicted.peak_memory_bytes,
-                "step_time_s": _finite(self.predicted.step_time_s),
+                "step_time_s": to_json(self.predicted.step_time_s),
             },
             "measured": {"before": self.before.to_dict(), "after": self.after.to_dict()},
             "status": self.status,
@@ -115,3 +116,64 @@ class ApplyResult:
             error=data.get("error"),
             reason=data.get("reason", ""),
         )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RevertResult:
+    """A kept remedy reverted later on the user's request, at a step boundary of one rank.
+
+    Travels as ``Event(name="apply_reverted", data=result.to_dict())``; the controller's
+    history lists it with status "reverted" (it has no ``measured`` key, unlike an
+    ``ApplyResult`` reverted after its measurement window).
+    """
+
+    EVENT: ClassVar[str] = "apply_reverted"
+    remedy: str
+    recommendation_id: str | None = None
+    at_step: int | None = None  # first step that ran without the remedy
+    reason: str = "reverted on request"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"remedy": self.remedy, "recommendation_id": self.recommendation_id,
+                "at_step": self.at_step, "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "RevertResult":
+        return cls(**known_fields(cls, data))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApplyStarted:
+    """A remedy applied at a step boundary (by a command, or by a plan before step 0); measuring follows.
+
+    Travels as ``Event(name="apply_started", data=started.to_dict())``. The optional keys keep
+    the two senders' shapes: the executor adds ``measure_steps`` and ``before``, a plan adds
+    ``from_plan: true``.
+    """
+
+    EVENT: ClassVar[str] = "apply_started"
+    remedy: str
+    recommendation_id: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    at_step: int | None = None
+    measure_steps: int | None = None
+    before: Measurement | None = None
+    from_plan: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"remedy": self.remedy, "recommendation_id": self.recommendation_id,
+                               "params": to_json(self.params), "at_step": self.at_step}
+        if self.measure_steps is not None:
+            out["measure_steps"] = self.measure_steps
+        if self.before is not None:
+            out["before"] = self.before.to_dict()
+        if self.from_plan:
+            out["from_plan"] = True
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ApplyStarted":
+        known = known_fields(cls, data)
+        if known.get("before") is not None:
+            known["before"] = Measurement.from_dict(known["before"])
+        return cls(**known)

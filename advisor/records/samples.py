@@ -11,10 +11,10 @@ are seconds (``float``), sizes are bytes (``int``), wall-clock stamps are
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping
+
+from advisor.records.jsonable import Record
 
 MEMORY_CATEGORIES: tuple[str, ...] = (
     "parameter",
@@ -27,34 +27,6 @@ MEMORY_CATEGORIES: tuple[str, ...] = (
 )
 
 PHASES: tuple[str, ...] = ("data_s", "forward_s", "backward_s", "optimizer_s", "other_s")
-
-
-def _jsonable(value: Any) -> Any:
-    """Turn a record field into plain JSON types (NaN and infinities become None)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    return value
-
-
-class Record:
-    """Mixin: ``to_dict`` / ``from_dict`` for the frozen dataclasses below."""
-
-    KIND: ClassVar[str]
-
-    def to_dict(self) -> dict[str, Any]:
-        return _jsonable(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]):
-        """Build from a dict, ignoring unknown keys (newer agents may add fields)."""
-        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-        return cls(**{k: v for k, v in data.items() if k in names})
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,19 +8,27 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from advisor.advice import advise_state
+from advisor.sections.comm import (
+    build_collectives_section,
+    build_comm_section,
+    build_straggler_section,
+)
+from advisor.sections.compute import (
+    build_compute_section,
+    build_ops_section,
+    device_fields,
+    device_spec_from_state,
+)
+from advisor.sections.memory import build_memory_section
 from advisor.state import SessionState
 
 
 def _memory(state: SessionState, report: dict[str, Any], budget: int | None) -> dict[str, Any]:
-    from advisor.sections.memory import build_memory_section
-
     return {"memory": build_memory_section(state, budget_bytes=budget)}
 
 
 def _compute(state: SessionState, report: dict[str, Any], budget: int | None) -> dict[str, Any]:
-    from advisor.sections.compute import (build_compute_section, build_ops_section, device_fields,
-                                          device_spec_from_state)
-
     spec = device_spec_from_state(state) or {}
     if spec:
         report["run"]["device"].update(device_fields(spec))
@@ -28,23 +36,13 @@ def _compute(state: SessionState, report: dict[str, Any], budget: int | None) ->
 
 
 def _comm(state: SessionState, report: dict[str, Any], budget: int | None) -> dict[str, Any]:
-    from advisor.sections.comm import build_collectives_section, build_comm_section, build_straggler_section
-
     return {"collectives": build_collectives_section(state), "comm": build_comm_section(state),
             "straggler": build_straggler_section(state)}
 
 
 def _advice(state: SessionState, report: dict[str, Any], budget: int | None) -> dict[str, Any]:
-    from advisor.advice import advise_report, current_regime
-
-    regime = current_regime(state)
-    if regime is not state:  # advise on the job as it runs now, after the kept remedy
-        from advisor.sections.memory import build_memory_section
-        from advisor.report import steps_section
-
-        report = {**report, "steps": steps_section(regime),
-                  "memory": build_memory_section(regime, budget_bytes=budget)}
-    diagnosis, recommendations = advise_report(report, budget_bytes=budget)
+    # The same call the live advice loop makes, on the same records: the report only serialises it.
+    diagnosis, recommendations = advise_state(state, budget_bytes=budget)
     return {"diagnosis": diagnosis, "recommendations": recommendations, "applied": list(state.applied)}
 
 

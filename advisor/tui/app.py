@@ -16,6 +16,7 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import DataTable, Footer, Header
 
+from advisor.regime import apply_refusal, last_kept, revert_refusal
 from advisor.state import SessionState, Source
 from advisor.tui.evidence_screen import EvidenceScreen
 from advisor.tui.exit_banner import ExitBanner
@@ -37,22 +38,6 @@ from advisor.tui.steps_view import StepsView
 # What ``App.run()`` returns, for the CLI: whether the user left a running job or a finished one.
 RESULT_STOPPED = "stopped"  # quit while training ran; source.stop() was called
 RESULT_FINISHED = "finished"  # quit after training had ended
-
-
-def last_kept(applied: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The most recent remedy still in force: kept and not reverted since (remedies stack)."""
-    stack: list[dict[str, Any]] = []
-    for result in applied:
-        status = result.get("status")
-        if status == "kept":
-            stack.append(result)
-        elif status == "reverted":
-            rec_id = result.get("recommendation_id")
-            for i in range(len(stack) - 1, -1, -1):
-                if stack[i].get("recommendation_id") == rec_id:
-                    del stack[i]
-                    break
-    return stack[-1] if stack else None
 
 
 class AdvisorApp(App[str]):
@@ -195,16 +180,7 @@ class AdvisorApp(App[str]):
         self._send_apply(rec_id)
 
     def _apply_refusal(self, rec: dict[str, Any] | None) -> str | None:
-        if rec is None:
-            return "No recommendation to apply yet."
-        title = rec.get("title") or rec.get("remedy") or rec.get("id")
-        if self.state.finished:
-            return "Training has ended: there is no running job to apply a remedy to."
-        if not rec.get("live"):
-            return f"{title} cannot be applied to a running job: it needs a restart (see its evidence, Enter)."
-        if self._pending is not None or self.state.pending_apply:
-            return "An apply is already in flight; wait for its result."
-        return None
+        return apply_refusal(self.state, rec, in_flight=self._pending is not None)
 
     @work(thread=True, group="source", exit_on_error=False)
     def _send_apply(self, recommendation_id: str) -> None:
@@ -235,13 +211,7 @@ class AdvisorApp(App[str]):
 
     def action_revert(self) -> None:
         kept = last_kept(self.state.applied)
-        reason: str | None = None
-        if self.state.finished:
-            reason = "Training has ended: nothing to revert."
-        elif kept is None:
-            reason = "Nothing to revert: no remedy is in force."
-        elif self._pending is not None or self.state.pending_apply or self._reverting is not None:
-            reason = "Wait for the change in flight to finish before reverting."
+        reason = revert_refusal(self.state, in_flight=self._pending is not None or self._reverting is not None)
         if reason:
             self.post_message(RevertRefused(reason))
             self.notify(reason, title="Not reverted", severity="warning")

@@ -1,0 +1,75 @@
+"""Commands from the controller to every rank's executor, as typed records.
+
+The wire shape is unchanged from the untyped dicts they replace:
+``{"type": "apply", "recommendation": {...}, "at_step": int|None, "measure_steps": int}``
+and ``{"type": "revert"}``. ``command_from_dict`` rebuilds one and raises
+``ValueError`` naming the valid types for anything else; unknown keys are
+ignored (a newer controller may add fields).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping
+
+from advisor.records.jsonable import known_fields, to_json
+
+DEFAULT_MEASURE_STEPS = 3  # steps measured after an apply before keep-or-revert
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApplyCommand:
+    """Apply one recommendation (its ``to_dict()`` form) at the boundary starting ``at_step``.
+
+    ``at_step`` None: the next boundary each rank reaches (ranks may differ; the controller
+    sends an explicit step). ``measure_steps``: steps measured before keep-or-revert.
+    """
+
+    TYPE: ClassVar[str] = "apply"
+    recommendation: dict[str, Any] = field(default_factory=dict)
+    at_step: int | None = None
+    measure_steps: int = DEFAULT_MEASURE_STEPS
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.TYPE, "recommendation": to_json(self.recommendation), "at_step": self.at_step,
+                "measure_steps": self.measure_steps}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ApplyCommand":
+        _check_type(data, cls.TYPE)
+        return cls(**known_fields(cls, data))
+
+
+@dataclass(frozen=True, kw_only=True)
+class RevertCommand:
+    """Revert the most recent remedy still in force (or cancel an apply not yet done)."""
+
+    TYPE: ClassVar[str] = "revert"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.TYPE}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "RevertCommand":
+        _check_type(data, cls.TYPE)
+        return cls()
+
+
+Command = ApplyCommand | RevertCommand
+COMMAND_TYPES: dict[str, type[ApplyCommand] | type[RevertCommand]] = {
+    ApplyCommand.TYPE: ApplyCommand, RevertCommand.TYPE: RevertCommand,
+}
+
+
+def command_from_dict(data: Mapping[str, Any]) -> Command:
+    """The typed command of a wire dict; ``ValueError`` for an unknown ``type``."""
+    kind = data.get("type") if isinstance(data, Mapping) else None
+    cls = COMMAND_TYPES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ValueError(f"unknown command type {kind!r}; valid: {sorted(COMMAND_TYPES)}")
+    return cls.from_dict(data)
+
+
+def _check_type(data: Mapping[str, Any], expected: str) -> None:
+    if data.get("type") != expected:
+        raise ValueError(f"not a {expected!r} command: type {data.get('type')!r}")

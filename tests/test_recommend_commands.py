@@ -1,0 +1,43 @@
+"""Typed controller commands (advisor/records/commands.py) keep the wire's dict shape."""
+
+import pytest
+
+from advisor.records.commands import ApplyCommand, RevertCommand, command_from_dict
+from advisor.records.jsonable import to_json
+from advisor.records.results import ApplyResult, ApplyStarted, Measurement, RevertResult
+
+
+def test_apply_command_round_trips_and_ignores_unknown_keys():
+    wire = {"type": "apply", "recommendation": {"id": "a", "params": {"modules": ["x"]}}, "at_step": 7,
+            "measure_steps": 3}
+    command = command_from_dict({**wire, "digest": "newer controllers may add this"})
+    assert command == ApplyCommand(recommendation=wire["recommendation"], at_step=7, measure_steps=3)
+    assert command.to_dict() == wire
+
+
+def test_revert_command_and_unknown_types():
+    assert command_from_dict({"type": "revert"}) == RevertCommand()
+    assert RevertCommand().to_dict() == {"type": "revert"}
+    with pytest.raises(ValueError, match=r"valid: \['apply', 'revert'\]"):
+        command_from_dict({"type": "rewind"})
+    with pytest.raises(ValueError, match="not a 'revert' command"):
+        RevertCommand.from_dict({"type": "apply"})
+
+
+def test_one_json_helper_for_every_family():
+    assert to_json({"a": (1.0, float("nan")), 2: [float("inf")]}) == {"a": [1.0, None], "2": [None]}
+    result = ApplyResult(remedy="r", status="kept", params={"t": float("nan")})
+    assert result.to_dict()["params"] == {"t": None}
+    revert = RevertResult(remedy="r", recommendation_id="a", at_step=4)
+    assert RevertResult.from_dict({**revert.to_dict(), "extra": 1}) == revert
+    assert revert.to_dict() == {"remedy": "r", "recommendation_id": "a", "at_step": 4, "reason": "reverted on request"}
+
+
+def test_apply_started_keeps_both_senders_shapes():
+    executor = {"remedy": "r", "recommendation_id": "a", "params": {"modules": ["x"]}, "at_step": 5,
+                "measure_steps": 3, "before": {"peak_memory_bytes": 10, "step_time_s": 0.5, "steps": [3, 4]}}
+    plan = {"remedy": "r", "recommendation_id": None, "params": {}, "at_step": 0, "from_plan": True}
+    for wire in (executor, plan):
+        started = ApplyStarted.from_dict(wire)
+        assert started.to_dict() == wire
+    assert ApplyStarted.from_dict(executor).before == Measurement(peak_memory_bytes=10, step_time_s=0.5, steps=(3, 4))

@@ -1,0 +1,172 @@
+"""Exact figures from the Profile and the advice on three recorded sessions (tests/data).
+
+As Holistic Trace Analysis tests its analyses on recorded traces: each file is a real
+``advisor attach`` session (tests/data/README.md has the commands), so these figures are
+what the recommender makes of measured data, not of hand-written dicts. A change to the
+profile, a rule or a cost model that moves any of them shows up here first.
+"""
+
+import pytest
+import recorded
+
+from advisor.advice import AdviceLoop, advise_state
+from advisor.recommend.profile import profile_from_records
+from advisor.report import build_report
+from advisor.state import LiveState, SessionState
+from advisor.store import load_state
+
+BUDGET = 24_000_000  # the README's --memory-budget 24MB
+CPU_CAPACITY = 25276063744  # the recording machine's memory (RunInfo.device.memory_capacity)
+BLOCKS = ["blocks.0", "blocks.1", "blocks.2", "blocks.3"]
+
+
+def profile_of(state: SessionState, budget_bytes=None):
+    steps = [s for rank in sorted(state.steps) for s in state.steps[rank]]
+    return profile_from_records(steps=steps, memory=state.memory, modules=state.modules, ops=state.ops,
+                                collectives=state.collectives, events=state.events,
+                                runs=list(state.runs.values()), models=state.models,
+                                optimizers=state.optimizers, budget_bytes=budget_bytes)
+
+
+def test_gpt_profile():
+    profile = profile_of(recorded.load_state("gpt"))
+    assert profile.peak_bytes == 34407204
+    assert profile.budget_bytes == CPU_CAPACITY
+    assert profile.categories_at_peak == {"parameter": 3732480, "gradient": 3732480, "optimizer_state": 7465176,
+                                          "activation": 18424320, "temporary": 1048584, "input": 4160, "other": 4}
+    assert profile.categories_max["activation"] == 18424324
+    assert profile.categories_max["temporary"] == 3407880
+    # The median of the four light steps (0, 5, 6, 7); deep steps 1-4 are left out.
+    assert profile.step_time_s == 1.931046562000006
+    assert profile.phases["backward_s"] == 1.0671224335000034
+    assert len(profile.modules) == 45
+    assert profile.module("blocks.0").type == "Block"
+    assert profile.time_scale == 1.0
+    assert profile.oom is None
+    assert (len(profile.ops), len(profile.collectives)) == (1084, 0)
+
+
+def test_gpt_advice_under_the_readme_budget():
+    diagnosis, recs = advise_state(recorded.load_state("gpt"), budget_bytes=BUDGET)
+    assert diagnosis["bottleneck"] == "memory"
+    assert diagnosis["summary"] == "peak 0.03 GiB is 143% of the 0.02 GiB budget"
+    assert [r["id"] for r in recs] == ["checkpoint-blocks-4"]
+    rec = recs[0]
+    assert rec["remedy"] == "activation_checkpointing" and rec["live"] and rec["exact"] and rec["fits"]
+    assert rec["params"] == {"modules": BLOCKS}
+    assert rec["predicted"] == {"peak_memory_bytes": 22299428, "step_time_s": 1.9539786230000118}
+    assert rec["baseline"] == {"peak_memory_bytes": 34407204, "step_time_s": 1.931046562000006}
+    assert len(rec["curve"]) == 12
+
+
+def test_gpt_without_a_budget_has_no_bottleneck():
+    diagnosis, recs = advise_state(recorded.load_state("gpt"))
+    assert (diagnosis["bottleneck"], recs) == ("none", [])
+
+
+def test_ddp_profile_reads_rank_zero():
+    state = recorded.load_state("ddp")
+    assert sorted(state.runs) == [0, 1] and {r: len(s) for r, s in state.steps.items()} == {0: 30, 1: 30}
+    profile = profile_of(state)
+    assert profile.peak_bytes == 11287104
+    assert profile.categories_at_peak == {"parameter": 2149928, "gradient": 2149928, "optimizer_state": 4299968,
+                                          "activation": 0, "temporary": 2676268, "input": 8452, "other": 2560}
+    assert profile.step_time_s == 0.015262049999989813
+    assert profile.time_scale == 0.07700839949344822
+    assert len(profile.modules) == 23
+    assert (len(profile.ops), len(profile.collectives)) == (606, 64)
+    assert {c.rank for c in profile.collectives} == {0}
+
+
+def test_ddp_advice_names_the_input_wait():
+    diagnosis, recs = advise_state(recorded.load_state("ddp"))
+    assert diagnosis == {"bottleneck": "input", "summary": "waiting for data takes 6% of the step",
+                         "evidence": [{"what": "data wait / step time", "value": 0.0552, "threshold": 0.05}]}
+    assert recs == []
+
+
+def test_oom_profile_adds_the_model_states_step_zero_never_held():
+    state = recorded.load_state("oom")
+    assert state.steps == {} and state.exit_code == 1
+    profile = profile_of(state)
+    # Measured 22.3 MB at the OOM; gradients (1x) and AdamW state (2x parameters) were not yet allocated.
+    assert profile.categories_max["gradient"] == 0 and profile.categories_max["optimizer_state"] == 0
+    assert profile.categories_at_peak["gradient"] == 3732480
+    assert profile.categories_at_peak["optimizer_state"] == 7464960
+    assert profile.peak_bytes == 34406988
+    assert profile.step_time_s is None
+    assert profile.oom["op"] == "aten.nll_loss_backward" and profile.oom["requested_bytes"] == 1048576
+    assert profile.oom["budget_bytes"] == BUDGET
+    assert len(profile.modules) == 44
+
+
+def test_oom_advice_uses_the_recorded_budget():
+    diagnosis, recs = advise_state(recorded.load_state("oom"))  # no budget given: the recorded 24MB
+    assert diagnosis["summary"] == "out of memory in aten.nll_loss_backward"
+    assert diagnosis["evidence"][0] == {"what": "peak memory", "value": 35455564, "unit": "bytes"}
+    assert [(r["id"], r["params"], r["predicted"], r["confidence"]) for r in recs] == [
+        ("checkpoint-blocks-4", {"modules": BLOCKS}, {"peak_memory_bytes": 23347788, "step_time_s": None}, "low")]
+
+
+class _Session:
+    """What AdviceLoop needs of a Session: its LiveState and a command sink."""
+
+    def __init__(self) -> None:
+        self.live = LiveState(session_id="recorded")
+        self.sent: list[dict] = []
+
+    def send_command(self, command) -> int:
+        self.sent.append(command.to_dict())
+        return 1
+
+
+def _advised(recs):
+    return [(r["id"], r["params"], r["predicted"], r["baseline"], r["curve"]) for r in recs]
+
+
+@pytest.mark.parametrize("name,budget", [("gpt", BUDGET), ("oom", None), ("ddp", None)])
+def test_live_advice_equals_report_advice(name, budget):
+    """The AdviceLoop fed a session record by record, then finished as attach finishes it, gives
+    exactly the report's diagnosis and recommendations: ids, params and predictions."""
+    session = _Session()
+    loop = AdviceLoop(session, budget_bytes=budget)
+    try:
+        _, records = recorded.read(name)
+        for record in records:
+            session.live.add(record)
+            loop.on_record(record)
+        assert loop.wait_idle(timeout=120)
+        loop.finish()
+        assert loop.last_error is None
+        live = session.live.snapshot()
+        report = build_report(live, budget_bytes=budget)
+    finally:
+        loop.close()
+    assert report["warnings"] == []
+    assert live.diagnosis == report["diagnosis"]
+    assert _advised(live.recommendations) == _advised(report["recommendations"])
+    assert live.recommendations == report["recommendations"]
+    if name != "ddp":
+        assert live.recommendations  # a real comparison, not two empty lists
+
+
+def test_stored_session_advises_as_its_records(tmp_path):
+    """The SQLite round trip (what `advisor report` and `advisor plan` read) changes no figure."""
+    db = recorded.write_session("gpt", tmp_path)
+    assert advise_state(load_state(db), budget_bytes=BUDGET) == advise_state(recorded.load_state("gpt"),
+                                                                            budget_bytes=BUDGET)
+
+
+def test_wait_idle_returns_once_the_loop_has_advised():
+    session = _Session()
+    loop = AdviceLoop(session, budget_bytes=BUDGET)
+    try:
+        assert loop.wait_idle(timeout=5)  # nothing seen yet: idle at once
+        _, records = recorded.read("gpt")
+        for record in records:
+            session.live.add(record)
+            loop.on_record(record)
+        assert loop.wait_idle(timeout=120)
+        assert session.live.snapshot().recommendations  # the deep steps were advised on
+    finally:
+        loop.close()
