@@ -75,7 +75,7 @@ def worker(rank: int, world: int, port: int, scenario: str, out: str) -> None:
                     executor.submit({"type": "apply", "at_step": AT_STEP, "measure_steps": 2,
                                      "recommendation": {"id": "zero-1", "remedy": "zero", "params": {"stage": 1}}})
                 executor.on_boundary(i)
-            if scenario != "none" and i == AT_STEP:
+            if scenario in ("switch", "switch_revert", "revert_before_step") and i == AT_STEP:
                 handle = apply_zero(target, stage=1)
                 info["owners"] = handle.owners
                 info["owned_param_bytes"] = sum(p.numel() * p.element_size() for p in handle.owned(handle.rank))
