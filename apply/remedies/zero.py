@@ -9,7 +9,7 @@ the LR schedulers over it):
   their state: the optimizer state per rank drops to about 1/N;
 - DDP still all-reduces every gradient, so each owner's update is the very update the
   replicated optimizer made; after every ``step()`` the owners broadcast their updated
-  parameters (one flat buffer per owner and dtype), so all replicas stay equal bit for bit;
+  parameters in place, so all replicas stay equal bit for bit;
 - the gradients of parameters a rank does not own are dropped after each step (nothing reads
   them), and at the switch: PYTORCH-NOTES measured a 2.6e-3 drift when they were left to
   accumulate, since ``zero_grad`` no longer reaches them.
@@ -84,29 +84,21 @@ class ZeroHandle:
         return [p for p, o in zip(self.params, self.owners) if o == r]
 
     def after_step(self, opt: Any, args: Any, kwargs: Any) -> None:
-        """Owners broadcast their updated parameters; non-owners drop gradients nobody reads."""
-        self.dropped = None  # from now on the ranks have diverged from the saved state
+        """Owners broadcast their updated parameters straight into every replica's storage (no
+        staging buffer: ZeRO must not add a parameter-sized transient); non-owners then drop the
+        gradients nobody reads any more."""
+        self.commit()
         with torch.no_grad():
-            for r in range(len(self.ranks)):
-                by_dtype: dict[torch.dtype, list[nn.Parameter]] = {}
-                for p in self.owned(r):
-                    by_dtype.setdefault(p.dtype, []).append(p)
-                for params in by_dtype.values():
-                    if r == self.rank:
-                        flat = torch.cat([p.detach().reshape(-1) for p in params])
-                    else:
-                        flat = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype,
-                                           device=params[0].device)
-                    _broadcast(flat, src=self.ranks[r], group=self.group)
-                    if r != self.rank:
-                        offset = 0
-                        for p in params:
-                            n = p.numel()
-                            p.copy_(flat[offset:offset + n].view_as(p))
-                            offset += n
+            for p, owner in zip(self.params, self.owners):
+                _broadcast(p.detach(), src=self.ranks[owner], group=self.group)
         for p, o in zip(self.params, self.owners):
             if o != self.rank:
                 p.grad = None
+
+    def commit(self) -> None:
+        """Every rank agreed to keep it (the executor calls this after the vote; the first step
+        does too): release the dropped state, which only a revert at the apply's boundary needed."""
+        self.dropped = None
 
     def revert(self) -> None:
         if self.reverted:
