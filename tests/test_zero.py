@@ -135,3 +135,25 @@ def test_stage_validation_names_the_built_stages() -> None:
     check_params("zero", {"stage": 1})
     with pytest.raises(ValueError, match=r"valid: \[1\]"):
         check_params("zero", {"stage": 3})
+
+
+def test_zero1_prediction_bounds_the_busiest_rank_and_counts_the_smaller_optimizer_step() -> None:
+    from advisor.recommend.profile import ModuleProfile
+    from advisor.recommend.remedies.zero import propose
+
+    modules = (ModuleProfile(name="", parameter_bytes=200), ModuleProfile(name="a", parameter_bytes=60),
+               ModuleProfile(name="b", parameter_bytes=40))
+    [rec] = propose(_profile(modules=modules, phases={"optimizer_s": 0.08}), 950, [])
+    # half of the 400 B state is saved, less the state of the largest parameter (60/200 of it)
+    assert rec.predicted.peak_memory_bytes == 1000 - (200 - 120)
+    assert rec.predicted.step_time_s == pytest.approx(0.2 - 0.04 + 200 / 1e9)
+
+
+def test_zero1_is_not_proposed_when_one_parameter_holds_most_of_the_state() -> None:
+    from advisor.recommend.profile import ModuleProfile
+    from advisor.recommend.remedies.zero import propose
+
+    modules = (ModuleProfile(name="a", parameter_bytes=150), ModuleProfile(name="b", parameter_bytes=50))
+    evidence: list = []
+    assert propose(_profile(modules=modules), 700, evidence) == []
+    assert "largest parameter" in evidence[0]["value"]

@@ -1,17 +1,17 @@
 """ZeRO stage 1 on a DDP job, the predictor half: spec, memory and time model, proposal.
 
 Memory (REFERENCE.md, "ZeRO"): stage 1 partitions the optimizer state across the N_d
-data-parallel ranks, so at the peak each rank holds about 1/N_d of it:
+data-parallel ranks. The applier balances the partition by parameter bytes, largest first, so
+the busiest rank holds at most 1/N_d of the state plus the state of one parameter (the
+largest); the prediction is that bound, for the busiest rank:
 
-    peak' = peak - optimizer_state_at_peak * (1 - 1/N_d)
+    peak' = peak - optimizer_state * (1 - 1/N_d) + optimizer_state * largest_parameter / parameters
 
-(the applier balances the partition by parameter bytes, so the per-rank share is within one
-parameter of 1/N_d; the tracked figure is checked against the formula in tests/test_zero.py).
+Time: DDP's gradient all-reduce is unchanged; each rank's optimizer step now updates 1/N_d of
+the parameters, and after it each owner broadcasts its updated parameters, Ψ parameter bytes in
+all, which nothing overlaps:
 
-Time: DDP's gradient all-reduce is unchanged; after every optimizer step each owner broadcasts
-its updated parameters, Ψ parameter bytes in all, which nothing overlaps:
-
-    step' = step + parameter_bytes / bus bandwidth
+    step' = step - optimizer_s * (1 - 1/N_d) + parameter_bytes / bus bandwidth
 
 with the bus bandwidth this job measured on its own all-reduces (the comm probe's collectives,
 nccl-tests' convention; a broadcast's bus factor is 1). Without measured collectives the time is
@@ -32,8 +32,8 @@ from advisor.records.advice import Prediction, Recommendation
 from advisor.records.bandwidth import busbw
 
 STAGES = (1,)
-COST_MODEL = ("peak - optimizer state x (1 - 1/N_d); step + parameter bytes / measured bus bandwidth "
-              "(ZeRO-1: owners broadcast updated parameters after each step)")
+COST_MODEL = ("peak - optimizer state x (1 - 1/N_d) + the largest parameter's state; step - optimizer step "
+              "x (1 - 1/N_d) + parameter bytes / measured bus bandwidth (owners broadcast after each step)")
 
 
 def parse_stage(value: Any) -> int:
@@ -66,13 +66,20 @@ def propose(profile: Profile, budget: int, evidence: list[dict[str, object]]) ->
                                                     "(the applier partitions exactly one)"})
         return []
     baseline_peak = measured_peak(profile)
-    saved = int(state * (1 - 1 / n))
-    peak = baseline_peak - saved
     params = int(profile.categories_at_peak.get("parameter", 0))
+    largest = max((m.parameter_bytes for m in profile.modules if not profile.children(m.name)), default=0)
+    imbalance = int(state * largest / params) if params else 0
+    saved = int(state * (1 - 1 / n)) - imbalance
+    if saved <= 0:
+        evidence.append({"what": "ZeRO-1", "value": "not proposed: the largest parameter holds so much of the "
+                                                    "state that the busiest rank would save nothing"})
+        return []
+    peak = baseline_peak - saved
     bw = measured_busbw(profile)
     step = profile.step_time_s
     extra = params / bw if bw and params else None
-    predicted_time = step + extra if step is not None and extra is not None else None
+    optimizer_saved = profile.phases.get("optimizer_s", 0.0) * (1 - 1 / n)
+    predicted_time = step - optimizer_saved + extra if step is not None and extra is not None else None
     ev = [f"optimizer state {gib(state)} of a {gib(baseline_peak)} peak, replicated on {n} ranks",
           f"ZeRO-1 keeps about 1/{n} of it per rank: {gib(saved)} less at the peak"]
     ev.append(f"owners broadcast {gib(params)} of parameters after each step at the measured "
