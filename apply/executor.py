@@ -438,6 +438,8 @@ class Executor:
                 self._emit(step, "apply_result", result.with_(
                     status="reverted", reason=verdict.reason or "reverted on every rank"), record=True)
                 return
+        if error is None and handle is not None and callable(getattr(handle, "commit", None)):
+            handle.commit()  # every rank keeps it: drop what only an immediate revert needed
         if error is not None:
             logger.warning("Applying %s failed, training goes on unchanged: %s", request.remedy, error)
             self._emit(step, "apply_result", result.with_(

@@ -31,6 +31,9 @@ class RemedyHandle(Protocol):
     def revert(self) -> None:
         """Undo the remedy exactly; calling it twice does nothing the second time."""
 
+    # Optional: ``commit()``, called once every rank has agreed to keep the remedy (right after
+    # the apply's vote); a handle may then release what only a revert at that boundary needed.
+
 
 ApplyFn = Callable[..., RemedyHandle]
 

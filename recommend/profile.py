@@ -74,6 +74,11 @@ class Profile:
     # (not serialised by ``to_dict``: the report has its own ops and collectives sections).
     ops: tuple[OpStat, ...] = ()
     collectives: tuple[CollectiveStat, ...] = ()
+    # The job's shape, for remedies that depend on it (source: RunInfo.world_size, ModelInfo.wrapper,
+    # the optimizers discovered): data-parallel degree, the first model's wrapper, optimizer count.
+    world_size: int = 1
+    data_parallel: str | None = None
+    optimizer_count: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -250,8 +255,12 @@ def profile_from_records(
                                   budget_bytes=budget_bytes)
     op_rank = min((o.rank for o in ops), default=0)
     comm_rank = min((c.rank for c in collectives), default=0)
+    first = [m for m in models if m.rank == min((x.rank for x in models), default=0)]
     return replace(profile, ops=tuple(o for o in ops if o.rank == op_rank),
-                   collectives=tuple(c for c in collectives if c.rank == comm_rank))
+                   collectives=tuple(c for c in collectives if c.rank == comm_rank),
+                   world_size=max([r.world_size for r in runs] or [1]),
+                   data_parallel=first[0].wrapper if first else None,
+                   optimizer_count=sum(1 for o in optimizers if o.rank == (first[0].rank if first else 0)))
 
 
 def _rank_of_interest(ranks: set[int]) -> int | None:

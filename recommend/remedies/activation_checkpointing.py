@@ -58,7 +58,15 @@ def fitting_plan(profile: Profile, budget: int) -> tuple[Chain | None, Plan | No
 
 
 def propose(profile: Profile, budget: int, evidence: list[dict[str, object]]) -> list[Recommendation]:
-    """One recommendation when a plan fits ``budget``; none when nothing fits (``evidence`` says so)."""
+    """One recommendation when a plan fits ``budget``; none when nothing fits (``evidence`` says so)
+    or when activations are not the largest category at the peak (checkpointing cannot help)."""
+    cats = dict(profile.categories_at_peak or profile.categories_max)
+    if profile.oom and profile.oom.get("categories"):
+        cats = {k: int(v) for k, v in profile.oom["categories"].items()}
+    if cats and max(cats, key=lambda k: cats[k]) != "activation":
+        evidence.append({"what": "activation checkpointing",
+                         "value": "not proposed: activations are not the largest category"})
+        return []
     units, plan = fitting_plan(profile, budget)
     if plan is None or units is None or plan.peak_bytes > budget:
         best = plan.peak_bytes if plan is not None else None

@@ -48,16 +48,16 @@ def memory_rule(profile: Profile) -> Finding | None:
     summary = (f"out of memory in {profile.oom.get('module') or profile.oom.get('op') or 'the step'}" if profile.oom
                else f"peak {gib(peak)} is {peak / budget:.0%} of the {gib(budget)} budget")
     recs: list[Recommendation] = []
-    if largest == "activation" and budget:
+    if budget:
+        # Every memory remedy judges its own case (checkpointing when activations dominate,
+        # ZeRO when a data-parallel job replicates its optimizer state, ...).
         for spec in remedies.specs().values():
             if spec.addresses == "memory" and spec.propose is not None:
                 recs += spec.propose(profile, budget, evidence)
-        if not recs and not _fits_already(evidence):
-            best = _lowest_peak(evidence)
-            recs = [_not_built(profile, budget, best, "no set of checkpointed modules fits the budget")]
-    else:
-        evidence.append({"what": "activation checkpointing", "value": "not proposed: activations are not the largest category"})
-        recs = [_not_built(profile, budget, None, "model states or other memory dominate, which checkpointing cannot reduce")]
+    if not any(r.fits for r in recs) and not _fits_already(evidence):
+        why = ("no set of checkpointed modules fits the budget" if largest == "activation"
+               else "model states or other memory dominate, which checkpointing cannot reduce")
+        recs.append(_not_built(profile, budget, _lowest_peak(evidence), why))
     severity = 2.0 if profile.oom else 1.0 + (peak / budget if budget else 0.0)
     return Finding(bottleneck="memory", summary=summary, severity=severity, evidence=evidence, recommendations=recs)
 

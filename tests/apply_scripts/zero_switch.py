@@ -1,0 +1,107 @@
+"""Two gloo ranks training a DDP model with AdamW, StepLR and gradient clipping, switched live to
+ZeRO-1 (and optionally back) through the applier, as the executor would at a step boundary.
+
+Scenarios: ``none`` (undisturbed), ``switch`` (ZeRO-1 from step 5 on), ``switch_revert``
+(ZeRO-1 at step 5, reverted at step 12), ``revert_before_step`` (applied and reverted at the
+same boundary, as after a failed vote), ``executor_fail_on_1`` (the real executor applies it at
+step 5 on both ranks; on rank 1 the switch raises: both ranks must revert and train on). Each rank writes ``rank<r>.json``: losses, the optimizer
+state bytes it holds after the switch, and the owners.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+if str(ROOT / "tests") not in sys.path:
+    sys.path.insert(0, str(ROOT / "tests"))
+
+from fakes import FakeContext  # noqa: E402
+
+from advisor.apply import registry  # noqa: E402
+from advisor.apply.executor import Executor  # noqa: E402
+from advisor.apply.remedies.zero import apply_zero  # noqa: E402
+from advisor.apply.target import Target  # noqa: E402
+from advisor.records.samples import StepSample  # noqa: E402
+
+STEPS = 20
+AT_STEP = 5
+REVERT_AT = 12
+
+
+def state_bytes(opt: torch.optim.Optimizer) -> int:
+    return sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values()
+               if isinstance(v, torch.Tensor))
+
+
+def worker(rank: int, world: int, port: int, scenario: str, out: str) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 48), torch.nn.Tanh(), torch.nn.Linear(48, 32),
+                                    torch.nn.Tanh(), torch.nn.Linear(32, 1))
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.AdamW(ddp.parameters(), lr=0.01, weight_decay=0.01)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.5)
+        target = Target(wrapped_models=[ddp], optimizers=[opt], lr_schedulers=[sched], wrappers=[ddp],
+                        rank=rank, world_size=world)
+        gen = torch.Generator().manual_seed(100 + rank)
+        losses, handle, info = [], None, {}
+        executor = None
+        if scenario == "executor_fail_on_1":
+            ctx = FakeContext([ddp], [opt], rank=rank, world_size=world, config={"apply_agree_timeout_s": 20})
+            executor = Executor(ctx)
+            if rank == 1:
+                def failing(target, *, stage):  # fails half-way: after a real switch, before returning
+                    apply_zero(target, stage=stage).revert()
+                    raise RuntimeError("injected failure in the ZeRO switch on rank 1")
+                registry.register("zero", failing, replace=True)
+        for i in range(STEPS):
+            if executor is not None:
+                ctx.step = i
+                if i == 1:
+                    executor.submit({"type": "apply", "at_step": AT_STEP, "measure_steps": 2,
+                                     "recommendation": {"id": "zero-1", "remedy": "zero", "params": {"stage": 1}}})
+                executor.on_boundary(i)
+            if scenario in ("switch", "switch_revert", "revert_before_step") and i == AT_STEP:
+                handle = apply_zero(target, stage=1)
+                info["owners"] = handle.owners
+                info["owned_param_bytes"] = sum(p.numel() * p.element_size() for p in handle.owned(handle.rank))
+                if scenario == "revert_before_step":
+                    handle.revert()
+            if scenario == "switch_revert" and i == REVERT_AT:
+                handle.revert()
+                info["state_bytes_after_revert"] = state_bytes(opt)
+            x = torch.randn(8, 16, generator=gen)
+            loss = ddp(x).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(ddp.parameters(), 0.5)
+            opt.step()
+            sched.step()
+            losses.append(loss.item())
+            if executor is not None:
+                executor.on_step_end(StepSample(index=i, rank=rank, time_s=0.1, deep=False))
+            if scenario == "switch" and i == AT_STEP:
+                info["state_bytes_after_switch"] = state_bytes(opt)
+        if executor is not None:
+            executor.close()
+            info["results"] = [r.to_dict() for r in executor.results]
+        info["state_bytes_end"] = state_bytes(opt)
+        info["full_state_bytes"] = 2 * sum(p.numel() * p.element_size() for p in model.parameters())
+        info["params"] = [p.detach().reshape(-1).tolist() for p in model.parameters()]
+        Path(out, f"rank{rank}.json").write_text(json.dumps({"losses": losses, **info}))
+    finally:
+        dist.destroy_process_group()
