@@ -79,6 +79,10 @@ class Profile:
     world_size: int = 1
     data_parallel: str | None = None
     optimizer_count: int = 0
+    # Devices one process sees (RunInfo.device["count"]: torch.cuda.device_count(), 1 on a CPU) and
+    # their type, for remedies that spread a model over them (the pipeline split).
+    visible_devices: int = 1
+    device_type: str = "cpu"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -256,11 +260,13 @@ def profile_from_records(
     op_rank = min((o.rank for o in ops), default=0)
     comm_rank = min((c.rank for c in collectives), default=0)
     first = [m for m in models if m.rank == min((x.rank for x in models), default=0)]
+    device = min(runs, key=lambda r: r.rank).device if runs else {}
     return replace(profile, ops=tuple(o for o in ops if o.rank == op_rank),
                    collectives=tuple(c for c in collectives if c.rank == comm_rank),
                    world_size=max([r.world_size for r in runs] or [1]),
                    data_parallel=first[0].wrapper if first else None,
-                   optimizer_count=sum(1 for o in optimizers if o.rank == (first[0].rank if first else 0)))
+                   optimizer_count=sum(1 for o in optimizers if o.rank == (first[0].rank if first else 0)),
+                   visible_devices=int(device.get("count") or 1), device_type=str(device.get("type") or "cpu"))
 
 
 def _rank_of_interest(ranks: set[int]) -> int | None:

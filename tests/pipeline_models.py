@@ -8,8 +8,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+
 import torch.nn.functional as F
 from torch import nn
+
+from advisor.apply.target import Target as ApplyTarget
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,17 +29,9 @@ def load_gpt() -> Any:
     return sys.modules[name]
 
 
-class Target:
-    """What ``apply_pipeline`` reads from the agent: root models and optimizers."""
-
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        self._model, self._optimizer = model, optimizer
-
-    def models(self) -> list[nn.Module]:
-        return [self._model]
-
-    def optimizers(self) -> list[torch.optim.Optimizer]:
-        return [self._optimizer]
+def Target(model: nn.Module, optimizer: torch.optim.Optimizer) -> ApplyTarget:
+    """What ``apply_pipeline`` reads, as the agent's capture would hold it: the model and its optimizer."""
+    return ApplyTarget.of(model, [optimizer])
 
 
 def train_gpt(

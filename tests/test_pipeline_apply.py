@@ -146,16 +146,16 @@ def test_revert_restores_the_forwards_and_losses_stay_equal(gpt_baseline: list[f
 
     def at(i: int, target: Target) -> None:
         if i == 5:
-            params_before.extend((id(p), p.device) for p in target.models()[0].parameters())
+            params_before.extend((id(p), p.device) for p in target.models[0].parameters())
         apply(i, target)
         if i == 12:
             handles[0].revert()
             handles[0].revert()  # twice is harmless
-            model = target.models()[0]
+            model = target.models[0]
             assert all("forward" not in b.__dict__ for b in model.blocks)
             assert [(id(p), p.device) for p in model.parameters()] == params_before
             # the optimizer still holds the model's own Parameter objects
-            assert {id(p) for g in target.optimizers()[0].param_groups for p in g["params"]} == \
+            assert {id(p) for g in target.optimizers[0].param_groups for p in g["params"]} == \
                 {i for i, _ in params_before}
 
     losses = train_gpt(20, at)
@@ -183,7 +183,7 @@ def test_failure_mid_apply_reverts_and_training_goes_on(gpt_baseline: list[float
                 apply_pipeline(target, stages=STAGES, micro_batches=M, devices=["cpu"] * 3)
             except RuntimeError as exc:
                 errors.append(exc)
-            assert all("forward" not in b.__dict__ for b in target.models()[0].blocks)
+            assert all("forward" not in b.__dict__ for b in target.models[0].blocks)
 
     losses = train_gpt(20, at)
     assert len(errors) == 1 and "injected" in str(errors[0]) and len(moved) == 2

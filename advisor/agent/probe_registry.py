@@ -55,7 +55,7 @@ def device_info(local_rank: int = 0) -> dict[str, Any]:
     if torch.cuda.is_available():
         index = local_rank % max(1, torch.cuda.device_count())
         props = torch.cuda.get_device_properties(index)
-        return {"type": "cuda", "name": props.name, "index": index,
+        return {"type": "cuda", "name": props.name, "index": index, "count": torch.cuda.device_count(),
                 "memory_capacity": int(props.total_memory),
                 "capability": f"{props.major}.{props.minor}"}
     try:
@@ -64,5 +64,5 @@ def device_info(local_rank: int = 0) -> dict[str, Any]:
         pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         pages = None
-    return {"type": "cpu", "name": _cpu_name(), "index": None, "memory_capacity": pages,
+    return {"type": "cpu", "name": _cpu_name(), "index": None, "count": 1, "memory_capacity": pages,
             "threads": torch.get_num_threads()}

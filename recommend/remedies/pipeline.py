@@ -39,6 +39,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from advisor.recommend.memory_model import find_chain, measured_peak
+from advisor.recommend.remedies import RemedySpec
 from advisor.recommend.profile import Profile
 from advisor.records.advice import Prediction, Recommendation
 
@@ -530,12 +531,28 @@ def propose(
         extra = dict(live=True, prerequisites=[
             "each block feeds the next; no BatchNorm in the blocks; the batch splits along its first dimension",
             "micro-batching reassociates sums (live-equivalent)"], evidence=ev)
-    if "apply_class" in Recommendation.__dataclass_fields__:  # the remedy contract's per-record class
-        extra["apply_class"] = cls
+    extra["apply_class"] = cls
     return [Recommendation(id=f"pipeline-{p}x{best.micro_batches}", remedy="pipeline", title=title,
                            params=params, **common, **extra)]
 
 
+def propose_for_memory(profile: Profile, budget: int, evidence: list[dict[str, object]]) -> list[Recommendation]:
+    """The memory rule's entry: the devices and ranks come from the profile."""
+    return propose(profile, budget, evidence, devices=profile.visible_devices, world_size=profile.world_size,
+                   device_type=profile.device_type)
+
+
+SPEC = RemedySpec(
+    name="pipeline",
+    apply_class=APPLY_CLASS_LIVE,  # one process over its devices; a multi-rank split is "restart" per record
+    params=PARAMS,
+    optional=("schedule", "ranks", "split_points", "loop_change"),
+    validate=validate,
+    phase="layout",
+    addresses="memory",
+    propose=propose_for_memory,
+)
+
 __all__ = ["PipeBlock", "PartitionFigures", "PipelinePlan", "plan_pipeline", "evaluate", "equal_split",
            "min_max_partition", "micro_batch_choices", "brute_force", "propose", "validate",
-           "blocks_from_profile", "loop_change", "SCHEDULES", "COST_MODEL", "DEFAULT_LINK_BYTES_S", "PARAMS"]
+           "blocks_from_profile", "loop_change", "SCHEDULES", "COST_MODEL", "DEFAULT_LINK_BYTES_S", "PARAMS", "SPEC"]
