@@ -83,6 +83,9 @@ class Profile:
     # their type, for remedies that spread a model over them (the pipeline split).
     visible_devices: int = 1
     device_type: str = "cpu"
+    # The rank of interest's per-op memory timeline of its deep steps (MemorySample records, bytes):
+    # the simulated peak of a checkpointed chain replays it (recommend/peak_model.py).
+    memory_timeline: tuple[MemorySample, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -266,7 +269,8 @@ def profile_from_records(
                    world_size=max([r.world_size for r in runs] or [1]),
                    data_parallel=first[0].wrapper if first else None,
                    optimizer_count=sum(1 for o in optimizers if o.rank == (first[0].rank if first else 0)),
-                   visible_devices=int(device.get("count") or 1), device_type=str(device.get("type") or "cpu"))
+                   visible_devices=int(device.get("count") or 1), device_type=str(device.get("type") or "cpu"),
+                   memory_timeline=tuple(samples))
 
 
 def _rank_of_interest(ranks: set[int]) -> int | None:

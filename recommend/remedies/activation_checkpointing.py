@@ -12,10 +12,12 @@ from typing import Any, Mapping
 
 from advisor.recommend.finding import gib
 from advisor.recommend.memory_model import COST_MODEL, Chain, chain_from_profile, measured_peak
+from advisor.recommend.peak_model import MODEL as PEAK_MODEL
+from advisor.recommend.peak_model import ChainMemory, chain_memory, simulated_peak, solve
 from advisor.recommend.profile import Profile
 from advisor.recommend.remedies import RemedySpec
 from advisor.recommend.remedies.checkpoint_solver import Plan, greedy_tree, solve_chain, tradeoff_curve
-from advisor.records.advice import Prediction, Recommendation
+from advisor.records.advice import CurvePoint, Prediction, Recommendation
 
 HEADROOM = 0.90  # plan for this share of the budget first; a plan that only fits the budget still fits
 
@@ -34,17 +36,63 @@ def validate(params: Mapping[str, Any]) -> None:
         raise ValueError(f"modules names one module twice: {list(modules)!r}")
 
 
+def chain_timeline(profile: Profile, chain: Chain | None) -> ChainMemory | None:
+    """The chain's measured timeline (``peak_model``), when a deep step ran it once forward and
+    once backward; None otherwise (no deep step, accumulation, an OOM before backward)."""
+    if chain is None or not chain.contiguous or not profile.memory_timeline:
+        return None
+    return chain_memory(profile.memory_timeline, chain.names, {m.name: m.input_bytes for m in profile.modules})
+
+
+def _simulated_plan(chain: Chain, memory: ChainMemory, budget: int) -> Plan | None:
+    choice = solve(memory, [b.forward_s for b in chain.blocks], budget)
+    if choice is None:
+        return None
+    return Plan(modules=tuple(chain.blocks[i].name for i in choice.selected), indices=choice.selected,
+                peak_bytes=choice.peak_bytes, overhead_s=choice.recompute_s, budget_bytes=budget,
+                baseline_peak_bytes=memory.measured_peak_bytes, feasible=True, method="dp", exact=True,
+                extra={"peak_model": PEAK_MODEL})
+
+
+def simulated_curve(chain: Chain, memory: ChainMemory, points: int = 12) -> list[CurvePoint]:
+    """``tradeoff_curve`` under the simulated peak: the least recompute at budgets from the lowest
+    achievable peak (every block checkpointed) to the measured one."""
+    low = simulated_peak(memory, range(chain.n))
+    high = memory.measured_peak_bytes
+    out = []
+    for k in range(points):
+        bound = int(round(low + (high - low) * k / (points - 1)))
+        plan = _simulated_plan(chain, memory, bound)
+        if plan is not None:
+            out.append(CurvePoint(budget_bytes=bound, overhead_s=plan.overhead_s, peak_memory_bytes=plan.peak_bytes,
+                                  modules_count=len(plan.indices)))
+    return out
+
+
 def fitting_plan(profile: Profile, budget: int) -> tuple[Chain | None, Plan | None]:
     """The least-recompute plan under ``HEADROOM`` of the budget, else under the budget itself.
 
     A plan fits when its predicted peak is within ``budget``: its ``feasible`` flag only says
-    whether it met the bound it was solved against, which may be the headroom target.
+    whether it met the bound it was solved against, which may be the headroom target. Where the
+    deep step's timeline covers the chain, peaks come from the simulated backward
+    (``recommend/peak_model.py``, exact against the tracker); otherwise from the conservative
+    bound of ``memory_model``.
     """
     chain = chain_from_profile(profile)
     target = int(HEADROOM * budget)
     plan: Plan | None = None
     units: Chain | None = chain
-    if chain is not None:
+    memory = chain_timeline(profile, chain)
+    if chain is not None and memory is not None:
+        plan = _simulated_plan(chain, memory, target) or _simulated_plan(chain, memory, budget)
+        if plan is None:  # nothing fits: say how low checkpointing everything would go
+            every = tuple(range(chain.n))
+            plan = Plan(modules=chain.names, indices=every, peak_bytes=simulated_peak(memory, every),
+                        overhead_s=sum(b.forward_s for b in chain.blocks), budget_bytes=budget,
+                        baseline_peak_bytes=memory.measured_peak_bytes, feasible=False, method="dp")
+        if plan.peak_bytes <= budget:
+            return units, plan
+    elif chain is not None:
         plan = solve_chain(chain, target)
         if not plan.feasible:
             plan = solve_chain(chain, budget)
@@ -92,7 +140,8 @@ def propose(profile: Profile, budget: int, evidence: list[dict[str, object]]) ->
     ]
     if plan.peak_bytes > target:
         ev.append(f"fits the budget but not the {HEADROOM:.0%} headroom target")
-    curve = tradeoff_curve(units) if plan.method == "dp" else None
+    memory = chain_timeline(profile, units) if plan.method == "dp" else None
+    curve = (simulated_curve(units, memory) if memory is not None else tradeoff_curve(units)) if plan.method == "dp" else None
     return [
         Recommendation(
             id=f"checkpoint-{group.rpartition('.')[2] or 'blocks'}-{len(plan.modules)}",
@@ -101,7 +150,7 @@ def propose(profile: Profile, budget: int, evidence: list[dict[str, object]]) ->
             params={"modules": list(plan.modules)},
             predicted=Prediction(peak_memory_bytes=plan.peak_bytes, step_time_s=predicted_time),
             baseline=Prediction(peak_memory_bytes=measured_peak(profile), step_time_s=baseline_time),
-            cost_model=f"{plan.method}: {COST_MODEL}",
+            cost_model=f"{plan.method}: " + (PEAK_MODEL if plan.extra.get("peak_model") else COST_MODEL),
             confidence=confidence,
             exact=True,  # non-reentrant checkpoint restores the RNG state: same numerics
             live=True,
