@@ -43,8 +43,11 @@ def _frames(value: Any) -> tuple:
     return tuple(out)
 
 
-def classify(frames: Sequence[tuple[str, int, str]], *, held_at_end: bool = False) -> str:
-    """The memory category of an allocation made under ``frames`` ((filename, line, name) tuples)."""
+def classify(frames: Sequence[Any], *, held_at_end: bool = False) -> str:
+    """The memory category of an allocation made under ``frames`` (the snapshot's frame dicts, or
+    (filename, line, name) tuples)."""
+    if frames and isinstance(frames[0], Mapping):
+        frames = _frames(list(frames))
     files = [f[0].replace("\\", "/") for f in frames]
     names = [f[2] for f in frames]
     text = " ".join(names).lower()
