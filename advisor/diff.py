@@ -219,7 +219,8 @@ def parse_gate(spec: str) -> list[Threshold]:
             try:
                 limit, relative = float(parse_size(f"{number}{unit}")), False
             except ValueError:
-                raise ValueError(f"bad size {number}{unit!s} for {metric} in --fail-on") from None
+                raise ValueError(f"bad size {number}{unit} for {metric} in --fail-on (e.g. +512MiB); "
+                                 f"metrics: {valid}") from None
         else:
             expected = "s, ms or us" if kind == "s" else "a size such as MiB or GB"
             raise ValueError(f"{item.strip()!r}: give a percentage or a unit ({expected}); metrics: {valid}")
