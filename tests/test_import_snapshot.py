@@ -193,3 +193,25 @@ def test_real_snapshot_from_dump_snapshot(tmp_path):
     assert cats["parameter"] >= params * 0.99
     assert cats["optimizer_state"] >= 2 * params * 0.99  # Adam's exp_avg and exp_avg_sq
     assert cats["activation"] + cats["temporary"] + cats["gradient"] > 0
+
+
+def test_import_and_diff_never_load_torch(tmp_path):
+    """The controller's import path stays torch-free (the FLOPs table is the importer's own)."""
+    path = _write(tmp_path, snapshot_dict(oom=True))
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10, "dur": 50,
+         "args": {"Input Dims": [[4, 8], [8, 2]], "Input type": ["float", "float"]}}]}))
+    code = ("import sys\nfrom advisor.cli import main\n"
+            f"assert main(['import', {str(path)!r}, '--name', 'snaponly', '--json', {str(tmp_path / 'a.json')!r}]) == 0\n"
+            f"assert main(['import', {str(trace)!r}, {str(path)!r}, '--name', 'combined', '--json', {str(tmp_path / 'b.json')!r}]) == 0\n"
+            f"assert main(['diff', 'snaponly', 'combined', '--json', {str(tmp_path / 'd.json')!r}]) == 0\n"
+            "print('torch' in sys.modules)\n")
+    env = {**os.environ, "ADVISOR_HOME": str(tmp_path / "home")}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "False"
+    both = json.loads((tmp_path / "b.json").read_text())
+    assert both["summary"]["steps"] == 1 and both["memory"]["peak_bytes"] == 25 * MiB
+    assert json.loads((tmp_path / "d.json").read_text())["peak_memory"]["abs"] == 0
