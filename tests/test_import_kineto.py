@@ -250,3 +250,46 @@ def test_import_matches_an_attach_session_of_the_same_run(tmp_path):
         mine = sum(s.phases[phase] for s in steady)
         theirs = sum(live[s.index]["phases"][phase] for s in steady)
         assert mine == pytest.approx(theirs, rel=0.05), phase
+
+
+def test_gpu_trace_kernel_times_nccl_exposure_and_memory_peaks(tmp_path):
+    """A hand-written CUDA trace: op time is its kernels' time, an NCCL call's time is its kernel's,
+    exposed where no other kernel runs; peak memory per step from [memory] events."""
+    mm_args = {"Input Dims": [[256, 512], [512, 1024]], "Input type": ["c10::BFloat16"] * 2, "External id": 7}
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "pid": 1, "tid": 1, "ts": 1000, "dur": 1000},
+        {"ph": "X", "cat": "user_annotation", "name": "Optimizer.step#SGD.step", "pid": 1, "tid": 1, "ts": 1800,
+         "dur": 100},
+        _op("aten::mm", 1100, 20, **mm_args),
+        _op("c10d::allreduce_", 1500, 10, **{"Input Dims": [[[1024, 1024]], [], [], [], [], []],
+                                             "Input type": ["TensorList", "", "", "", "Scalar", "Scalar"],
+                                             "External id": 9}),
+        {"ph": "X", "cat": "kernel", "name": "ampere_bf16_gemm", "pid": 0, "tid": 7, "ts": 1130, "dur": 400,
+         "args": {"External id": 7, "device": 0}},
+        {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*)", "pid": 0,
+         "tid": 20, "ts": 1510, "dur": 200, "args": {"External id": 9, "device": 0}},
+        {"ph": "i", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": 1200,
+         "args": {"Total Allocated": 5_000_000, "Total Reserved": 8_000_000, "Device Type": 1}},
+        {"ph": "i", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": 1300,
+         "args": {"Total Allocated": 7_000_000, "Total Reserved": 8_000_000, "Device Type": 1}},
+        {"ph": "i", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": 2500,  # after the step
+         "args": {"Total Allocated": 9_000_000, "Total Reserved": 9_000_000, "Device Type": 1}},
+    ]
+    path = tmp_path / "gpu.json"
+    _write_trace(path, events, baseTimeNanoseconds=1_700_000_000_000_000_000, record_shapes=1,
+                 distributedInfo={"backend": "nccl", "rank": 1, "world_size": 4},
+                 deviceProperties=[{"id": 0, "name": "NVIDIA H100", "totalGlobalMem": 80 << 30}])
+    result = import_traces([path])
+    (step,) = _steps(result.records)
+    assert (step.rank, step.index, step.peak_memory_bytes) == (1, 3, 7_000_000)
+    assert step.phases["optimizer_s"] == pytest.approx(100e-6)
+    (mm,) = [o for o in result.records if isinstance(o, OpStat)]
+    assert mm.time_s == pytest.approx(400e-6) and mm.dtype == "bfloat16"
+    assert mm.flops == 2 * 256 * 512 * 1024 and mm.bytes == 2 * (256 * 512 + 512 * 1024 + 256 * 1024)
+    (call,) = [c for c in result.records if isinstance(c, CollectiveStat)]
+    assert (call.op, call.group_size, call.bytes, call.dtype, call.step) == ("all_reduce", 4, 4 * 1024 * 1024, "float32", 3)
+    assert call.time_s == pytest.approx(200e-6)
+    assert call.exposed_s == pytest.approx(180e-6)  # the gemm covers 1510..1530
+    assert call.start == pytest.approx(1_700_000_000 + 1500e-6)
+    run = next(r for r in result.records if type(r).__name__ == "RunInfo")
+    assert run.device["type"] == "cuda" and run.device["name"] == "NVIDIA H100" and run.world_size == 4

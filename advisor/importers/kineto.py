@@ -27,44 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from advisor.importers.formulas import DTYPE_BYTES, DTYPE_NAMES, FORMULA_OPS, op_cost
-from advisor.importers.result import ImportResult
+from advisor.importers.formulas import DTYPE_NAMES, FORMULA_OPS, op_cost
+from advisor.importers.kineto_comm import collective_records, public_op  # noqa: F401 - re-exported
 from advisor.importers.kineto_read import RankTrace, Span, read_trace, thaw
-from advisor.records.intervals import exposed_s, merge_intervals, overlap_s
-from advisor.records.samples import CollectiveStat, Event, ExitInfo, OpStat, Record, RunInfo, StepSample
+from advisor.importers.result import ImportResult
+from advisor.records.intervals import merge_intervals, overlap_s
+from advisor.records.samples import ExitInfo, OpStat, RunInfo, StepSample
 
 BACKWARD_PREFIX = "autograd::engine::evaluate_function"
-
-# c10d op -> (public op, index of the argument holding S), as advisor.probes.comm.intercept.
-C10D_OPS: dict[str, tuple[str, int]] = {
-    "allreduce_": ("all_reduce", 0), "allreduce_coalesced_": ("all_reduce", 0),
-    "allgather_": ("all_gather", 0), "_allgather_base_": ("all_gather", 0),
-    "allgather_coalesced_": ("all_gather", 0), "allgather_into_tensor_coalesced_": ("all_gather", 0),
-    "reduce_scatter_": ("reduce_scatter", 1), "_reduce_scatter_base_": ("reduce_scatter", 1),
-    "reduce_scatter_tensor_coalesced_": ("reduce_scatter", 1), "broadcast_": ("broadcast", 0),
-    "reduce_": ("reduce", 0), "gather_": ("gather", 0), "scatter_": ("scatter", 1),
-    "alltoall_": ("all_to_all", 0), "alltoall_base_": ("all_to_all", 0), "send": ("send", 0),
-    "recv_": ("recv", 0), "recv_any_source_": ("recv", 0), "barrier": ("barrier", -1),
-}
-
-
-def public_op(name: str) -> str | None:
-    """``c10d::allreduce_``, ``gloo:all_reduce``, ``nccl:all_gather``, ``ncclDevKernel_AllReduce_...``
-    -> the probe's op name (``all_reduce``...); None for names that are not collectives."""
-    if name.startswith("c10d::"):
-        found = C10D_OPS.get(name[len("c10d::"):])
-        return found[0] if found else None
-    base = name.split(":", 1)[1] if name.startswith(("gloo:", "nccl:")) else name
-    key = base.lower().replace("_", "").replace("ncclkernel", "").replace("nccldevkernel", "")
-    for token, op in (("allreduce", "all_reduce"), ("allgather", "all_gather"),
-                      ("reducescatter", "reduce_scatter"), ("broadcast", "broadcast"),
-                      ("alltoall", "all_to_all"), ("sendrecv", "send"), ("send", "send"),
-                      ("recv", "recv"), ("barrier", "barrier"), ("reduce", "reduce"),
-                      ("gather", "gather"), ("scatter", "scatter")):
-        if key.startswith(token):
-            return op
-    return None
-
 
 def import_traces(paths: Iterable[Path]) -> ImportResult:
     """Read every trace file (one per rank) and build the records of one session."""
@@ -119,7 +89,7 @@ def _length(intervals: list[tuple[float, float]]) -> float:
 
 def _rank_records(trace: RankTrace, rank: int, world: int, result: ImportResult) -> None:
     base = trace.base_s
-    wall = lambda us: base + us / 1e6  # noqa: E731 - one clock conversion, used everywhere below
+    wall = lambda us: base + us / 1e6  # one clock conversion, used everywhere below
     result.records.append(RunInfo(
         script=str(trace.path), argv=[], rank=rank, local_rank=rank, world_size=world,
         hostname=str(trace.meta.get("host_name", "")), started_at=wall(min(trace.op_ts, default=0.0)),
@@ -147,7 +117,8 @@ def _rank_records(trace: RankTrace, rank: int, world: int, result: ImportResult)
         result.records.append(sample)
     starts = [s.start for s in steps]
     result.records.extend(_op_stats(trace, rank, steps, starts, names, is_bw))
-    result.records.extend(_collectives(trace, rank, world, steps, starts, names, main_tid, wall))
+    result.records.extend(collective_records(
+        trace, world, rank=rank, step_of=lambda ts: _step_of(starts, steps, ts, nearest=True), names=names, wall=wall))
     result.records.append(ExitInfo(rank=rank, code=0, reason=f"imported from Kineto trace {trace.path.name}",
                                    steps=len(steps)))
     result.summary.setdefault("ranks", []).append(
@@ -158,7 +129,7 @@ def _rank_records(trace: RankTrace, rank: int, world: int, result: ImportResult)
 def _step_sample(trace: RankTrace, step: _Step, rank: int, bw_rows: list[int], main_rows: list[int],
                  main_starts: list[float], main_tid: int | None, wall: Any) -> StepSample:
     lo, hi = step.start, step.end
-    on_main = lambda spans: [s for s in spans if s.tid == main_tid]  # noqa: E731
+    on_main = lambda spans: [s for s in spans if s.tid == main_tid]
     data = _clip(on_main(trace.data), lo, hi)
     opt = _clip(on_main(trace.optimizer), lo, hi)
     step.opt = opt
@@ -207,12 +178,14 @@ def _step_sample(trace: RankTrace, step: _Step, rank: int, bw_rows: list[int], m
 
 
 def _step_of(starts: list[float], steps: list[_Step], ts: float, *, nearest: bool = False) -> _Step | None:
+    """The step whose span holds ``ts``; with ``nearest``, else the next step (set-up before
+    step 0 belongs to step 0, as the agent files it), else the last one."""
     k = bisect.bisect_right(starts, ts) - 1
     if k >= 0 and ts <= steps[k].end:
         return steps[k]
     if not nearest or not steps:
         return None
-    return steps[0] if k < 0 else steps[min(k + 1, len(steps) - 1)] if ts > steps[k].end and k + 1 < len(steps) else steps[k]
+    return steps[k + 1] if k + 1 < len(steps) else steps[-1]
 
 
 def _op_stats(trace: RankTrace, rank: int, steps: list[_Step], starts: list[float], names: list[str],
@@ -232,7 +205,7 @@ def _op_stats(trace: RankTrace, rank: int, steps: list[_Step], starts: list[floa
     groups: dict[tuple[int, int, str], list[float]] = {}
 
     def close(stack: list[list[Any]]) -> None:
-        end, row, child_us, formula, in_bw, formula_below, aten_below, under_formula = stack.pop()
+        _end, row, child_us, formula, in_bw, formula_below, aten_below, under_formula = stack.pop()
         is_aten = names[trace.op_sig[row]].startswith("aten::")
         if stack:
             stack[-1][5] = stack[-1][5] or formula or formula_below
@@ -263,7 +236,7 @@ def _op_stats(trace: RankTrace, rank: int, steps: list[_Step], starts: list[floa
         g = groups.setdefault((step.index, sig, phase), [0, 0.0, 0, 0])
         g[0] += 1
         g[1] += time_us
-        g[2] += flops if owns else 0  # noqa: SIM - see close()
+        g[2] += flops if owns else 0
         g[3] += nbytes if leaf else 0
 
     by_tid: dict[int, list[int]] = defaultdict(list)
@@ -299,107 +272,6 @@ def _op_stats(trace: RankTrace, rank: int, steps: list[_Step], starts: list[floa
                           dtype=dtype, count=int(count), flops=int(flops), bytes=int(nbytes),
                           time_s=time_us / 1e6))
     return out
-
-
-# ------------------------------------------------------------------------------ collectives
-
-
-def _size_of(types: Any) -> int:
-    for t in types if isinstance(types, list) else []:
-        if t in DTYPE_BYTES:
-            return DTYPE_BYTES[t]
-    return 4
-
-
-def _numel_list(dims: Any) -> int:
-    if isinstance(dims, list) and dims and all(isinstance(x, int) for x in dims):
-        n = 1
-        for x in dims:
-            n *= x
-        return n
-    if isinstance(dims, list):
-        return sum(_numel_list(d) for d in dims if isinstance(d, list) and d)
-    return 0
-
-
-def _issue_bytes(span: Span, exec_span: Span | None, group: int) -> tuple[int, str]:
-    """(S in bytes per nccl-tests, dtype name) of one call from its recorded shapes."""
-    args = span.args
-    types = (exec_span.args.get("Input type") if exec_span else None) or args.get("Input type")
-    dtype_raw = next((t for t in (types or []) if t in DTYPE_BYTES), "")
-    size = _size_of(types)
-    if span.name == "record_param_comms" or "In msg nelems" in args:
-        op = public_op(str(args.get("Collective name", ""))) or ""
-        raw = args.get("dtype", "")
-        size = {"Float": 4, "Half": 2, "BFloat16": 2, "Double": 8, "Long": 8, "Int": 4}.get(str(raw), size)
-        key = "Out msg nelems" if op == "all_gather" else "In msg nelems"
-        return int(args.get(key) or 0) * size, DTYPE_NAMES.get(dtype_raw, str(raw).lower())
-    dims = args.get("Input Dims") or []
-    if span.name.startswith("c10d::"):
-        _, index = C10D_OPS.get(span.name[6:], ("", -1))
-        nbytes = _numel_list(dims[index]) * size if 0 <= index < len(dims) else 0
-    else:  # an executing annotation (gloo:/nccl:): its inputs are this rank's buffer
-        nbytes = _numel_list(dims) * size
-        if public_op(span.name) == "all_gather":
-            nbytes *= group
-    return nbytes, DTYPE_NAMES.get(dtype_raw, "")
-
-
-def _collectives(trace: RankTrace, rank: int, world: int, steps: list[_Step], starts: list[float],
-                 names: list[str], main_tid: int | None, wall: Any) -> list[Record]:
-    issues = [s for s in trace.collectives if s.name.startswith("c10d::") and public_op(s.name)]
-    if not issues:
-        issues = [s for s in trace.collectives if s.name == "record_param_comms"]
-    on_gpu = bool(trace.nccl_kernels)
-    execs = trace.nccl_kernels if on_gpu else [
-        s for s in trace.collectives if s.name.startswith(("gloo:", "nccl:")) and public_op(s.name)]
-    comm_tids = {s.tid for s in execs}
-    group = world or 1
-    # Pair issue and execution per op kind, in order (a backend runs one group's calls in order).
-    pending: dict[str, list[Span]] = defaultdict(list)
-    for s in sorted(execs, key=lambda s: s.ts):
-        pending[public_op(s.name) or ""].append(s)
-    calls: list[tuple[str, Span | None, Span | None]] = []
-    for s in sorted(issues, key=lambda s: s.ts):
-        op = public_op(s.name if s.name != "record_param_comms" else str(s.args.get("Collective name", ""))) or ""
-        queue = pending.get(op)
-        calls.append((op, s, queue.pop(0) if queue else None))
-    for op, queue in pending.items():
-        calls.extend((op, None, s) for s in queue)
-    compute = _compute_intervals(trace, names, comm_tids, on_gpu)
-    out: list[Record] = []
-    for op, issue, run in calls:
-        first = issue or run
-        assert first is not None
-        if on_gpu and run is not None:
-            interval = (run.ts, run.end)
-        else:
-            interval = (first.ts, max(s.end for s in (issue, run) if s is not None))
-        size = issue.args.get("Group size") if issue is not None else None
-        group_size = int(size) if isinstance(size, int) and size > 0 else group
-        nbytes, dtype = _issue_bytes(issue if issue is not None else run, run, group_size)  # type: ignore[arg-type]
-        step = _step_of(starts, steps, first.ts, nearest=True)
-        out.append(CollectiveStat(
-            rank=rank, step=step.index if step else 0, op=op, group_size=group_size, bytes=nbytes, dtype=dtype,
-            count=1, start=wall(first.ts), time_s=(interval[1] - interval[0]) / 1e6,
-            exposed_s=exposed_s(interval, compute) / 1e6))
-    return out
-
-
-def _compute_intervals(trace: RankTrace, names: list[str], comm_tids: set[int], on_gpu: bool) -> list[tuple[float, float]]:
-    """When this rank computes: other GPU kernels, or top-level CPU ops of non-communication threads."""
-    if on_gpu:
-        return merge_intervals((a, a + d) for a, d in zip(trace.k_ts, trace.k_dur))
-    rows = sorted((i for i in range(len(trace.op_ts)) if trace.op_tid[i] not in comm_tids),
-                  key=lambda i: (trace.op_tid[i], trace.op_ts[i]))
-    busy: list[tuple[float, float]] = []
-    blocked: list[tuple[float, float]] = []
-    for i in rows:
-        a, b = trace.op_ts[i], trace.op_ts[i] + trace.op_dur[i]
-        (blocked if names[trace.op_sig[i]].startswith("c10d::") else busy).append((a, b))
-    from advisor.records.intervals import subtract_intervals
-
-    return merge_intervals(subtract_intervals(busy, blocked))
 
 
 def _notes(traces: list[RankTrace], result: ImportResult) -> None:

@@ -178,7 +178,7 @@ def _keep(trace: RankTrace, event: dict[str, Any], ts: float, dur: float) -> Non
     if name.startswith("Optimizer.zero_grad#"):
         trace.zero_grad.append(Span(name, tid, ts, dur))
         return
-    if name.startswith("nn.Module:") or name.endswith(".forward") and cat == "user_annotation":
+    if name.startswith("nn.Module:") or (name.endswith(".forward") and cat == "user_annotation"):
         trace.forward_marks.append(Span(name, tid, ts, dur))
         return
     if "reducer::" in name and cat != "cpu_op":

@@ -23,7 +23,7 @@ class UnsafePickleError(ValueError):
 
 
 class _PlainUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:  # noqa: D401 - pickle's hook
+    def find_class(self, module: str, name: str) -> Any:
         raise UnsafePickleError(
             f"refused: the pickle asks for {module}.{name}; a memory snapshot holds only plain data, "
             "so this file is not one (or was tampered with)"

@@ -28,7 +28,13 @@ from typing import Any, Mapping, Sequence
 
 from advisor.importers.result import ImportResult
 from advisor.importers.safe_pickle import load_plain
-from advisor.records.samples import MEMORY_CATEGORIES, Event, ExitInfo, MemorySample, RunInfo
+from advisor.records.samples import (
+    MEMORY_CATEGORIES,
+    Event,
+    ExitInfo,
+    MemorySample,
+    RunInfo,
+)
 
 TOP_SITES = 10
 Block = tuple[int, tuple]  # (size, frames)
