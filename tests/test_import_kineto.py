@@ -293,3 +293,34 @@ def test_gpu_trace_kernel_times_nccl_exposure_and_memory_peaks(tmp_path):
     assert call.start == pytest.approx(1_700_000_000 + 1500e-6)
     run = next(r for r in result.records if type(r).__name__ == "RunInfo")
     assert run.device["type"] == "cuda" and run.device["name"] == "NVIDIA H100" and run.world_size == 4
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_import_the_same_collectives_as_attach(tmp_path):
+    """Under `advisor attach --nproc-per-node 2`, the script's own traces import to the all-reduces
+    the agent's comm probe recorded: same ranks, steps, sizes and group size."""
+    out = tmp_path / "traces"
+    report_path = tmp_path / "attach.json"
+    env = {**os.environ, "ADVISOR_HOME": str(tmp_path / "home")}
+    proc = subprocess.run([sys.executable, "-m", "advisor", "attach", "--headless", "--nproc-per-node", "2",
+                           "--probes", "comm", "--json", str(report_path), str(SCRIPT), "--out", str(out),
+                           "--steps", "4"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    attach = json.loads(report_path.read_text())
+    imported = import_traces(sorted(out.glob("rank*.json"))).records
+
+    def rows(items):
+        return sorted((r["rank"], r["op"], r["group_size"], r["bytes"], r["count"]) for r in items
+                      if r["op"] == "all_reduce")
+
+    from advisor.report import build_report
+    from advisor.state import LiveState
+
+    live = LiveState()
+    for record in imported:
+        live.add(record)
+    mine = build_report(live.snapshot())
+    assert rows(mine["collectives"]) == rows(attach["collectives"])
+    assert rows(mine["collectives"]) == [(r, "all_reduce", 2, 4 * (64 * 128 + 128 + 128 * 10 + 10), 4) for r in (0, 1)]
+    assert sorted((s["rank"], s["index"]) for s in mine["steps"]) == sorted(
+        (s["rank"], s["index"]) for s in attach["steps"])
