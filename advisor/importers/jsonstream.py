@@ -12,13 +12,14 @@ from __future__ import annotations
 import codecs
 import gzip
 import json
+import re
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator
 
 CHUNK = 1 << 20  # characters read per refill
 MAX_ELEMENT = 64 << 20  # one event (or one small top-level value) larger than this is refused
 
-_WS = " \t\n\r"
+_WS = re.compile(r"[ \t\n\r]*")
 
 
 class StreamError(ValueError):
@@ -58,10 +59,8 @@ class _Buffer:
     def skip_ws(self) -> str:
         """The next non-blank character (without consuming it); '' at end of input."""
         while True:
-            text, pos = self.text, self.pos
-            while pos < len(text) and text[pos] in _WS:
-                pos += 1
-            self.pos = pos
+            text = self.text
+            pos = self.pos = _WS.match(text, self.pos).end()  # type: ignore[union-attr]
             if pos < len(text):
                 return text[pos]
             if not self.fill():
