@@ -264,6 +264,9 @@ def test_gpu_trace_kernel_times_nccl_exposure_and_memory_peaks(tmp_path):
         _op("c10d::allreduce_", 1500, 10, **{"Input Dims": [[[1024, 1024]], [], [], [], [], []],
                                              "Input type": ["TensorList", "", "", "", "Scalar", "Scalar"],
                                              "External id": 9}),
+        {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": 1, "tid": 1, "ts": 1502, "dur": 5,
+         "args": {"Collective name": "allreduce", "Group size": 4, "Process Group Name": "0", "Seq": 5,
+                  "In msg nelems": 1024 * 1024, "Out msg nelems": 1024 * 1024, "dtype": "Float"}},
         {"ph": "X", "cat": "kernel", "name": "ampere_bf16_gemm", "pid": 0, "tid": 7, "ts": 1130, "dur": 400,
          "args": {"External id": 7, "device": 0}},
         {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*)", "pid": 0,
@@ -291,6 +294,9 @@ def test_gpu_trace_kernel_times_nccl_exposure_and_memory_peaks(tmp_path):
     assert call.time_s == pytest.approx(200e-6)
     assert call.exposed_s == pytest.approx(180e-6)  # the gemm covers 1510..1530
     assert call.start == pytest.approx(1_700_000_000 + 1500e-6)
+    (seq,) = [r for r in result.records if getattr(r, "name", "") == "collective_seq"]
+    assert (seq.rank, seq.step, seq.data["calls"]) == (1, 3, [{"op": "all_reduce", "group": "0", "seq": 5,
+                                                               "start": call.start}])
     run = next(r for r in result.records if type(r).__name__ == "RunInfo")
     assert run.device["type"] == "cuda" and run.device["name"] == "NVIDIA H100" and run.world_size == 4
 

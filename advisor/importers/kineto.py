@@ -290,6 +290,7 @@ def _notes(traces: list[RankTrace], result: ImportResult) -> None:
         notes.append("Kineto trace: no memory events (profile_memory=False), so no peak memory per step")
     skipped = sum(t.skipped for t in traces)
     if skipped:
-        notes.append(f"Kineto trace: {skipped} event(s) with a missing or overflowed timestamp or duration were skipped")
+        notes.append(f"Kineto trace: {skipped} event(s) with a missing or overflowed timestamp or duration "
+                     "were skipped")
     result.summary["skipped_events"] = skipped
     result.summary["events"] = sum(t.events for t in traces)

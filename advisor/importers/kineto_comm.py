@@ -19,7 +19,7 @@ from typing import Any, Callable
 from advisor.importers.formulas import DTYPE_BYTES, DTYPE_NAMES
 from advisor.importers.kineto_read import RankTrace, Span
 from advisor.records.intervals import exposed_s, merge_intervals, subtract_intervals
-from advisor.records.samples import CollectiveStat
+from advisor.records.samples import CollectiveStat, Event
 
 # NCCL kernel names carry the element type: ncclDevKernel_AllReduce_Sum_f32_RING_LL.
 _NCCL_DTYPES = {"f32": ("float32", 4), "f16": ("float16", 2), "bf16": ("bfloat16", 2), "f64": ("float64", 8),
@@ -106,8 +106,13 @@ def _issue_bytes(span: Span, exec_span: Span | None, group: int) -> tuple[int, s
 
 
 def collective_records(trace: RankTrace, world: int, *, rank: int, step_of: Callable[[float], Any],
-                       names: list[str], wall: Callable[[float], float]) -> list[CollectiveStat]:
-    """One ``CollectiveStat`` per call; ``step_of(ts)`` gives the step a call belongs to."""
+                       names: list[str], wall: Callable[[float], float]) -> list[CollectiveStat | Event]:
+    """One ``CollectiveStat`` per call; ``step_of(ts)`` gives the step a call belongs to.
+
+    Where the trace names each call's process group and sequence number (``record_param_comms``
+    nested in the issuing op, as NCCL traces record it), an ``Event("collective_seq")`` per step
+    carries them, as the comm probe sends it, so calls are matched across ranks exactly.
+    """
     issues = [s for s in trace.collectives if s.name.startswith("c10d::") and public_op(s.name)]
     if not issues:
         issues = [s for s in trace.collectives if s.name == "record_param_comms"]
@@ -128,7 +133,10 @@ def collective_records(trace: RankTrace, world: int, *, rank: int, step_of: Call
     for op, queue in pending.items():
         calls.extend((op, None, s) for s in queue)
     compute = _compute_intervals(trace, names, comm_tids, on_gpu)
-    out: list[CollectiveStat] = []
+    nested = bool(issues) and issues[0].name != "record_param_comms"
+    params = [s for s in trace.collectives if s.name == "record_param_comms"] if nested else []
+    seqs: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    out: list[CollectiveStat | Event] = []
     for op, issue, run in calls:
         first = issue or run
         assert first is not None
@@ -136,18 +144,35 @@ def collective_records(trace: RankTrace, world: int, *, rank: int, step_of: Call
             interval = (run.ts, run.end)
         else:
             interval = (first.ts, max(s.end for s in (issue, run) if s is not None))
-        size = issue.args.get("Group size") if issue is not None else None
-        group_size = int(size) if isinstance(size, int) and size > 0 else group
+        meta = _param_comms(issue, params) if issue is not None else None
+        sizes = [m.args.get("Group size") for m in (issue, meta, run) if m is not None]
+        size = next((v for v in sizes if isinstance(v, int) and v > 0), None)
+        group_size = size if size is not None else group
         nbytes, dtype = _issue_bytes(issue if issue is not None else run, run, group_size)  # type: ignore[arg-type]
         step = step_of(first.ts)
+        index = step.index if step else 0
         out.append(CollectiveStat(
-            rank=rank, step=step.index if step else 0, op=op, group_size=group_size, bytes=nbytes, dtype=dtype,
+            rank=rank, step=index, op=op, group_size=group_size, bytes=nbytes, dtype=dtype,
             count=1, start=wall(first.ts), time_s=(interval[1] - interval[0]) / 1e6,
             exposed_s=exposed_s(interval, compute) / 1e6))
+        seq = meta.args.get("Seq") if meta is not None else None
+        if meta is not None and isinstance(seq, int) and op not in ("send", "recv"):
+            seqs[index].append({"op": op, "group": str(meta.args.get("Process Group Name", "")), "seq": seq,
+                                "start": wall(first.ts)})
+    out.extend(Event(rank=rank, step=step, name="collective_seq", data={"calls": rows}) for step, rows in seqs.items())
     return out
 
 
-def _compute_intervals(trace: RankTrace, names: list[str], comm_tids: set[int], on_gpu: bool) -> list[tuple[float, float]]:
+def _param_comms(issue: Span, params: list[Span]) -> Span | None:
+    """The ``record_param_comms`` event recorded inside the issuing op (same thread), if any."""
+    for p in params:
+        if p.tid == issue.tid and issue.ts <= p.ts and p.end <= issue.end:
+            return p
+    return None
+
+
+def _compute_intervals(trace: RankTrace, names: list[str], comm_tids: set[int],
+                       on_gpu: bool) -> list[tuple[float, float]]:
     """When this rank computes: other GPU kernels, or top-level CPU ops of non-communication threads."""
     if on_gpu:
         return merge_intervals((a, a + d) for a, d in zip(trace.k_ts, trace.k_dur))

@@ -42,7 +42,8 @@ def collect(paths: list[str]) -> tuple[list[Path], list[Path]]:
             raise UsageError(f"no such file or folder: {ref}", hint="pass Kineto traces (.json, .json.gz) or a "
                              "memory snapshot (.pickle)")
         if path.is_dir():
-            found = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES + SNAPSHOT_SUFFIXES))
+            found = sorted(p for p in path.iterdir()
+                           if p.is_file() and p.name.endswith(TRACE_SUFFIXES + SNAPSHOT_SUFFIXES))
             if not found:
                 raise UsageError(f"{ref} holds no trace (.json, .json.gz) or snapshot (.pickle) files")
         else:
@@ -51,7 +52,8 @@ def collect(paths: list[str]) -> tuple[list[Path], list[Path]]:
             kind = classify_file(file)
             if kind is None:
                 raise UsageError(f"{file} is neither a Kineto trace (JSON) nor a memory snapshot (pickle)",
-                                 hint="torch.profiler's export_chrome_trace and torch.cuda.memory._dump_snapshot write them")
+                                 hint="torch.profiler's export_chrome_trace and "
+                                 "torch.cuda.memory._dump_snapshot write them")
             (traces if kind == "trace" else snapshots).append(file)
     return traces, snapshots
 
