@@ -37,6 +37,7 @@ from advisor.records.samples import (
 )
 
 TOP_SITES = 10
+LIVE_STATES = frozenset({"active_allocated", "active_pending_free", "active_awaiting_free"})
 Block = tuple[int, tuple]  # (size, frames)
 
 
@@ -118,7 +119,8 @@ def analyze(snapshot: Any) -> dict[str, Any]:
     end: dict[int, Block] = {}
     for seg in segments:
         for block in seg.get("blocks") or []:
-            if isinstance(block, Mapping) and block.get("state") == "active_allocated":
+            # A block freed on another stream's behalf stays allocated until its free completes.
+            if isinstance(block, Mapping) and block.get("state") in LIVE_STATES:
                 end[int(block.get("address", 0) or 0)] = (int(block.get("size", 0) or 0), _frames(block.get("frames")))
     reserved_end = sum(int(s.get("total_size", 0) or 0) for s in segments)
     actions = {str(e.get("action")) for e in trace}
