@@ -101,6 +101,23 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench-comm", help="measure collective bus bandwidth on this machine's ranks")
     bench.add_argument("--nproc-per-node", type=_positive, default=2, metavar="N")
     bench.add_argument("args", nargs=argparse.REMAINDER, help="options passed to advisor.probes.comm.bench")
+
+    imp = sub.add_parser("import", help="make a session from Kineto traces or a CUDA memory snapshot",
+                         description="Import torch.profiler traces (one per rank, .json or .json.gz, or a "
+                         "folder of them) and/or a torch.cuda.memory._dump_snapshot pickle as a session.")
+    imp.add_argument("paths", nargs="+", metavar="PATH", help="trace files, folders of traces, snapshot pickles")
+    imp.add_argument("--name", metavar="N", help="a name for the session (default: the first file's name)")
+    imp.add_argument("--json", metavar="FILE", help="write the report as JSON instead of printing it")
+
+    diff = sub.add_parser("diff", help="compare two sessions (and gate CI on regressions)",
+                          description="Compare session B against session A: step time and phases, memory "
+                          "by category at the peak, ops, collectives, diagnosis and recommendations.")
+    diff.add_argument("a", metavar="A", help="the baseline session (id, folder, .sqlite file or 'latest')")
+    diff.add_argument("b", metavar="B", help="the session to compare with it")
+    diff.add_argument("--json", metavar="FILE", help="write the comparison as JSON (schema advisor.diff/1)")
+    diff.add_argument("--fail-on", metavar="SPEC", help="exit 1 when B regresses past a threshold, e.g. "
+                      "step_time:+5%%,peak_memory:+10%%")
+    diff.add_argument("--top", type=_positive, default=10, metavar="N", help="ops shown (default 10)")
     return parser
 
 
@@ -213,8 +230,21 @@ def cmd_bench_comm(ns: argparse.Namespace) -> int:
     return subprocess.call(torchrun_command(ns.nproc_per_node, COMM_BENCH, list(ns.args)))
 
 
+def cmd_import(ns: argparse.Namespace) -> int:
+    from advisor.importers.run import run_import
+
+    return run_import(ns.paths, name=ns.name, json_path=ns.json)
+
+
+def cmd_diff(ns: argparse.Namespace) -> int:
+    from advisor.diff_cli import run_diff
+
+    return run_diff(ns.a, ns.b, json_path=ns.json, fail_on=ns.fail_on, top=ns.top)
+
+
 COMMANDS = {"attach": cmd_attach, "sessions": cmd_sessions, "report": cmd_report,
             "plan": cmd_plan, "bench-comm": cmd_bench_comm}
+COMMANDS.update({"import": cmd_import, "diff": cmd_diff})  # kept apart so other commands merge cleanly
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,132 @@
+"""``advisor import PATH... [--name N]``: classify the artifacts, import them, store a session, report it.
+
+Everything is read and checked before the session folder is created, so a bad file leaves
+nothing behind. A trace and a snapshot of the same run can be imported together: the
+snapshot's peak then joins the trace's last step on rank 0.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from advisor.errors import AdvisorError, UsageError
+from advisor.importers.jsonstream import StreamError
+from advisor.importers.result import ImportResult
+from advisor.importers.safe_pickle import UnsafePickleError
+from advisor.records.samples import Event, StepSample
+
+TRACE_SUFFIXES = (".json", ".json.gz")
+SNAPSHOT_SUFFIXES = (".pickle", ".pkl")
+
+
+def classify_file(path: Path) -> str | None:
+    """"trace" (JSON or gzip), "snapshot" (pickle), or None for a file that is neither."""
+    with open(path, "rb") as handle:
+        head = handle.read(2)
+    if head == b"\x1f\x8b" or head[:1] in (b"{", b" ", b"\n", b"\t", b"\r"):
+        return "trace"
+    if head[:1] == b"\x80" or head[:1] in (b"(", b"}", b"]"):  # protocol 2+ or an old text pickle
+        return "snapshot"
+    return None
+
+
+def collect(paths: list[str]) -> tuple[list[Path], list[Path]]:
+    """(trace files, snapshot files) named by ``paths``; folders contribute their artifacts."""
+    traces: list[Path] = []
+    snapshots: list[Path] = []
+    for ref in paths:
+        path = Path(ref)
+        if not path.exists():
+            raise UsageError(f"no such file or folder: {ref}", hint="pass Kineto traces (.json, .json.gz) or a "
+                             "memory snapshot (.pickle)")
+        if path.is_dir():
+            found = sorted(p for p in path.iterdir()
+                           if p.is_file() and p.name.endswith(TRACE_SUFFIXES + SNAPSHOT_SUFFIXES))
+            if not found:
+                raise UsageError(f"{ref} holds no trace (.json, .json.gz) or snapshot (.pickle) files")
+        else:
+            found = [path]
+        for file in found:
+            kind = classify_file(file)
+            if kind is None:
+                raise UsageError(f"{file} is neither a Kineto trace (JSON) nor a memory snapshot (pickle)",
+                                 hint="torch.profiler's export_chrome_trace and "
+                                 "torch.cuda.memory._dump_snapshot write them")
+            (traces if kind == "trace" else snapshots).append(file)
+    return traces, snapshots
+
+
+def read_artifacts(traces: list[Path], snapshots: list[Path]) -> ImportResult:
+    """All records of one session from the given files (raises AdvisorError with the file named)."""
+    from advisor.importers.kineto import import_traces
+    from advisor.importers.snapshot import import_snapshot
+
+    out = ImportResult()
+    if traces:
+        try:
+            found = import_traces(traces)
+        except StreamError as exc:
+            raise AdvisorError(f"cannot import the trace: {exc}", hint="is the file a complete Chrome trace "
+                               "from torch.profiler (export_chrome_trace)?") from None
+        except ValueError as exc:
+            raise AdvisorError(f"cannot import the traces: {exc}") from None
+        out.records.extend(found.records)
+        out.notes.extend(found.notes)
+        out.summary["traces"] = found.summary
+    last_step = max((r.index for r in out.records if isinstance(r, StepSample) and r.rank == 0), default=0)
+    for path in snapshots:
+        try:
+            found = import_snapshot(path, step=last_step, with_run=not traces and path == snapshots[0])
+        except UnsafePickleError as exc:
+            raise AdvisorError(f"{path}: {exc}", hint="only load snapshots you trust in other tools too; "
+                               "nothing in this file was run") from None
+        except ValueError as exc:
+            raise AdvisorError(f"cannot import the snapshot {path}: {exc}") from None
+        out.records.extend(found.records)
+        out.notes.extend(n for n in found.notes if n not in out.notes)
+        out.summary.setdefault("snapshots", []).append(found.summary)
+    return out
+
+
+def run_import(paths: list[str], *, name: str | None, json_path: str | None) -> int:
+    from advisor.paths import DB_NAME, new_session_dir
+    from advisor.report import build_report, write_json
+    from advisor.state import LiveState
+    from advisor.store import SessionStore
+
+    traces, snapshots = collect(paths)
+    result = read_artifacts(traces, snapshots)
+    label = name or (traces or snapshots)[0].name.split(".")[0]
+    folder = new_session_dir(label)
+    store = SessionStore(folder / DB_NAME)
+    live = LiveState(session_id=folder.name, session_path=str(folder))
+    try:
+        store.set_meta(session_id=folder.name, script=label, argv=[], created=time.time(),
+                       nproc_per_node=max(1, len({getattr(r, "rank", 0) for r in result.records})),
+                       finished=True, exit_code=0, exit_reason="imported",
+                       imported={"files": [str(p) for p in traces + snapshots], "notes": result.notes,
+                                 "summary": result.summary})
+        records = list(result.records)
+        records += [Event(rank=0, name="warning", data={"message": note}) for note in result.notes]
+        records.append(Event(rank=0, name="import", data={"files": [str(p) for p in traces + snapshots],
+                                                            "missing": list(result.notes), **result.summary}))
+        for record in records:
+            store.put(record)
+            live.add(record)
+        live.update(finished=True, exit_code=0, exit_reason="imported")
+        report = build_report(live.snapshot())
+        store.set_meta(diagnosis=report.get("diagnosis"), recommendations=report.get("recommendations"))
+    finally:
+        store.close()
+    if json_path:
+        write_json(report, json_path)
+        print(f"wrote report {json_path}", file=sys.stderr)
+    else:
+        from advisor.render import print_report
+
+        print_report(report)
+    print(f"advisor: imported {len(traces)} trace(s) and {len(snapshots)} snapshot(s) into session "
+          f"{folder.name} ({folder})", file=sys.stderr)
+    return 0
