@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from advisor.records.samples import MEMORY_CATEGORIES, PHASES
-from advisor.records.units import parse_size
+from advisor.records.units import format_size, parse_size
 from advisor.state import SessionState
 
 SCHEMA = "advisor.diff/1"
@@ -233,7 +233,6 @@ def parse_gate(spec: str) -> list[Threshold]:
 
 def _fmt(value: float, unit: str) -> str:
     if unit == "bytes":
-        from advisor.records.units import format_size
 
         return format_size(int(value))
     return f"{value * 1e3:.3f} ms"

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import sys
 
+from advisor.diff import check_gate, compute_diff, parse_gate
+from advisor.diff_render import print_diff
 from advisor.errors import UsageError
+from advisor.paths import resolve_session
+from advisor.report import build_report, write_json
+from advisor.store import load_state
 
 
 def run_diff(a_ref: str, b_ref: str, *, json_path: str | None, fail_on: str | None, top: int = 10) -> int:
     """0, or 1 when a ``--fail-on`` threshold is crossed (one ``regression:`` line each on stderr)."""
-    from advisor.diff import check_gate, compute_diff, parse_gate
-    from advisor.paths import resolve_session
-    from advisor.report import build_report, write_json
-    from advisor.store import load_state
 
     thresholds = None
     if fail_on is not None:
@@ -29,7 +30,6 @@ def run_diff(a_ref: str, b_ref: str, *, json_path: str | None, fail_on: str | No
         write_json(diff, json_path)
         print(f"wrote diff {json_path}", file=sys.stderr)
     else:
-        from advisor.diff_render import print_diff
 
         print_diff(diff)
     for failure in failures:

@@ -13,9 +13,16 @@ from pathlib import Path
 
 from advisor.errors import AdvisorError, UsageError
 from advisor.importers.jsonstream import StreamError
+from advisor.importers.kineto import import_traces
 from advisor.importers.result import ImportResult
 from advisor.importers.safe_pickle import UnsafePickleError
+from advisor.importers.snapshot import import_snapshot
+from advisor.paths import DB_NAME, new_session_dir
 from advisor.records.samples import Event, StepSample
+from advisor.render import print_report
+from advisor.report import build_report, write_json
+from advisor.state import LiveState
+from advisor.store import SessionStore
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 SNAPSHOT_SUFFIXES = (".pickle", ".pkl")
@@ -60,8 +67,6 @@ def collect(paths: list[str]) -> tuple[list[Path], list[Path]]:
 
 def read_artifacts(traces: list[Path], snapshots: list[Path]) -> ImportResult:
     """All records of one session from the given files (raises AdvisorError with the file named)."""
-    from advisor.importers.kineto import import_traces
-    from advisor.importers.snapshot import import_snapshot
 
     out = ImportResult()
     if traces:
@@ -91,10 +96,6 @@ def read_artifacts(traces: list[Path], snapshots: list[Path]) -> ImportResult:
 
 
 def run_import(paths: list[str], *, name: str | None, json_path: str | None) -> int:
-    from advisor.paths import DB_NAME, new_session_dir
-    from advisor.report import build_report, write_json
-    from advisor.state import LiveState
-    from advisor.store import SessionStore
 
     traces, snapshots = collect(paths)
     result = read_artifacts(traces, snapshots)
@@ -124,7 +125,6 @@ def run_import(paths: list[str], *, name: str | None, json_path: str | None) -> 
         write_json(report, json_path)
         print(f"wrote report {json_path}", file=sys.stderr)
     else:
-        from advisor.render import print_report
 
         print_report(report)
     print(f"advisor: imported {len(traces)} trace(s) and {len(snapshots)} snapshot(s) into session "
