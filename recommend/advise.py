@@ -17,8 +17,9 @@ from advisor.recommend.rules import RULES, Finding, Rule
 def advise(profile: Profile, rules: Sequence[Rule] | None = None) -> tuple[Diagnosis, list[Recommendation]]:
     """Run the rules; the most severe finding names the bottleneck.
 
-    Recommendations are ranked: plans that fit first, by predicted step time,
-    then by predicted peak; ids are unique (first kept).
+    Recommendations are ranked: those for the most severe finding first (a faster step is no
+    remedy for a job that does not fit), then plans that fit, by predicted step time, then by
+    predicted peak; ids are unique (first kept).
     """
     findings: list[Finding] = [f for rule in (RULES if rules is None else rules) if (f := rule(profile)) is not None]
     if not findings:
@@ -35,10 +36,12 @@ def advise(profile: Profile, rules: Sequence[Rule] | None = None) -> tuple[Diagn
         evidence.append({"what": f"also: {other.bottleneck}", "value": other.summary})
     diagnosis = Diagnosis(bottleneck=top.bottleneck, summary=top.summary, evidence=evidence)
     recs: dict[str, Recommendation] = {}
-    for finding in findings:
+    order: dict[str, int] = {}  # the remedies of the most severe finding come first
+    for position, finding in enumerate(findings):
         for rec in finding.recommendations:
             recs.setdefault(rec.id, rec)
-    return diagnosis, sorted(recs.values(), key=_rank)
+            order.setdefault(rec.id, position)
+    return diagnosis, sorted(recs.values(), key=lambda r: (order[r.id], *_rank(r)))
 
 
 def advise_report(report: Mapping[str, Any], *, budget_bytes: int | None = None) -> dict[str, Any]:
