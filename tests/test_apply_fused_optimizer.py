@@ -126,3 +126,18 @@ def test_on_cuda_the_step_counters_move_to_the_device_and_back() -> None:
     handle.revert()
     assert opt.param_groups[0]["foreach"] is True and opt.state[model.weight]["step"].device.type == "cpu"
     assert float(opt.state[model.weight]["step"]) == 2.0
+
+
+def test_the_memory_bottlenecks_remedy_ranks_before_a_faster_optimizer() -> None:
+    """Found on examples/gpt.py under load: the optimizer share passed 25% while memory was over
+    budget, and `--apply auto` took the fused optimizer (faster predicted step) over checkpointing."""
+    from test_recommend_advise import gpt_report
+
+    from advisor.recommend.profile import profile_from_report
+
+    report = gpt_report(budget_share=0.95)
+    for step in report["steps"]:
+        step["phases"]["optimizer_s"] = 0.3  # 60% of the 0.5 s step
+    diagnosis, recs = advise(profile_from_report(report))
+    assert diagnosis.bottleneck == "memory"
+    assert [r.remedy for r in recs] == ["activation_checkpointing", "fused_optimizer"]
