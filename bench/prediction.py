@@ -1,7 +1,14 @@
-"""Predicted against measured: checkpointing applied live under a memory budget, on examples/gpt.py.
+"""Predicted against measured: checkpointing applied live under a memory budget.
 
     python bench/prediction.py                  # 5 runs of examples/gpt.py, 2-5 min on 2 cores
     python bench/prediction.py --budgets 0.4,0.6,0.8,0.95 --steps 40 --script-args "--layers 8"
+    python bench/prediction.py --suite          # the models nobody tuned (issue 14), 20-40 min
+    python bench/prediction.py --script examples/cnn.py --script-args "--width 16"
+
+``--suite`` runs, one after the other, examples/gpt.py at three sizes, examples/cnn.py, an MLP
+of equal blocks and a chain of blocks that differ in size (bench/models/chain.py), and ends with
+one table: per model and budget, the plan kept, predicted and measured peak and step time, and
+the errors (target |peak error| <= 5%, |step-time error| <= 10% on every kept plan).
 
 1. ``python examples/gpt.py --steps S`` bare: the reference losses.
 2. ``python -m advisor attach --headless --steps 6 --probes memory --json R0 examples/gpt.py``:
@@ -55,6 +62,14 @@ from advisor.recommend.profile import profile_from_report  # noqa: E402
 from advisor.recommend.rules.memory import MEMORY_PRESSURE  # noqa: E402
 
 SCRIPT = ROOT / "examples" / "gpt.py"
+SUITE: list[tuple[str, str, str]] = [  # (label, script, its arguments)
+    ("gpt", "examples/gpt.py", ""),
+    ("gpt h256", "examples/gpt.py", "--hidden 256 --heads 8"),
+    ("gpt h256 s128 l6", "examples/gpt.py", "--hidden 256 --heads 8 --seq 128 --layers 6"),
+    ("cnn", "examples/cnn.py", ""),
+    ("mlp", "bench/models/chain.py", "--widths 256,256,256,256,256,256"),
+    ("hetero chain", "bench/models/chain.py", "--widths 128,512,1024,256,768,64"),
+]
 STEP_LINE = re.compile(r"^step (\d+) loss (\S+)\s*$")
 MIB = 2**20
 
@@ -69,12 +84,12 @@ def run(cmd: list[str], env: dict[str, str]) -> list[str]:
 
 def display(cmd: list[str]) -> str:
     """The command as a user would type it from the repository root."""
-    return shlex.join(["python", *(os.path.relpath(a, ROOT) if a == str(SCRIPT) else a for a in cmd[1:])])
+    return shlex.join(["python", *(os.path.relpath(a, ROOT) if a.startswith(str(ROOT)) else a for a in cmd[1:])])
 
 
-def attach(options: list[str], report: Path, script_args: list[str]) -> list[str]:
+def attach(options: list[str], report: Path, script: Path, script_args: list[str]) -> list[str]:
     return [sys.executable, "-m", "advisor", "attach", "--headless", *options, "--json", str(report),
-            str(SCRIPT), *script_args]
+            str(script), *script_args]
 
 
 def mib(value: float | None) -> str:
@@ -123,8 +138,9 @@ def offline(report0: dict[str, Any], budget: int) -> None:
                   f"ratio {at_chen.overhead_s / chen.overhead_s:.2f}")
 
 
-def live(report: dict[str, Any], budget: int) -> bool:
-    """Print the applied remedy's predicted vs measured figures; False when nothing applied."""
+def live(report: dict[str, Any], budget: int) -> dict[str, Any] | None:
+    """Print the applied remedy's predicted vs measured figures; the row for the summary table,
+    None when nothing was applied."""
     applied = report.get("applied") or []
     recs = report.get("recommendations") or []
     not_built = [r for r in recs if r.get("remedy") == "not_built"]
@@ -133,7 +149,7 @@ def live(report: dict[str, Any], budget: int) -> bool:
         for r in recs:
             print(f"    recommendation {r.get('id')}: {r.get('remedy')} - {r.get('title')} "
                   f"(fits={r.get('fits')}, predicted peak {mib((r.get('predicted') or {}).get('peak_memory_bytes'))})")
-        return False
+        return None
     a = applied[0]
     predicted, measured = a.get("predicted") or {}, a.get("measured") or {}
     before, after = measured.get("before") or {}, measured.get("after") or {}
@@ -154,7 +170,10 @@ def live(report: dict[str, Any], budget: int) -> bool:
           f"light steps after the window {ms(statistics.median(later)) if later else '?'} ({len(later)} steps)")
     if not_built:
         print(f"    also recommended but not built: {[r.get('title') for r in not_built]}")
-    return True
+    p_time, m_time = predicted.get("step_time_s"), after.get("step_time_s")
+    return {"remedy": a.get("remedy"), "blocks": len((a.get("params") or {}).get("modules") or []),
+            "status": a.get("status"), "p_peak": p_peak, "m_peak": m_peak, "p_time": p_time, "m_time": m_time,
+            "before_time": before.get("step_time_s")}
 
 
 def losses(report: dict[str, Any], printed: list[str], bare: list[str]) -> None:
@@ -178,7 +197,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile-steps", type=int, default=6, help="steps of the unconstrained run (default 6)")
     p.add_argument("--threads", type=int, default=1,
                    help="OMP_NUM_THREADS for every run (default 1; 0 leaves the environment as it is)")
-    p.add_argument("--script-args", default="", help='extra arguments for examples/gpt.py, e.g. "--layers 8"')
+    p.add_argument("--script", default="examples/gpt.py", help="the training script, relative to the repository")
+    p.add_argument("--script-args", default="", help='extra arguments for the script, e.g. "--layers 8"')
+    p.add_argument("--suite", action="store_true", help="run every model of SUITE and print one table")
     args = p.parse_args(argv)
     try:
         args.fractions = [float(x) for x in args.budgets.split(",") if x.strip()]
@@ -191,45 +212,76 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    extra = shlex.split(args.script_args)
+def run_model(args: argparse.Namespace, script: Path, extra: list[str], tmp: Path,
+              env: dict[str, str]) -> list[dict[str, Any]]:
+    """The unconstrained run, then one budgeted run per fraction; the summary rows."""
     # The script gets --steps too, so a run longer than its own default (30) is not cut short.
     script_args = ["--steps", str(args.steps), *extra]
+    bare_cmd = [sys.executable, str(script), *script_args]
+    print(f"bare:          {display(bare_cmd)}", flush=True)
+    bare = run(bare_cmd, env)
+    r0 = tmp / "unconstrained.json"
+    cmd = attach(["--steps", str(args.profile_steps), "--probes", "memory"], r0, script, extra)
+    print(f"unconstrained: {display(cmd)}", flush=True)
+    run(cmd, env)
+    report0 = json.loads(r0.read_text())
+    peak = int(report0["memory"]["peak_bytes"])
+    print(f"unconstrained peak P = {peak} B ({mib(peak)}), at step {report0['memory'].get('peak_step')}")
+    rows = []
+    for fraction in args.fractions:
+        budget = int(fraction * peak)
+        path = tmp / f"budget-{fraction}.json"
+        cmd = attach(["--probes", "memory", "--memory-budget", str(budget), "--apply", "auto",
+                      "--apply-at-step", str(args.apply_at_step), "--steps", str(args.steps)],
+                     path, script, script_args)
+        print(f"\n== budget {fraction:.0%} of P = {budget} B ({mib(budget)})", flush=True)
+        print(f"  {display(cmd)}", flush=True)
+        offline(report0, budget)
+        printed = run(cmd, env)
+        report = json.loads(path.read_text())
+        row = live(report, budget)
+        rows.append({"fraction": fraction, **(row or {"remedy": None})})
+        losses(report, printed, bare)
+    return rows
+
+
+def _err(pred: float | None, meas: float | None) -> str:
+    return f"{(pred - meas) / meas:+.1%}" if pred is not None and meas else "-"
+
+
+def summary(table: list[tuple[str, dict[str, Any]]]) -> None:
+    print("\n| model | budget | plan | peak predicted / measured | error | step predicted / measured | error |")
+    print("|---|---|---|---|---|---|---|")
+    for label, r in table:
+        if not r.get("remedy"):
+            print(f"| {label} | {r['fraction']:.0%} | nothing applied | - | - | - | - |")
+            continue
+        print(f"| {label} | {r['fraction']:.0%} | {r['blocks']} blocks, {r['status']} | "
+              f"{mib(r['p_peak'])} / {mib(r['m_peak'])} | {_err(r['p_peak'], r['m_peak'])} | "
+              f"{ms(r['p_time'])} / {ms(r['m_time'])} | {_err(r['p_time'], r['m_time'])} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    models = SUITE if args.suite else [(Path(args.script).stem, args.script, args.script_args)]
+    table: list[tuple[str, dict[str, Any]]] = []
     with tempfile.TemporaryDirectory(prefix="advisor-bench-") as tmp:
         env = {**os.environ, "ADVISOR_HOME": str(Path(tmp) / "home"),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
         if args.threads:
             env["OMP_NUM_THREADS"] = str(args.threads)
-        try:
-            bare_cmd = [sys.executable, str(SCRIPT), *script_args]
-            print(f"bare:          {display(bare_cmd)}", flush=True)
-            bare = run(bare_cmd, env)
-            r0 = Path(tmp) / "unconstrained.json"
-            cmd = attach(["--steps", str(args.profile_steps), "--probes", "memory"], r0, extra)
-            print(f"unconstrained: {display(cmd)}", flush=True)
-            run(cmd, env)
-            report0 = json.loads(r0.read_text())
-            peak = int(report0["memory"]["peak_bytes"])
-            print(f"unconstrained peak P = {peak} B ({mib(peak)}), at step {report0['memory'].get('peak_step')}")
-            applied = 0
-            for fraction in args.fractions:
-                budget = int(fraction * peak)
-                path = Path(tmp) / f"budget-{fraction}.json"
-                cmd = attach(["--probes", "memory", "--memory-budget", str(budget), "--apply", "auto",
-                              "--apply-at-step", str(args.apply_at_step), "--steps", str(args.steps)],
-                             path, script_args)
-                print(f"\n== budget {fraction:.0%} of P = {budget} B ({mib(budget)})", flush=True)
-                print(f"  {display(cmd)}", flush=True)
-                offline(report0, budget)
-                printed = run(cmd, env)
-                report = json.loads(path.read_text())
-                applied += live(report, budget)
-                losses(report, printed, bare)
-        except RuntimeError as exc:
-            print(f"bench failed: {exc}", file=sys.stderr)
-            return 1
-    print(f"\n{applied}/{len(args.fractions)} budgets got a remedy applied")
+        for k, (label, script, script_args) in enumerate(models):
+            print(f"\n######## {label}: {script} {script_args}", flush=True)
+            folder = Path(tmp) / f"model{k}"
+            folder.mkdir()
+            try:
+                rows = run_model(args, ROOT / script, shlex.split(script_args), folder, env)
+            except RuntimeError as exc:
+                print(f"bench failed on {label}: {exc}", file=sys.stderr)
+                return 1
+            table += [(label, row) for row in rows]
+    summary(table)
+    print(f"\n{sum(1 for _, r in table if r.get('remedy'))}/{len(table)} budgets got a remedy applied")
     return 0
 
 
