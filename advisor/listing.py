@@ -6,6 +6,7 @@ import time
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from advisor.errors import SessionError
 from advisor.paths import DB_NAME, sessions_dir
@@ -27,11 +28,12 @@ def print_sessions(console: Console | None = None) -> int:
         try:
             meta = read_meta(db)
         except SessionError:
-            table.add_row(db.parent.name, "", "", "[red]unreadable[/red]")
+            table.add_row(Text(db.parent.name), "", "", Text("unreadable", style="red"))
             continue
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(meta.get("created", 0)))
         status = (f"exit {meta.get('exit_code')}: {meta.get('exit_reason', '')}" if meta.get("finished")
                   else "running or interrupted")
-        table.add_row(db.parent.name, created, str(meta.get("script", "")), status)
+        # Script paths and exit reasons come from the user's process: text, never markup.
+        table.add_row(Text(db.parent.name), created, Text(str(meta.get("script", ""))), Text(status))
     console.print(table)
     return 0
