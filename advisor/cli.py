@@ -208,8 +208,11 @@ COMMANDS = {"attach": cmd_attach, "sessions": cmd_sessions, "report": cmd_report
 
 
 def main(argv: list[str] | None = None) -> int:
-    # Everything the controller writes (store, reports, plans) is readable by its owner only.
-    os.umask(0o077)
+    # Everything the controller writes (store, reports, plans) is readable by its owner only;
+    # the training script gets the user's own umask back (advisor.session).
+    from advisor.paths import restrict_umask
+
+    restrict_umask()
     try:
         ns = build_parser().parse_args(argv)
         return COMMANDS[ns.command](ns)

@@ -15,7 +15,8 @@ import tempfile
 import threading
 from typing import Any, Callable
 
-from advisor.records.samples import Record, record_from_message
+from advisor.intake import RecordError, parse_record
+from advisor.records.samples import Record
 from advisor.records.wire import FrameReader, encode
 
 log = logging.getLogger("advisor.server")
@@ -75,12 +76,20 @@ class ChannelServer:
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         try:
-            record = record_from_message(str(message.get("kind")), message.get("data") or {})
-        except (ValueError, TypeError) as exc:
-            self.rejected += 1
-            self.last_rejection = f"malformed record: {exc}"
+            record = parse_record(message.get("kind"), message.get("data"))
+        except RecordError as exc:
+            self._reject(f"malformed record dropped: {exc}")
             return
-        self._on_record(record)
+        try:
+            self._on_record(record)
+        except Exception as exc:  # noqa: BLE001 - one record must never stop the receiver
+            self._reject(f"record could not be recorded: {type(exc).__name__}: {exc}")
+
+    def _reject(self, why: str) -> None:
+        with self._lock:
+            self.rejected += 1
+            self.last_rejection = why[:300]
+        log.warning("%s", why[:300])
 
     @property
     def connections(self) -> int:

@@ -10,13 +10,20 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from advisor.exits import (
+    LAUNCHER_CODE,
+    LAUNCHER_EXITS,
+    decide_exit,
+    read_launcher_exits,
+)
 from advisor.launch import BOOTSTRAP, python_command, torchrun_command
-from advisor.paths import DB_NAME, new_session_dir
-from advisor.server import ChannelServer
-from advisor.state import LiveState, SessionState
-from advisor.store import SessionStore
-from advisor.records.samples import ExitInfo, Record
+from advisor.paths import DB_NAME, new_session_dir, user_umask
+from advisor.records.samples import Record
 from advisor.records.wire import SECRET_ENV, SOCKET_ENV, new_secret, write_secret_file
+from advisor.server import ChannelServer
+from advisor.state import LiveState
+from advisor.store import SessionStore
+
 
 @dataclass
 class AttachOptions:
@@ -26,13 +33,6 @@ class AttachOptions:
     max_steps: int | None = None
     capture_output: bool = False  # TUI mode: the script's output goes to output.log
     agent_config: dict[str, Any] = field(default_factory=dict)
-
-
-def signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
 
 
 class Session:
@@ -73,7 +73,10 @@ class Session:
     def command_line(self) -> list[str]:
         opts = self.options
         if opts.nproc_per_node > 1:
-            return torchrun_command(opts.nproc_per_node, BOOTSTRAP, [opts.script, *opts.args])
+            command = torchrun_command(opts.nproc_per_node, BOOTSTRAP, [opts.script, *opts.args])
+            # torchrun as it is, run through LAUNCHER_CODE so that it says which worker failed first.
+            assert command[1:3] == ["-m", "torch.distributed.run"], command
+            return [command[0], "-c", LAUNCHER_CODE, *command[3:]]
         return python_command(BOOTSTRAP, [opts.script, *opts.args])
 
     def environment(self) -> dict[str, str]:
@@ -87,6 +90,7 @@ class Session:
             "ADVISOR_SESSION_DIR": str(self.dir),
             "ADVISOR_CONFIG": json.dumps(config),
             "PYTHONUNBUFFERED": "1",
+            "ADVISOR_LAUNCHER_EXITS": str(self.dir / LAUNCHER_EXITS),
         })
         return env
 
@@ -96,9 +100,13 @@ class Session:
             fd = os.open(self.output_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             out = os.fdopen(fd, "wb")
         try:
+            # The script runs as under python: the user's umask (the controller's own files are
+            # owner-only), and, headless, the terminal's stdin (pipes, input(), pdb). The TUI owns
+            # the terminal, so there the script reads from /dev/null.
             self.process = subprocess.Popen(
-                self.command_line(), env=self.environment(),
-                stdout=out, stderr=subprocess.STDOUT if out else None, stdin=subprocess.DEVNULL,
+                self.command_line(), env=self.environment(), umask=user_umask(),
+                stdout=out, stderr=subprocess.STDOUT if out else None,
+                stdin=subprocess.DEVNULL if self.options.capture_output else None,
             )
         finally:
             if out is not None:
@@ -131,7 +139,8 @@ class Session:
         """Collect the last records and decide the exit code and reason; closes the store."""
         self.server.wait_readers(timeout=5.0)
         state = self.live.snapshot()
-        code, reason = decide_exit(state, returncode, self.options.nproc_per_node)
+        launcher = read_launcher_exits(self.dir)
+        code, reason = decide_exit(state, returncode, self.options.nproc_per_node, launcher)
         self.live.update(finished=True, exit_code=code, exit_reason=reason, pending_apply=None)
         self.store.set_meta(finished=True, exit_code=code, exit_reason=reason)
         return code, reason
@@ -146,33 +155,3 @@ class Session:
             self._secret_file.unlink()  # the secret is only needed while agents run
         except OSError:
             pass
-
-
-def decide_exit(state: SessionState, returncode: int, nproc: int) -> tuple[int, str]:
-    """The script's exit code and a one-line reason, from its agents' reports or the OS."""
-    exits: list[ExitInfo] = [state.exits[r] for r in sorted(state.exits)]
-    failing = [e for e in exits if e.code != 0]
-    if failing:
-        first = failing[0]
-        where = f" on rank {first.rank}" if nproc > 1 else ""
-        if first.exc_type:
-            frame = first.frame or {}
-            at = f" at {frame.get('file')}:{frame.get('line')} in {frame.get('function')}" if frame else ""
-            return first.code, f"{first.exc_type}: {first.message}{at}{where}"
-        return first.code, f"{first.reason}{where}"
-    if returncode < 0:
-        name = signal_name(-returncode)
-        hint = " (the kernel's OOM killer sends SIGKILL when host memory runs out)" if name == "SIGKILL" else ""
-        return 128 + (-returncode), f"training process killed by {name}{hint}"
-    if returncode != 0 and not exits:
-        return returncode, f"training process exited with code {returncode} before its agent reported"
-    if len(exits) < nproc and returncode != 0:
-        missing = sorted(set(range(nproc)) - set(state.exits))
-        return returncode, f"rank(s) {missing} died without reporting (exit code {returncode})"
-    if exits:
-        reason = exits[0].reason
-        if exits[0].steps == 0:
-            reason += "; the script never called an optimizer step, so no training steps were recorded"
-        return (returncode if returncode and not exits else exits[0].code), reason
-    return returncode, "completed"
-

@@ -5,7 +5,7 @@ import io
 from rich.console import Console
 
 from advisor.listing import print_sessions
-from advisor.paths import new_session_dir, DB_NAME
+from advisor.paths import DB_NAME, new_session_dir
 from advisor.records.samples import ExitInfo, RunInfo, StepSample
 from advisor.render import print_exit_summary, print_report
 from advisor.report import build_report

@@ -54,7 +54,7 @@ def decode(body: bytes, secret: bytes) -> dict[str, Any]:
         raise WireError("frame HMAC does not match the session secret")
     try:
         message = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # deep nesting too
         raise WireError(f"frame is not JSON: {exc}") from None
     if not isinstance(message, dict):
         raise WireError("frame is not a JSON object")
