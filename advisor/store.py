@@ -55,15 +55,18 @@ def _connect(path: Path) -> sqlite3.Connection:
 def _open_read(path: Path) -> sqlite3.Connection:
     """A read-only connection that never changes the file or creates one beside it.
 
-    ``mode=ro`` reads a live session (WAL readers see the writer's commits); on a
-    read-only mount or a copy whose WAL index cannot be created, ``immutable=1``
-    reads the file as it is.
+    With no ``-wal`` file beside it, no writer is connected and every commit is in
+    the file itself: ``immutable=1`` reads it without locks, a WAL index or any
+    file of its own, so a finished session, a copy or a read-only mount reads as
+    it is. With a ``-wal`` file (a live controller, or one that was killed),
+    ``mode=ro`` reads through it, so commits still in the WAL are seen.
     """
     if not path.is_file():
         raise SessionError(f"session file {path} does not exist")
     uri = "file:" + urllib.parse.quote(str(path.resolve()))
+    wal = path.with_name(path.name + "-wal").exists()
     last: Exception | None = None
-    for flags in ("mode=ro", "mode=ro&immutable=1"):
+    for flags in (("mode=ro", "mode=ro&immutable=1") if wal else ("mode=ro&immutable=1",)):
         try:
             conn = sqlite3.connect(f"{uri}?{flags}", uri=True, check_same_thread=False, timeout=10)
         except sqlite3.DatabaseError as exc:
