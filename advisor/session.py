@@ -47,7 +47,7 @@ class Session:
         self._secret = new_secret()
         self._secret_file = self.dir / "secret"
         write_secret_file(str(self._secret_file), self._secret)
-        self.server = ChannelServer(self._secret, self._on_record)
+        self.server = ChannelServer(self._secret, self._on_record, on_hello=self._on_hello)
         self.process: subprocess.Popen | None = None
         self.output_path = self.dir / "output.log"
         self.store.set_meta(session_id=self.id, script=os.path.abspath(options.script), argv=options.args,
@@ -65,6 +65,16 @@ class Session:
                 listener(record)
             except Exception:  # a UI callback must never stop the recording
                 pass
+
+    def _on_hello(self, rank: int) -> None:
+        if len(self.server.ranks) >= self.options.nproc_per_node:
+            self._remove_secret()  # every rank has read it: nothing is left behind if we are killed
+
+    def _remove_secret(self) -> None:
+        try:
+            self._secret_file.unlink()
+        except OSError:
+            pass
 
     def send_command(self, command: dict[str, Any]) -> int:
         return self.server.broadcast(command)
@@ -151,7 +161,4 @@ class Session:
     def close(self) -> None:
         self.server.close()
         self.store.close()
-        try:
-            self._secret_file.unlink()  # the secret is only needed while agents run
-        except OSError:
-            pass
+        self._remove_secret()  # the secret is only needed while agents start
