@@ -7,9 +7,16 @@ import time
 
 import pytest
 
-from advisor.server import ChannelServer
 from advisor.records.samples import StepSample
-from advisor.records.wire import MAX_FRAME, FrameReader, WireError, decode, encode, new_secret
+from advisor.records.wire import (
+    MAX_FRAME,
+    FrameReader,
+    WireError,
+    decode,
+    encode,
+    new_secret,
+)
+from advisor.server import ChannelServer
 
 
 def test_roundtrip_and_tamper_detection():
