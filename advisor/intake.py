@@ -15,7 +15,7 @@ import functools
 import math
 import types
 import typing
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from advisor.records.results import STATUSES
 from advisor.records.samples import RECORD_TYPES, Record
@@ -37,6 +37,14 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
+@functools.cache
+def _fields(cls: type) -> tuple[tuple[str, Any, bool], ...]:
+    """(name, type hint, required) of each field of a record class."""
+    hints = _hints(cls)
+    return tuple((f.name, hints[f.name], f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+                 for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+
+
 def parse_record(kind: Any, data: Any) -> Record:
     """The record of ``kind`` built from ``data``, or ``RecordError`` saying what is wrong."""
     if not isinstance(kind, str) or kind not in RECORD_TYPES:
@@ -44,20 +52,19 @@ def parse_record(kind: Any, data: Any) -> Record:
     if not isinstance(data, Mapping):
         raise RecordError(f"{kind} record is a {type(data).__name__}, not an object")
     cls = RECORD_TYPES[kind]
-    hints = _hints(cls)
     values: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if f.name not in data:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise RecordError(f"{kind} record lacks {f.name!r}")
+    for name, hint, required in _fields(cls):
+        if name not in data:
+            if required:
+                raise RecordError(f"{kind} record lacks {name!r}")
             continue
-        value = data[f.name]
-        problem = _check(value, hints[f.name], 0)
+        value = data[name]
+        problem = _checker(hint)(value)
         if problem is None:
-            problem = _range(f.name, value)
+            problem = _range(name, value)
         if problem is not None:
-            raise RecordError(f"{kind}.{f.name}: {problem}")
-        values[f.name] = value
+            raise RecordError(f"{kind}.{name}: {problem}")
+        values[name] = value
     try:
         record = cls(**values)
     except (TypeError, ValueError) as exc:
@@ -65,6 +72,36 @@ def parse_record(kind: Any, data: Any) -> Record:
     if kind == "event":
         _check_event(record)  # type: ignore[arg-type]
     return record
+
+
+@functools.cache
+def _checker(hint: Any) -> Callable[[Any], str | None]:
+    """A function checking a top-level field value against ``hint``; the common cases are direct."""
+    if hint is int or hint == int | None:
+        nullable = hint is not int
+
+        def check_int(value: Any) -> str | None:
+            if type(value) is int:
+                return None if _INT_MIN <= value <= _INT_MAX else "integer out of the 64-bit range"
+            return None if value is None and nullable else _check(value, hint, 0)
+        return check_int
+    if hint is float or hint == float | None:
+        nullable = hint is not float
+
+        def check_float(value: Any) -> str | None:
+            if type(value) is float:
+                return None if math.isfinite(value) else f"{value} is not a finite number"
+            return None if value is None and nullable else _check(value, hint, 0)
+        return check_float
+    if hint is str:
+        return lambda value: None if type(value) is str else _check(value, hint, 0)
+    if hint == dict[str, float]:
+        def check_float_map(value: Any) -> str | None:
+            if type(value) is dict and all(type(v) is float and math.isfinite(v) for v in value.values()):
+                return None
+            return _check(value, hint, 0)
+        return check_float_map
+    return lambda value: _check(value, hint, 0)
 
 
 def _range(name: str, value: Any) -> str | None:

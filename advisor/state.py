@@ -25,8 +25,11 @@ from advisor.records.samples import (
     RunInfo,
     StepSample,
 )
+from advisor.step_totals import StepTotals
 
-MAX_LIVE_STEPS = 5000  # per rank, for the live view only; the store keeps everything
+# Step records kept per rank in memory (the live view, the report's step list); the store keeps
+# every step, and ``step_totals`` sums every step for the summary, so nothing is silently cut.
+MAX_LIVE_STEPS = 5000
 
 
 @dataclass
@@ -38,7 +41,8 @@ class SessionState:
     runs: dict[int, RunInfo] = field(default_factory=dict)
     models: list[ModelInfo] = field(default_factory=list)
     optimizers: list[OptimizerInfo] = field(default_factory=list)
-    steps: dict[int, list[StepSample]] = field(default_factory=dict)  # rank -> samples
+    steps: dict[int, list[StepSample]] = field(default_factory=dict)  # rank -> the last MAX_LIVE_STEPS samples
+    step_totals: dict[int, StepTotals] = field(default_factory=dict)  # rank -> figures over every step
     exits: dict[int, ExitInfo] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
     memory: list[MemorySample] = field(default_factory=list)
@@ -116,6 +120,10 @@ def _fold(state: SessionState, record: Record) -> None:
     if isinstance(record, StepSample):
         samples = state.steps.setdefault(record.rank, [])
         samples.append(record)
+        totals = state.step_totals.get(record.rank)
+        if totals is None:
+            totals = state.step_totals[record.rank] = StepTotals()
+        totals.add(record.index, record.time_s, record.deep, record.loss, record.phases)
         if len(samples) > MAX_LIVE_STEPS:
             del samples[: len(samples) - MAX_LIVE_STEPS]
     elif isinstance(record, RunInfo):

@@ -9,20 +9,24 @@ file read-only and never rename, truncate or create anything.
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import os
 import queue
 import sqlite3
 import threading
 import time
 import urllib.parse
+from array import array
 from pathlib import Path
 from typing import Any, Iterator
 
 from advisor.errors import SessionError
 from advisor.intake import RecordError, parse_record
-from advisor.records.samples import Event, Record
-from advisor.state import LiveState, SessionState
+from advisor.records.samples import PHASES, Event, Record
+from advisor.state import MAX_LIVE_STEPS, LiveState, SessionState
+from advisor.step_totals import StepTotals
 
 SCHEMA_VERSION = 1
 
@@ -174,6 +178,47 @@ def _spilled(spill: Path) -> Iterator[tuple[Any, Any]]:
             continue
 
 
+_NUMBER = (int, float)
+
+
+def _sum_steps(conn: sqlite3.Connection, rank: int, last_id: int) -> StepTotals:
+    """The summary figures of one rank's stored steps up to row ``last_id``.
+
+    Only the fields the summary reads are checked (as ``advisor.intake`` would) and no
+    record objects are built: a million steps take seconds, not most of a minute.
+    """
+    times: dict[str, array] = {"steady": array("d"), "deep": array("d"), "warmup": array("d")}
+    sums: dict[str, list[float]] = {c: [0.0] * len(PHASES) for c in times}
+    last: tuple[int, Any] | None = None
+    loads = json.loads
+    rows = conn.execute("SELECT data FROM records WHERE kind = 'step' AND rank = ? AND id <= ? ORDER BY id",
+                        (rank, last_id))
+    for (text,) in rows:
+        try:
+            data = loads(text)
+            index, time_s, deep, loss = data["index"], data["time_s"], data.get("deep", False), data.get("loss")
+            phases = data.get("phases") or {}
+            values = [phases.get(k) or 0.0 for k in PHASES]
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+            continue
+        if (type(index) is not int or index < 0 or type(time_s) not in _NUMBER or not 0 <= time_s < math.inf
+                or type(deep) is not bool or (loss is not None and type(loss) not in _NUMBER)
+                or any(type(v) not in _NUMBER or not math.isfinite(v) for v in values)):
+            continue
+        category = "warmup" if index == 0 else "deep" if deep else "steady"
+        times[category].append(time_s)
+        row = sums[category]
+        for k, v in enumerate(values):
+            row[k] += v
+        last = (index, loss)
+    totals = StepTotals()
+    for category, values in times.items():
+        totals.add_many(category, values, dict(zip(PHASES, sums[category])))
+    if last is not None:
+        totals.set_last(*last)
+    return totals
+
+
 def read_meta(db_path: Path) -> dict[str, Any]:
     conn = _open_read(db_path)
     try:
@@ -191,18 +236,29 @@ def read_meta(db_path: Path) -> dict[str, Any]:
 
 
 class RecordReader:
-    """Iterates a session's records (store, then spill files); counts and names the bad ones."""
+    """Iterates a session's records (store, then spill files); counts and names the bad ones.
+
+    Steps older than the last ``MAX_LIVE_STEPS`` of their rank are not built into records:
+    ``totals`` sums them (read with SQLite's JSON functions, a few columns a row), so a
+    million-step session loads in seconds and the summary still covers every step.
+    """
 
     def __init__(self, db_path: Path) -> None:
         self.db_path = db_path
         self.dropped = 0
         self.last_problem = ""
         self.damaged = ""
+        self.totals: dict[int, StepTotals] = {}
 
     def __iter__(self) -> Iterator[Record]:
         conn = _open_read(self.db_path)
         try:
-            for kind, data in conn.execute("SELECT kind, data FROM records ORDER BY id"):
+            cutoff = self._sum_old_steps(conn)
+            skip_to = min(cutoff.values(), default=0)  # rows up to here that are steps were all summed
+            for row_id, kind, rank, data in conn.execute(
+                    "SELECT id, kind, rank, data FROM records WHERE kind != 'step' OR id > ? ORDER BY id", (skip_to,)):
+                if kind == "step" and row_id <= cutoff.get(rank, 0):
+                    continue  # summed above
                 record = self._parse(kind, data)
                 if record is not None:
                     yield record
@@ -215,6 +271,23 @@ class RecordReader:
                 record = self._parse(kind, data, decoded=True)
                 if record is not None:
                     yield record
+
+    def _sum_old_steps(self, conn: sqlite3.Connection) -> dict[Any, int]:
+        """Fold each rank's older steps into ``totals``; returns rank -> the last row id summed."""
+        cutoff: dict[Any, int] = {}
+        ranks = conn.execute("SELECT rank, count(*) FROM records WHERE kind = 'step' GROUP BY rank").fetchall()
+        for rank, count in ranks:
+            if count <= MAX_LIVE_STEPS or not isinstance(rank, int):
+                continue
+            (last_id,) = conn.execute("SELECT id FROM records WHERE kind = 'step' AND rank = ? ORDER BY id DESC "
+                                      "LIMIT 1 OFFSET ?", (rank, MAX_LIVE_STEPS)).fetchone()
+            cutoff[rank] = last_id
+            self.totals[rank] = _sum_steps(conn, rank, last_id)
+            valid = self.totals[rank].count
+            if valid < count - MAX_LIVE_STEPS:
+                self.dropped += count - MAX_LIVE_STEPS - valid
+                self.last_problem = f"step record of rank {rank} with wrong field types"
+        return cutoff
 
     def _parse(self, kind: Any, data: Any, *, decoded: bool = False) -> Record | None:
         try:
@@ -234,7 +307,11 @@ def load_state(db_path: Path) -> SessionState:
     meta = read_meta(db_path)
     live = LiveState(session_id=str(meta.get("session_id", db_path.parent.name)), session_path=str(db_path.parent))
     reader = RecordReader(db_path)
-    for record in reader:
+    records = iter(reader)
+    first = next(records, None)  # reading starts: the old steps are summed into reader.totals
+    if reader.totals:
+        live.update(step_totals=dict(reader.totals))
+    for record in itertools.chain([first] if first is not None else [], records):
         try:
             live.add(record)
         except Exception as exc:  # noqa: BLE001 - one record must never cost the session
