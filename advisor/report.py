@@ -68,6 +68,8 @@ def summary_section(state: SessionState) -> dict[str, Any]:
                    "mean_step_s": span / len(times), "phase_share": phases, "last_loss": samples[-1].loss}
         total = listed
     out.update(steps_total=total, steps_listed=listed, steps_dropped=max(0, total - listed))
+    if state.records_dropped:  # a long run's oldest non-step records, let go in memory (the store has them)
+        out["records_dropped"] = dict(state.records_dropped)
     return out
 
 

@@ -30,6 +30,9 @@ from advisor.step_totals import StepTotals
 # Step records kept per rank in memory (the live view, the report's step list); the store keeps
 # every step, and ``step_totals`` sums every step for the summary, so nothing is silently cut.
 MAX_LIVE_STEPS = 5000
+# Other records kept per kind (memory samples, module and op stats, collectives, events): a long
+# run's oldest are let go, counted in ``records_dropped``; the store keeps them all.
+MAX_LIVE_RECORDS = 200_000
 
 
 @dataclass
@@ -44,6 +47,7 @@ class SessionState:
     steps: dict[int, list[StepSample]] = field(default_factory=dict)  # rank -> the last MAX_LIVE_STEPS samples
     step_totals: dict[int, StepTotals] = field(default_factory=dict)  # rank -> figures over every step
     exits: dict[int, ExitInfo] = field(default_factory=dict)
+    records_dropped: dict[str, int] = field(default_factory=dict)  # kind -> oldest let go past MAX_LIVE_RECORDS
     events: list[Event] = field(default_factory=list)
     memory: list[MemorySample] = field(default_factory=list)
     modules: list[ModuleStat] = field(default_factory=list)
@@ -135,20 +139,28 @@ def _fold(state: SessionState, record: Record) -> None:
     elif isinstance(record, OptimizerInfo):
         state.optimizers.append(record)
     elif isinstance(record, MemorySample):
-        state.memory.append(record)
+        _append_capped(state, "memory", state.memory, record)
     elif isinstance(record, ModuleStat):
-        state.modules.append(record)
+        _append_capped(state, "module", state.modules, record)
     elif isinstance(record, OpStat):
-        state.ops.append(record)
+        _append_capped(state, "op", state.ops, record)
     elif isinstance(record, CollectiveStat):
-        state.collectives.append(record)
+        _append_capped(state, "collective", state.collectives, record)
     elif isinstance(record, Event):
-        state.events.append(record)
+        _append_capped(state, "event", state.events, record)
         if record.name == "apply_result":
             state.applied.append(dict(record.data))
             state.pending_apply = None
         elif record.name == "apply_reverted":  # a kept remedy reverted later, on the user's request
             state.applied.append({**record.data, "status": "reverted"})
+
+
+def _append_capped(state: SessionState, kind: str, records: list, record: Record) -> None:
+    records.append(record)
+    if len(records) > MAX_LIVE_RECORDS:
+        drop = MAX_LIVE_RECORDS // 10  # in chunks, so the cost per record stays constant
+        del records[:drop]
+        state.records_dropped[kind] = state.records_dropped.get(kind, 0) + drop
 
 
 class Source(Protocol):

@@ -63,3 +63,17 @@ def test_a_malformed_old_step_is_dropped_and_counted_not_summed():
     report = build_report(load_state(folder / DB_NAME))
     assert report["summary"]["steps"] == N - 1
     assert any("1 malformed record(s) dropped" in w for w in report["warnings"])
+
+
+def test_other_record_lists_are_capped_and_say_so(monkeypatch):
+    import advisor.state as state_module
+    from advisor.records.samples import Event
+
+    monkeypatch.setattr(state_module, "MAX_LIVE_RECORDS", 100)
+    live = LiveState()
+    for index in range(250):
+        live.add(Event(name="note", step=index, data={}))
+    state = live.snapshot()
+    assert len(state.events) <= 100 and state.events[-1].step == 249
+    assert state.records_dropped == {"event": 250 - len(state.events)}
+    assert build_report(state)["summary"]["records_dropped"] == {"event": 250 - len(state.events)}
