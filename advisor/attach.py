@@ -74,7 +74,13 @@ def _report(session: Session, ns: argparse.Namespace, code: int, reason: str) ->
     report = build_report(state, budget_bytes=ns.memory_budget)
     session.save_analysis(diagnosis=report.get("diagnosis"), recommendations=report.get("recommendations"))
     if ns.json:
-        write_json(report, ns.json)
+        try:
+            write_json(report, ns.json)
+        except OSError as exc:  # checked before the job started, but folders can vanish meanwhile
+            fallback = session.dir / "report.json"
+            write_json(report, str(fallback))
+            print(f"advisor: could not write {ns.json} ({exc.strerror or exc}); the report is in {fallback}",
+                  file=sys.stderr, flush=True)
     if ns.headless:
         from advisor.render import print_report
 
@@ -84,4 +90,14 @@ def _report(session: Session, ns: argparse.Namespace, code: int, reason: str) ->
 
         print_exit_summary(report)
     print(f"advisor: {reason} (exit code {code}); session {session.id}", file=sys.stderr, flush=True)
+    if ns.apply and ns.headless and not _applied(state, ns.apply):
+        ids = ", ".join(str(r.get("id")) for r in state.recommendations) or "none"
+        print(f"advisor: the requested --apply {ns.apply} never happened (recommendations in this run: {ids})",
+              file=sys.stderr, flush=True)
+        return code or 1
     return code
+
+
+def _applied(state: Any, request: str) -> bool:
+    """Whether the remedy asked for with --apply was applied (kept, reverted or failed: it ran)."""
+    return any(request == "auto" or a.get("recommendation_id") == request for a in state.applied)

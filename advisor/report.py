@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import tempfile
 from typing import Any
 
 from advisor.state import SessionState
@@ -99,7 +100,17 @@ def build_report(state: SessionState, *, budget_bytes: int | None = None) -> dic
 
 
 def write_json(report: dict[str, Any], path: str) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as handle:
-        json.dump(report, handle, indent=1, allow_nan=False, default=str)
-    os.replace(tmp, path)
+    """Write atomically: a fresh temporary file in the target's folder (``mkstemp``: never a
+    name someone else could have planted, such as a symlink at ``path.tmp``), then rename."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(report, handle, indent=1, allow_nan=False, default=str)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
