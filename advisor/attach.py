@@ -3,11 +3,68 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
-from typing import Any
+import threading
+from typing import Any, Callable
 
 from advisor.errors import EXIT_LAUNCH, AdvisorError
+from advisor.exits import signal_name
 from advisor.session import AttachOptions, Session
+
+STOP_GRACE_S = 30.0  # after a SIGTERM/SIGHUP to the controller, how long the script may take to stop
+
+
+class StopOnSignal:
+    """SIGTERM or SIGHUP to the controller (a supervisor, ``kill``, a closed terminal): stop the
+    training job deliberately, not orphan it. The job gets SIGTERM (torchrun passes it to every
+    rank; each agent records its exit), the TUI is closed so the terminal is restored, and the
+    report is written as for any other end. A second signal kills the job at once."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.received: int | None = None
+        self.on_stop: Callable[[], None] | None = None  # the TUI's exit, while it runs
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopOnSignal:
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        process = self.session.process
+        if self.received is not None:
+            if process is not None and process.poll() is None:
+                process.kill()
+            return
+        self.received = signum
+        _say(f"advisor: received {signal_name(signum)}: stopping the training job (SIGTERM, then SIGKILL "
+             f"after {STOP_GRACE_S:.0f} s) and writing its report; send it again to kill the job at once")
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            timer = threading.Timer(STOP_GRACE_S, lambda: process.poll() is None and process.kill())
+            timer.daemon = True
+            timer.start()
+        if self.on_stop is not None:
+            threading.Thread(target=self.on_stop, daemon=True).start()  # never touch the UI from a handler
+
+    def note(self) -> str:
+        return f"; the advisor received {signal_name(self.received)} and stopped the job" if self.received else ""
+
+
+def _say(line: str) -> None:
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass  # SIGHUP: the terminal may be gone
 
 
 def run_attach(ns: argparse.Namespace, config: dict[str, Any]) -> int:
@@ -25,11 +82,12 @@ def run_attach(ns: argparse.Namespace, config: dict[str, Any]) -> int:
         session.close()
         raise AdvisorError(f"could not start the training process: {exc}", exit_code=EXIT_LAUNCH) from None
     try:
-        if ns.headless:
-            returncode = _follow_headless(session, ns)
-        else:
-            returncode = _follow_tui(session, advice, ns)
-        code, reason = session.finish(returncode)
+        with StopOnSignal(session) as stop:
+            if ns.headless:
+                returncode = _follow_headless(session, ns)
+            else:
+                returncode = _follow_tui(session, advice, ns, stop)
+            code, reason = session.finish(returncode, note=stop.note())
         advice.finish()
         return _report(session, ns, code, reason)
     finally:
@@ -49,16 +107,20 @@ def _follow_headless(session: Session, ns: argparse.Namespace) -> int:
         printer.close()
 
 
-def _follow_tui(session: Session, advice: Any, ns: argparse.Namespace) -> int:
+def _follow_tui(session: Session, advice: Any, ns: argparse.Namespace, stop: StopOnSignal) -> int:
     from advisor.live_source import SessionSource
     from advisor.tui.app import make_app
 
     source = SessionSource(session, advice)
     app = make_app(source, title=f"advisor · {ns.script}")
+    stop.on_stop = lambda: app.call_from_thread(app.exit)
     try:
-        app.run()
+        app.run()  # Textual restores the terminal when run() returns
     finally:
+        stop.on_stop = None
         source.stop()
+    if stop.received is not None:
+        return session.wait()
     if session.poll() is None:
         # The UI is closed but training goes on: keep recording it, as headless does.
         print(f"advisor: UI closed; training continues and is recorded in {session.dir} "

@@ -145,12 +145,13 @@ class Session:
         except subprocess.TimeoutExpired:
             self.process.kill()
 
-    def finish(self, returncode: int) -> tuple[int, str]:
+    def finish(self, returncode: int, note: str = "") -> tuple[int, str]:
         """Collect the last records and decide the exit code and reason; closes the store."""
         self.server.wait_readers(timeout=5.0)
         state = self.live.snapshot()
         launcher = read_launcher_exits(self.dir)
         code, reason = decide_exit(state, returncode, self.options.nproc_per_node, launcher)
+        reason += note
         self.live.update(finished=True, exit_code=code, exit_reason=reason, pending_apply=None)
         self.store.set_meta(finished=True, exit_code=code, exit_reason=reason)
         return code, reason
