@@ -45,10 +45,12 @@ class _Peer:
 
 class ChannelServer:
     def __init__(self, secret: bytes, on_record: Callable[[Record], None], *,
-                 on_hello: Callable[[int], None] | None = None, max_connections: int = MAX_CONNECTIONS) -> None:
+                 on_hello: Callable[[int], None] | None = None,
+                 on_disconnect: Callable[[int], None] | None = None, max_connections: int = MAX_CONNECTIONS) -> None:
         self._secret = secret
         self._on_record = on_record
         self._on_hello = on_hello
+        self._on_disconnect = on_disconnect
         self._max_connections = max_connections
         sweep_stale_sockets()
         self._dir = tempfile.mkdtemp(prefix=SOCKET_PREFIX)  # short path: AF_UNIX paths are limited to ~107 bytes
@@ -97,6 +99,11 @@ class ChannelServer:
                     self._peers.remove(peer)
             peer.conn.close()
             peer.done.set()
+            if peer.rank is not None and self._on_disconnect is not None and not self._closed:
+                try:
+                    self._on_disconnect(peer.rank)
+                except Exception:  # noqa: BLE001 - a callback must not kill the reader
+                    log.exception("on_disconnect failed")
 
     def _handshake(self, peer: _Peer, reader: FrameReader) -> bool:
         nonce = secrets.token_hex(16)

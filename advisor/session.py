@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -18,11 +19,13 @@ from advisor.exits import (
 )
 from advisor.launch import BOOTSTRAP, python_command, torchrun_command
 from advisor.paths import DB_NAME, new_session_dir, user_umask
-from advisor.records.samples import Record
+from advisor.records.samples import Event, Record
 from advisor.records.wire import SECRET_ENV, SOCKET_ENV, new_secret, write_secret_file
 from advisor.server import ChannelServer
 from advisor.state import LiveState
 from advisor.store import SessionStore
+
+DEAD_RANK_GRACE_S = 30.0  # a rank died while others run: how long before the job is stopped
 
 
 @dataclass
@@ -47,7 +50,11 @@ class Session:
         self._secret = new_secret()
         self._secret_file = self.dir / "secret"
         write_secret_file(str(self._secret_file), self._secret)
-        self.server = ChannelServer(self._secret, self._on_record, on_hello=self._on_hello)
+        self.server = ChannelServer(self._secret, self._on_record, on_hello=self._on_hello,
+                                    on_disconnect=self._on_disconnect)
+        self._dead_rank_timer: threading.Timer | None = None
+        self._gone: list[int] = []  # ranks whose agents disconnected, in order
+        self._gone_lock = threading.Lock()
         self.process: subprocess.Popen | None = None
         self.output_path = self.dir / "output.log"
         self.store.set_meta(session_id=self.id, script=os.path.abspath(options.script), argv=options.args,
@@ -75,6 +82,54 @@ class Session:
             self._secret_file.unlink()
         except OSError:
             pass
+
+    def _on_disconnect(self, rank: int) -> None:
+        """A rank's agent is gone. If it failed while others run, they may be blocked in a collective
+        until the backend's timeout: say so now, and stop the job after a bounded grace period."""
+        with self._gone_lock:
+            self._gone.append(rank)
+            if self.options.nproc_per_node < 2 or self._dead_rank_timer is not None:
+                return
+            # Ranks that fail together disconnect within milliseconds of each other: look at them all.
+            self._dead_rank_timer = threading.Timer(0.5, self._warn_dead_rank)
+            self._dead_rank_timer.daemon = True
+            self._dead_rank_timer.start()
+
+    def _warn_dead_rank(self) -> None:
+        if self.poll() is not None:
+            return
+        state = self.live.snapshot()
+        with self._gone_lock:
+            gone = list(self._gone)
+        silent = [r for r in gone if r not in state.exits]
+        failed = [r for r in gone if r in state.exits and state.exits[r].code not in (0, 143)]
+        culprits = silent or failed
+        if not culprits:
+            with self._gone_lock:
+                self._dead_rank_timer = None  # clean exits so far: look again at the next one
+            return
+        rank = culprits[0]
+        info = state.exits.get(rank)
+        samples = state.steps.get(rank)
+        after = f" after step {samples[-1].index}" if samples else ""
+        what = (f"exited with code {info.code}" if info is not None
+                else "stopped reporting (its connection closed without an exit record)")
+        others = []
+        for other in sorted(set(range(self.options.nproc_per_node)) - set(gone)):
+            last = next((c.op for c in reversed(state.collectives) if c.rank == other), None)
+            others.append(f"rank {other}" + (f" (last collective: {last})" if last else ""))
+        if not others:
+            return  # every rank is gone: the launcher ends the job by itself
+        message = (f"rank {rank} {what}{after}; {', '.join(others)} may be waiting for it in a collective: "
+                   f"the job is stopped in {DEAD_RANK_GRACE_S:.0f} s unless it ends first")
+        self._on_record(Event(rank=rank, name="warning", data={"message": message}))
+        self._dead_rank_timer = threading.Timer(DEAD_RANK_GRACE_S, self._stop_after_dead_rank)
+        self._dead_rank_timer.daemon = True
+        self._dead_rank_timer.start()
+
+    def _stop_after_dead_rank(self) -> None:
+        if self.poll() is None:
+            self.terminate(grace=10.0)
 
     def send_command(self, command: dict[str, Any]) -> int:
         return self.server.broadcast(command)
@@ -160,6 +215,8 @@ class Session:
         self.store.set_meta(diagnosis=diagnosis, recommendations=recommendations)
 
     def close(self) -> None:
+        if self._dead_rank_timer is not None:
+            self._dead_rank_timer.cancel()
         self.server.close()
         self.store.close()
         self._remove_secret()  # the secret is only needed while agents start
