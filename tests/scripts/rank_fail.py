@@ -30,6 +30,8 @@ model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.n
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 for step in range(args.steps):
     if rank == args.fail_rank and step == args.fail_at:
+        if args.how in ("exit", "kill"):
+            time.sleep(0.5)  # the agent's sender has sent what was queued: the test checks the controller
         if args.how == "raise":
             raise ValueError(f"could not open shard [/data/shard-{rank}]")
         if args.how == "exit":
