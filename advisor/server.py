@@ -65,6 +65,7 @@ class ChannelServer:
         self.rejected = 0
         self.last_rejection = ""
         self.ranks: set[int] = set()
+        self.received = 0  # records accepted
         self._closed = False
         threading.Thread(target=self._accept_loop, name="advisor-accept", daemon=True).start()
 
@@ -152,6 +153,7 @@ class ChannelServer:
         except RecordError as exc:
             self._reject(f"malformed record dropped: {exc}")
             return
+        self.received += 1
         try:
             self._on_record(record)
         except Exception as exc:  # noqa: BLE001 - one record must never stop the receiver
@@ -185,23 +187,28 @@ class ChannelServer:
                     pass
         return sent
 
-    def wait_readers(self, timeout: float) -> None:
-        """Wait, ``timeout`` seconds in all, until every agent has closed its connection (its last
-        records are in); then close whatever is still open."""
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            peers = list(self._peers)
-        for peer in peers:
-            if peer.rank is None:
-                continue  # never authenticated: nothing of the job's to wait for
-            peer.done.wait(max(0.0, deadline - time.monotonic()))
-        with self._lock:
-            peers = list(self._peers)
-        for peer in peers:
-            try:
-                peer.conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+    def wait_readers(self, timeout: float, *, limit: float = 120.0) -> None:
+        """Wait until every authenticated agent has closed its connection (its last records are in).
+
+        Gives up after ``timeout`` seconds without a new record (a stalled peer), or ``limit`` in all;
+        connections that never authenticated are not waited for, and are closed."""
+        started = time.monotonic()
+        last_count, last_progress = self.received, started
+        while True:
+            with self._lock:
+                waiting = [p for p in self._peers if p.rank is not None and not p.done.is_set()]
+                strangers = [p for p in self._peers if p.rank is None]
+            for peer in strangers:
+                try:
+                    peer.conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            now = time.monotonic()
+            if self.received != last_count:  # still draining: a loaded machine is slow, not stuck
+                last_count, last_progress = self.received, now
+            if not waiting or now - last_progress >= timeout or now - started >= limit:
+                return
+            waiting[0].done.wait(min(0.2, timeout))
 
     def close(self) -> None:
         self._closed = True
