@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
-from typing import Any
+import threading
+from typing import Any, Callable
 
 from advisor import tui  # its package defers textual until make_app is used (headless never loads it)
 from advisor.advice import AdviceLoop
@@ -13,7 +15,62 @@ from advisor.live_source import SessionSource
 from advisor.progress import ProgressPrinter
 from advisor.render import print_exit_summary, print_report
 from advisor.report import build_report, write_json
+from advisor.exits import signal_name
 from advisor.session import AttachOptions, Session
+
+STOP_GRACE_S = 30.0  # after a SIGTERM/SIGHUP to the controller, how long the script may take to stop
+
+
+class StopOnSignal:
+    """SIGTERM or SIGHUP to the controller (a supervisor, ``kill``, a closed terminal): stop the
+    training job deliberately, not orphan it. The job gets SIGTERM (torchrun passes it to every
+    rank; each agent records its exit), the TUI is closed so the terminal is restored, and the
+    report is written as for any other end. A second signal kills the job at once."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.received: int | None = None
+        self.on_stop: Callable[[], None] | None = None  # the TUI's exit, while it runs
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopOnSignal:
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        process = self.session.process
+        if self.received is not None:
+            if process is not None and process.poll() is None:
+                process.kill()
+            return
+        self.received = signum
+        _say(f"advisor: received {signal_name(signum)}: stopping the training job (SIGTERM, then SIGKILL "
+             f"after {STOP_GRACE_S:.0f} s) and writing its report; send it again to kill the job at once")
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            timer = threading.Timer(STOP_GRACE_S, lambda: process.poll() is None and process.kill())
+            timer.daemon = True
+            timer.start()
+        if self.on_stop is not None:
+            threading.Thread(target=self.on_stop, daemon=True).start()  # never touch the UI from a handler
+
+    def note(self) -> str:
+        return f"; the advisor received {signal_name(self.received)} and stopped the job" if self.received else ""
+
+
+def _say(line: str) -> None:
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass  # SIGHUP: the terminal may be gone
 
 
 def run_attach(ns: argparse.Namespace, config: dict[str, Any]) -> int:
@@ -29,11 +86,12 @@ def run_attach(ns: argparse.Namespace, config: dict[str, Any]) -> int:
         session.close()
         raise AdvisorError(f"could not start the training process: {exc}", exit_code=EXIT_LAUNCH) from None
     try:
-        if ns.headless:
-            returncode = _follow_headless(session, ns)
-        else:
-            returncode = _follow_tui(session, advice, ns)
-        code, reason = session.finish(returncode)
+        with StopOnSignal(session) as stop:
+            if ns.headless:
+                returncode = _follow_headless(session, ns)
+            else:
+                returncode = _follow_tui(session, advice, ns, stop)
+            code, reason = session.finish(returncode, note=stop.note())
         advice.finish()
         return _report(session, ns, code, reason)
     finally:
@@ -51,13 +109,17 @@ def _follow_headless(session: Session, ns: argparse.Namespace) -> int:
         printer.close()
 
 
-def _follow_tui(session: Session, advice: Any, ns: argparse.Namespace) -> int:
+def _follow_tui(session: Session, advice: Any, ns: argparse.Namespace, stop: StopOnSignal) -> int:
     source = SessionSource(session, advice)
     app = tui.make_app(source, title=f"advisor · {ns.script}")
+    stop.on_stop = lambda: app.call_from_thread(app.exit)
     try:
-        app.run()
+        app.run()  # Textual restores the terminal when run() returns
     finally:
+        stop.on_stop = None
         source.stop()
+    if stop.received is not None:
+        return session.wait()
     if session.poll() is None:
         # The UI is closed but training goes on: keep recording it, as headless does.
         print(f"advisor: UI closed; training continues and is recorded in {session.dir} "
@@ -71,10 +133,26 @@ def _report(session: Session, ns: argparse.Namespace, code: int, reason: str) ->
     report = build_report(state, budget_bytes=ns.memory_budget)
     session.save_analysis(diagnosis=report.get("diagnosis"), recommendations=report.get("recommendations"))
     if ns.json:
-        write_json(report, ns.json)
+        try:
+            write_json(report, ns.json)
+        except OSError as exc:  # checked before the job started, but folders can vanish meanwhile
+            fallback = session.dir / "report.json"
+            write_json(report, str(fallback))
+            print(f"advisor: could not write {ns.json} ({exc.strerror or exc}); the report is in {fallback}",
+                  file=sys.stderr, flush=True)
     if ns.headless:
         print_report(report)
     else:
         print_exit_summary(report)
     print(f"advisor: {reason} (exit code {code}); session {session.id}", file=sys.stderr, flush=True)
+    if ns.apply and ns.headless and not _applied(state, ns.apply):
+        ids = ", ".join(str(r.get("id")) for r in state.recommendations) or "none"
+        print(f"advisor: the requested --apply {ns.apply} never happened (recommendations in this run: {ids})",
+              file=sys.stderr, flush=True)
+        return code or 1
     return code
+
+
+def _applied(state: Any, request: str) -> bool:
+    """Whether the remedy asked for with --apply was applied (kept, reverted or failed: it ran)."""
+    return any(request == "auto" or a.get("recommendation_id") == request for a in state.applied)

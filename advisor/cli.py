@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,19 @@ def _size(value: str) -> int:
         return parse_size(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _budget(value: str) -> int:
+    size = _size(value)
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"a memory budget must be more than 0 bytes, got {value!r}")
+    return size
+
+
+def _apply_choice(value: str) -> str:
+    if value == "auto" or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.:-]*", value):
+        return value
+    raise argparse.ArgumentTypeError(f"expected 'auto' or a recommendation id such as checkpoint-blocks-4, got {value!r}")
 
 
 def _steps_list(value: str) -> list[int]:
@@ -64,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     attach.add_argument("--headless", action="store_true", help="progress lines and a final report, no TUI")
     attach.add_argument("--steps", type=_positive, metavar="N", help="stop the script cleanly after N optimizer steps")
     attach.add_argument("--json", metavar="FILE", help="write the report as JSON (schema advisor.report/1)")
-    attach.add_argument("--memory-budget", type=_size, metavar="SIZE",
+    attach.add_argument("--memory-budget", type=_budget, metavar="SIZE",
                         help="memory capacity to plan against, e.g. 12GiB (default: the device's memory)")
     attach.add_argument("--enforce-budget", action="store_true",
                         help="raise PyTorch's out-of-memory error when tracked memory exceeds the budget")
@@ -76,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also deep-sample every N-th step (0: never; default 100)")
     attach.add_argument("--peak-flops", type=float, metavar="FLOPS", help="override the device's peak FLOP/s")
     attach.add_argument("--peak-bandwidth", type=float, metavar="B/S", help="override the device's memory bandwidth")
-    attach.add_argument("--apply", metavar="auto|ID", help="apply the top (auto) or the named recommendation")
+    attach.add_argument("--apply", type=_apply_choice, metavar="auto|ID", help="apply the top (auto) or the named recommendation")
     attach.add_argument("--apply-at-step", type=_positive, metavar="K", help="step boundary to apply at (default: as soon as ready)")
     attach.add_argument("--plan", metavar="FILE", help="apply a plan file's remedies before the first step")
     attach.add_argument("--allow-inexact", action="store_true",
@@ -90,12 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("session", metavar="SESSION", help="session id, folder, .sqlite file, or 'latest'")
     report.add_argument("--json", metavar="FILE", help="write the report as JSON instead of printing it")
     report.add_argument("--trace", metavar="FILE", help="export the timelines as Chrome/Perfetto trace JSON")
-    report.add_argument("--memory-budget", type=_size, metavar="SIZE", help="re-advise against this budget")
+    report.add_argument("--memory-budget", type=_budget, metavar="SIZE", help="re-advise against this budget")
 
     plan = sub.add_parser("plan", help="write a plan of remedies from a recorded session")
     plan.add_argument("session", metavar="SESSION")
     plan.add_argument("-o", "--output", required=True, metavar="FILE", help="where to write the plan JSON")
-    plan.add_argument("--memory-budget", type=_size, metavar="SIZE", help="budget to plan against")
+    plan.add_argument("--memory-budget", type=_budget, metavar="SIZE", help="budget to plan against")
     plan.add_argument("--recommendation", metavar="ID", help="which recommendation (default: the top one)")
 
     bench = sub.add_parser("bench-comm", help="measure collective bus bandwidth on this machine's ranks")
@@ -143,6 +157,27 @@ def check_script(path: str) -> None:
         raise UsageError(f"{path} is not a Python file ({exc})", hint="pass a .py training script") from None
 
 
+def check_output_path(path: str, flag: str, *, protected: list[str] | None = None) -> None:
+    """Fail before any work, in one line, on a path a result could not be written to."""
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"{flag} {path} is a folder", hint=f"name a file, e.g. {flag} {target / 'report.json'}")
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.is_dir():
+        raise UsageError(f"{flag} {path}: the folder {folder} does not exist",
+                         hint=f"create it first (mkdir -p {folder}) or write elsewhere")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: the folder {folder} is not writable", hint="write elsewhere")
+    for other in protected or []:
+        try:
+            same = target.exists() and os.path.samefile(target, other)
+        except OSError:
+            same = False
+        if same or target.resolve() == Path(other).resolve():
+            raise UsageError(f"{flag} {path} would overwrite the training script",
+                             hint="name another file for the output")
+
+
 def agent_config(ns: argparse.Namespace) -> dict[str, Any]:
 
     try:
@@ -181,6 +216,8 @@ def cmd_attach(ns: argparse.Namespace) -> int:
     from advisor.attach import run_attach
 
     check_script(ns.script)
+    if ns.json:
+        check_output_path(ns.json, "--json", protected=[ns.script])
     if ns.apply_at_step and not ns.apply:
         raise UsageError("--apply-at-step needs --apply", hint="e.g. --apply auto --apply-at-step 5")
     return run_attach(ns, agent_config(ns))
@@ -197,7 +234,12 @@ def cmd_report(ns: argparse.Namespace) -> int:
     from advisor.report import build_report, write_json
     from advisor.store import load_state
 
-    state = load_state(resolve_session(ns.session))
+    db_path = resolve_session(ns.session)
+    script = _session_script(db_path)
+    for path, flag in ((ns.json, "--json"), (ns.trace, "--trace")):
+        if path:
+            check_output_path(path, flag, protected=script)
+    state = load_state(db_path)
     report = build_report(state, budget_bytes=ns.memory_budget)
     if ns.trace:
         from advisor.trace import write_trace
@@ -218,8 +260,18 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     from advisor.paths import resolve_session
     from advisor.planning import write_plan_from_session
 
-    return write_plan_from_session(resolve_session(ns.session), ns.output,
+    db_path = resolve_session(ns.session)
+    check_output_path(ns.output, "-o", protected=_session_script(db_path))
+    return write_plan_from_session(db_path, ns.output,
                                    budget_bytes=ns.memory_budget, recommendation_id=ns.recommendation)
+
+
+def _session_script(db_path: Path) -> list[str]:
+    """The recorded session's script, which no output may overwrite."""
+    from advisor.store import read_meta
+
+    script = read_meta(db_path).get("script")
+    return [script] if isinstance(script, str) and script else []
 
 
 def cmd_bench_comm(ns: argparse.Namespace) -> int:
@@ -248,8 +300,11 @@ COMMANDS.update({"import": cmd_import, "diff": cmd_diff})  # kept apart so other
 
 
 def main(argv: list[str] | None = None) -> int:
-    # Everything the controller writes (store, reports, plans) is readable by its owner only.
-    os.umask(0o077)
+    # Everything the controller writes (store, reports, plans) is readable by its owner only;
+    # the training script gets the user's own umask back (advisor.session).
+    from advisor.paths import restrict_umask
+
+    restrict_umask()
     try:
         ns = build_parser().parse_args(argv)
         return COMMANDS[ns.command](ns)

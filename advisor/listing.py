@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from advisor.errors import SessionError
 from advisor.paths import DB_NAME, sessions_dir
-from advisor.store import read_meta
+from advisor.store import load_state, read_meta
 
 
 def print_sessions(console: Console | None = None) -> int:
@@ -27,11 +29,23 @@ def print_sessions(console: Console | None = None) -> int:
         try:
             meta = read_meta(db)
         except SessionError:
-            table.add_row(db.parent.name, "", "", "[red]unreadable[/red]")
+            table.add_row(Text(db.parent.name), "", "", Text("unreadable", style="red"))
             continue
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(meta.get("created", 0)))
         status = (f"exit {meta.get('exit_code')}: {meta.get('exit_reason', '')}" if meta.get("finished")
-                  else "running or interrupted")
-        table.add_row(db.parent.name, created, str(meta.get("script", "")), status)
+                  else _unfinished_status(db))
+        # Script paths and exit reasons come from the user's process: text, never markup.
+        table.add_row(Text(db.parent.name), created, Text(str(meta.get("script", ""))), Text(status))
     console.print(table)
     return 0
+
+
+def _unfinished_status(db: Path) -> str:
+    """A session whose controller stopped: finished all the same if every rank reported its exit."""
+    try:
+        state = load_state(db)
+    except SessionError:
+        return "running or interrupted"
+    if state.finished:
+        return f"exit {state.exit_code}: {state.exit_reason}"
+    return "running or interrupted"

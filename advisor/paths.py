@@ -12,6 +12,25 @@ from advisor.errors import SessionError
 
 DB_NAME = "session.sqlite"
 
+_user_umask: int | None = None
+
+
+def restrict_umask() -> None:
+    """Make the controller's own files owner-only; the user's umask is kept for the script."""
+    global _user_umask
+    previous = os.umask(0o077)
+    if _user_umask is None:
+        _user_umask = previous
+
+
+def user_umask() -> int:
+    """The umask the user ran the advisor with (what the training script must get)."""
+    if _user_umask is not None:
+        return _user_umask
+    current = os.umask(0o077)
+    os.umask(current)
+    return current
+
 
 def advisor_home() -> Path:
     """``$ADVISOR_HOME``, else ``$XDG_DATA_HOME/advisor``, else ``~/.local/share/advisor``."""

@@ -5,10 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console, Group
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
 
 from advisor.tui.format import fmt_bytes, fmt_seconds
+
+
+def _t(value: Any) -> str:
+    """A user-provided string (script path, exception text, ...) made safe to paste into markup."""
+    return escape(str(value))
 
 
 def _run_panel(report: dict[str, Any]) -> Panel:
@@ -16,17 +23,17 @@ def _run_panel(report: dict[str, Any]) -> Panel:
     summary = report.get("summary", {})
     exit_ = run.get("exit", {})
     lines = [
-        f"[b]script[/b] {run.get('script')} {' '.join(run.get('argv') or [])}",
-        f"[b]device[/b] {run['device'].get('type')} · {run['device'].get('name')} · world size {run.get('world_size')}",
+        f"[b]script[/b] {_t(run.get('script'))} {_t(' '.join(str(a) for a in run.get('argv') or []))}",
+        f"[b]device[/b] {_t(run['device'].get('type'))} · {_t(run['device'].get('name'))} · world size {run.get('world_size')}",
         f"[b]steps[/b] {summary.get('steps', 0)}"
         + (f" · median {fmt_seconds(summary['median_step_s'])}/step" if summary.get("median_step_s") else "")
         + (f" · last loss {summary['last_loss']:.4f}" if isinstance(summary.get("last_loss"), float) else ""),
-        f"[b]exit[/b] code {exit_.get('code')} · {exit_.get('reason')}",
+        f"[b]exit[/b] code {exit_.get('code')} · {_t(exit_.get('reason'))}",
     ]
     for model in run.get("models", []):
-        lines.append(f"[b]model[/b] {model['name']}" + (f" in {model['wrapper']}" if model.get("wrapper") else "")
+        lines.append(f"[b]model[/b] {_t(model['name'])}" + (f" in {_t(model['wrapper'])}" if model.get("wrapper") else "")
                      + f" · {model['parameter_count']:,} parameters ({fmt_bytes(model['parameter_bytes'])})")
-    return Panel("\n".join(lines), title=f"session {report['session']['id']}", expand=False)
+    return Panel("\n".join(lines), title=f"session {_t(report['session']['id'])}", expand=False)
 
 
 def _phase_table(report: dict[str, Any]) -> Table | None:
@@ -44,20 +51,20 @@ def _advice_panel(report: dict[str, Any]) -> Panel | None:
     diagnosis = report.get("diagnosis")
     if not diagnosis:
         return None
-    lines = [f"[b]bottleneck[/b] {diagnosis.get('bottleneck')} · {diagnosis.get('summary', '')}"]
+    lines = [f"[b]bottleneck[/b] {_t(diagnosis.get('bottleneck'))} · {_t(diagnosis.get('summary', ''))}"]
     for rec in report.get("recommendations") or []:
         predicted = rec.get("predicted") or {}
-        lines.append(f"  [b]{rec['id']}[/b] {rec.get('title') or rec['remedy']} → peak "
+        lines.append(f"  [b]{_t(rec['id'])}[/b] {_t(rec.get('title') or rec['remedy'])} → peak "
                      f"{fmt_bytes(predicted.get('peak_memory_bytes'))}, step "
                      f"{fmt_seconds(predicted.get('step_time_s'))}"
                      + ("" if rec.get("live", True) else " (not live)"))
     for applied in report.get("applied") or []:
         after = (applied.get("measured") or {}).get("after") or {}
         predicted = applied.get("predicted") or {}
-        lines.append(f"  applied {applied.get('remedy')} at step {applied.get('at_step')}: "
-                     f"[b]{applied.get('status')}[/b] · peak predicted {fmt_bytes(predicted.get('peak_memory_bytes'))} "
+        lines.append(f"  applied {_t(applied.get('remedy'))} at step {applied.get('at_step')}: "
+                     f"[b]{_t(applied.get('status'))}[/b] · peak predicted {fmt_bytes(predicted.get('peak_memory_bytes'))} "
                      f"measured {fmt_bytes(after.get('peak_memory_bytes'))}"
-                     + (f" · error: {applied['error']}" if applied.get("error") else ""))
+                     + (f" · error: {_t(applied['error'])}" if applied.get("error") else ""))
     return Panel("\n".join(lines), title="diagnosis", expand=False)
 
 
@@ -79,12 +86,12 @@ def report_renderables(report: dict[str, Any]) -> list[Any]:
             render = getattr(importlib.import_module(module), func)
             parts.extend(render(*(report.get(k) for k in keys)))
         except Exception as exc:  # noqa: BLE001 - a rendering problem must not hide the rest
-            parts.append(f"[red]could not render {name}: {type(exc).__name__}: {exc}[/red]")
+            parts.append(Text(f"could not render {name}: {type(exc).__name__}: {exc}", style="red"))
     advice = _advice_panel(report)
     if advice is not None:
         parts.append(advice)
     for warning in report.get("warnings") or []:
-        parts.append(f"[yellow]warning:[/yellow] {warning}")
+        parts.append(Text.assemble(("warning:", "yellow"), f" {warning}"))
     return parts
 
 

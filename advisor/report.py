@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import tempfile
 from typing import Any
 
 from advisor.advice import recorded_budget
@@ -48,18 +49,31 @@ def steps_section(state: SessionState) -> list[dict[str, Any]]:
 
 
 def summary_section(state: SessionState) -> dict[str, Any]:
-    """Steady-state figures: step 0 (warm-up) and deep-sampled steps are left out where possible."""
+    """Steady-state figures over every step: step 0 (warm-up) and deep-sampled steps are left out
+    where possible. ``steps_total`` counts every step of every rank, ``steps_listed`` those in the
+    report's step list, ``steps_dropped`` the difference (the list keeps the last
+    ``MAX_LIVE_STEPS`` per rank; the session store keeps them all)."""
     samples = state.rank0_steps()
-    steady = [s for s in samples if s.index > 0 and not s.deep] or [s for s in samples if s.index > 0] or samples
-    if not steady:
-        return {"steps": 0}
-    times = [s.time_s for s in steady]
-    total = sum(times) or 1e-12
-    phases = {k: sum(s.phases.get(k, 0.0) for s in steady) / total
-              for k in ("data_s", "forward_s", "backward_s", "optimizer_s", "other_s")}
-    return {"steps": len(samples), "median_step_s": statistics.median(times),
-            "mean_step_s": total / len(times), "phase_share": phases,
-            "last_loss": samples[-1].loss}
+    listed = sum(len(s) for s in state.steps.values())
+    totals = state.step_totals.get(0) or (state.step_totals[min(state.step_totals)] if state.step_totals else None)
+    if totals is not None:
+        out = totals.summary()
+        total = sum(t.count for t in state.step_totals.values())
+    else:  # a state built without totals (tests, older callers): the list is all there is
+        steady = [s for s in samples if s.index > 0 and not s.deep] or [s for s in samples if s.index > 0] or samples
+        out = {"steps": 0}
+        if steady:
+            times = [s.time_s for s in steady]
+            span = sum(times) or 1e-12
+            phases = {k: sum(s.phases.get(k, 0.0) for s in steady) / span
+                      for k in ("data_s", "forward_s", "backward_s", "optimizer_s", "other_s")}
+            out = {"steps": len(samples), "median_step_s": statistics.median(times),
+                   "mean_step_s": span / len(times), "phase_share": phases, "last_loss": samples[-1].loss}
+        total = listed
+    out.update(steps_total=total, steps_listed=listed, steps_dropped=max(0, total - listed))
+    if state.records_dropped:  # a long run's oldest non-step records, let go in memory (the store has them)
+        out["records_dropped"] = dict(state.records_dropped)
+    return out
 
 
 def build_report(state: SessionState, *, budget_bytes: int | None = None) -> dict[str, Any]:
@@ -78,7 +92,17 @@ def build_report(state: SessionState, *, budget_bytes: int | None = None) -> dic
 
 
 def write_json(report: dict[str, Any], path: str) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as handle:
-        json.dump(report, handle, indent=1, allow_nan=False, default=str)
-    os.replace(tmp, path)
+    """Write atomically: a fresh temporary file in the target's folder (``mkstemp``: never a
+    name someone else could have planted, such as a symlink at ``path.tmp``), then rename."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(report, handle, indent=1, allow_nan=False, default=str)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -6,18 +6,28 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from advisor.exits import (
+    LAUNCHER_CODE,
+    LAUNCHER_EXITS,
+    decide_exit,
+    read_launcher_exits,
+)
 from advisor.launch import BOOTSTRAP, python_command, torchrun_command
-from advisor.paths import DB_NAME, new_session_dir
-from advisor.server import ChannelServer
-from advisor.state import LiveState, SessionState
-from advisor.store import SessionStore
+from advisor.paths import DB_NAME, new_session_dir, user_umask
 from advisor.records.commands import Command
-from advisor.records.samples import ExitInfo, Record
+from advisor.records.samples import Event, Record
 from advisor.records.wire import SECRET_ENV, SOCKET_ENV, new_secret, write_secret_file
+from advisor.server import ChannelServer
+from advisor.state import LiveState
+from advisor.store import SessionStore
+
+DEAD_RANK_GRACE_S = 30.0  # a rank died while others run: how long before the job is stopped
+
 
 @dataclass
 class AttachOptions:
@@ -27,13 +37,6 @@ class AttachOptions:
     max_steps: int | None = None
     capture_output: bool = False  # TUI mode: the script's output goes to output.log
     agent_config: dict[str, Any] = field(default_factory=dict)
-
-
-def signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
 
 
 class Session:
@@ -48,7 +51,11 @@ class Session:
         self._secret = new_secret()
         self._secret_file = self.dir / "secret"
         write_secret_file(str(self._secret_file), self._secret)
-        self.server = ChannelServer(self._secret, self._on_record)
+        self.server = ChannelServer(self._secret, self._on_record, on_hello=self._on_hello,
+                                    on_disconnect=self._on_disconnect)
+        self._dead_rank_timer: threading.Timer | None = None
+        self._gone: list[int] = []  # ranks whose agents disconnected, in order
+        self._gone_lock = threading.Lock()
         self.process: subprocess.Popen | None = None
         self.output_path = self.dir / "output.log"
         self.store.set_meta(session_id=self.id, script=os.path.abspath(options.script), argv=options.args,
@@ -71,11 +78,72 @@ class Session:
         """Send a command to every connected rank; returns how many received it."""
         return self.server.broadcast(command if isinstance(command, dict) else command.to_dict())
 
+    def _on_hello(self, rank: int) -> None:
+        if len(self.server.ranks) >= self.options.nproc_per_node:
+            self._remove_secret()  # every rank has read it: nothing is left behind if we are killed
+
+    def _remove_secret(self) -> None:
+        try:
+            self._secret_file.unlink()
+        except OSError:
+            pass
+
+    def _on_disconnect(self, rank: int) -> None:
+        """A rank's agent is gone. If it failed while others run, they may be blocked in a collective
+        until the backend's timeout: say so now, and stop the job after a bounded grace period."""
+        with self._gone_lock:
+            self._gone.append(rank)
+            if self.options.nproc_per_node < 2 or self._dead_rank_timer is not None:
+                return
+            # Ranks that fail together disconnect within milliseconds of each other: look at them all.
+            self._dead_rank_timer = threading.Timer(0.5, self._warn_dead_rank)
+            self._dead_rank_timer.daemon = True
+            self._dead_rank_timer.start()
+
+    def _warn_dead_rank(self) -> None:
+        if self.poll() is not None:
+            return
+        state = self.live.snapshot()
+        with self._gone_lock:
+            gone = list(self._gone)
+        silent = [r for r in gone if r not in state.exits]
+        failed = [r for r in gone if r in state.exits and state.exits[r].code not in (0, 143)]
+        culprits = silent or failed
+        if not culprits:
+            with self._gone_lock:
+                self._dead_rank_timer = None  # clean exits so far: look again at the next one
+            return
+        rank = culprits[0]
+        info = state.exits.get(rank)
+        samples = state.steps.get(rank)
+        after = f" after step {samples[-1].index}" if samples else ""
+        what = (f"exited with code {info.code}" if info is not None
+                else "stopped reporting (its connection closed without an exit record)")
+        others = []
+        for other in sorted(set(range(self.options.nproc_per_node)) - set(gone)):
+            last = next((c.op for c in reversed(state.collectives) if c.rank == other), None)
+            others.append(f"rank {other}" + (f" (last collective: {last})" if last else ""))
+        if not others:
+            return  # every rank is gone: the launcher ends the job by itself
+        message = (f"rank {rank} {what}{after}; {', '.join(others)} may be waiting for it in a collective: "
+                   f"the job is stopped in {DEAD_RANK_GRACE_S:.0f} s unless it ends first")
+        self._on_record(Event(rank=rank, name="warning", data={"message": message}))
+        self._dead_rank_timer = threading.Timer(DEAD_RANK_GRACE_S, self._stop_after_dead_rank)
+        self._dead_rank_timer.daemon = True
+        self._dead_rank_timer.start()
+
+    def _stop_after_dead_rank(self) -> None:
+        if self.poll() is None:
+            self.terminate(grace=10.0)
+
     # -- the training process ----------------------------------------------------------
     def command_line(self) -> list[str]:
         opts = self.options
         if opts.nproc_per_node > 1:
-            return torchrun_command(opts.nproc_per_node, BOOTSTRAP, [opts.script, *opts.args])
+            command = torchrun_command(opts.nproc_per_node, BOOTSTRAP, [opts.script, *opts.args])
+            # torchrun as it is, run through LAUNCHER_CODE so that it says which worker failed first.
+            assert command[1:3] == ["-m", "torch.distributed.run"], command
+            return [command[0], "-c", LAUNCHER_CODE, *command[3:]]
         return python_command(BOOTSTRAP, [opts.script, *opts.args])
 
     def environment(self) -> dict[str, str]:
@@ -89,6 +157,7 @@ class Session:
             "ADVISOR_SESSION_DIR": str(self.dir),
             "ADVISOR_CONFIG": json.dumps(config),
             "PYTHONUNBUFFERED": "1",
+            "ADVISOR_LAUNCHER_EXITS": str(self.dir / LAUNCHER_EXITS),
         })
         return env
 
@@ -98,9 +167,13 @@ class Session:
             fd = os.open(self.output_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             out = os.fdopen(fd, "wb")
         try:
+            # The script runs as under python: the user's umask (the controller's own files are
+            # owner-only), and, headless, the terminal's stdin (pipes, input(), pdb). The TUI owns
+            # the terminal, so there the script reads from /dev/null.
             self.process = subprocess.Popen(
-                self.command_line(), env=self.environment(),
-                stdout=out, stderr=subprocess.STDOUT if out else None, stdin=subprocess.DEVNULL,
+                self.command_line(), env=self.environment(), umask=user_umask(),
+                stdout=out, stderr=subprocess.STDOUT if out else None,
+                stdin=subprocess.DEVNULL if self.options.capture_output else None,
             )
         finally:
             if out is not None:
@@ -129,11 +202,13 @@ class Session:
         except subprocess.TimeoutExpired:
             self.process.kill()
 
-    def finish(self, returncode: int) -> tuple[int, str]:
+    def finish(self, returncode: int, note: str = "") -> tuple[int, str]:
         """Collect the last records and decide the exit code and reason; closes the store."""
         self.server.wait_readers(timeout=5.0)
         state = self.live.snapshot()
-        code, reason = decide_exit(state, returncode, self.options.nproc_per_node)
+        launcher = read_launcher_exits(self.dir)
+        code, reason = decide_exit(state, returncode, self.options.nproc_per_node, launcher)
+        reason += note
         self.live.update(finished=True, exit_code=code, exit_reason=reason, pending_apply=None)
         self.store.set_meta(finished=True, exit_code=code, exit_reason=reason)
         return code, reason
@@ -142,39 +217,8 @@ class Session:
         self.store.set_meta(diagnosis=diagnosis, recommendations=recommendations)
 
     def close(self) -> None:
+        if self._dead_rank_timer is not None:
+            self._dead_rank_timer.cancel()
         self.server.close()
         self.store.close()
-        try:
-            self._secret_file.unlink()  # the secret is only needed while agents run
-        except OSError:
-            pass
-
-
-def decide_exit(state: SessionState, returncode: int, nproc: int) -> tuple[int, str]:
-    """The script's exit code and a one-line reason, from its agents' reports or the OS."""
-    exits: list[ExitInfo] = [state.exits[r] for r in sorted(state.exits)]
-    failing = [e for e in exits if e.code != 0]
-    if failing:
-        first = failing[0]
-        where = f" on rank {first.rank}" if nproc > 1 else ""
-        if first.exc_type:
-            frame = first.frame or {}
-            at = f" at {frame.get('file')}:{frame.get('line')} in {frame.get('function')}" if frame else ""
-            return first.code, f"{first.exc_type}: {first.message}{at}{where}"
-        return first.code, f"{first.reason}{where}"
-    if returncode < 0:
-        name = signal_name(-returncode)
-        hint = " (the kernel's OOM killer sends SIGKILL when host memory runs out)" if name == "SIGKILL" else ""
-        return 128 + (-returncode), f"training process killed by {name}{hint}"
-    if returncode != 0 and not exits:
-        return returncode, f"training process exited with code {returncode} before its agent reported"
-    if len(exits) < nproc and returncode != 0:
-        missing = sorted(set(range(nproc)) - set(state.exits))
-        return returncode, f"rank(s) {missing} died without reporting (exit code {returncode})"
-    if exits:
-        reason = exits[0].reason
-        if exits[0].steps == 0:
-            reason += "; the script never called an optimizer step, so no training steps were recorded"
-        return (returncode if returncode and not exits else exits[0].code), reason
-    return returncode, "completed"
-
+        self._remove_secret()  # the secret is only needed while agents start

@@ -25,8 +25,14 @@ from advisor.records.samples import (
     RunInfo,
     StepSample,
 )
+from advisor.step_totals import StepTotals
 
-MAX_LIVE_STEPS = 5000  # per rank, for the live view only; the store keeps everything
+# Step records kept per rank in memory (the live view, the report's step list); the store keeps
+# every step, and ``step_totals`` sums every step for the summary, so nothing is silently cut.
+MAX_LIVE_STEPS = 5000
+# Other records kept per kind (memory samples, module and op stats, collectives, events): a long
+# run's oldest are let go, counted in ``records_dropped``; the store keeps them all.
+MAX_LIVE_RECORDS = 200_000
 
 
 @dataclass
@@ -38,8 +44,10 @@ class SessionState:
     runs: dict[int, RunInfo] = field(default_factory=dict)
     models: list[ModelInfo] = field(default_factory=list)
     optimizers: list[OptimizerInfo] = field(default_factory=list)
-    steps: dict[int, list[StepSample]] = field(default_factory=dict)  # rank -> samples
+    steps: dict[int, list[StepSample]] = field(default_factory=dict)  # rank -> the last MAX_LIVE_STEPS samples
+    step_totals: dict[int, StepTotals] = field(default_factory=dict)  # rank -> figures over every step
     exits: dict[int, ExitInfo] = field(default_factory=dict)
+    records_dropped: dict[str, int] = field(default_factory=dict)  # kind -> oldest let go past MAX_LIVE_RECORDS
     events: list[Event] = field(default_factory=list)
     memory: list[MemorySample] = field(default_factory=list)
     modules: list[ModuleStat] = field(default_factory=list)
@@ -116,6 +124,10 @@ def _fold(state: SessionState, record: Record) -> None:
     if isinstance(record, StepSample):
         samples = state.steps.setdefault(record.rank, [])
         samples.append(record)
+        totals = state.step_totals.get(record.rank)
+        if totals is None:
+            totals = state.step_totals[record.rank] = StepTotals()
+        totals.add(record.index, record.time_s, record.deep, record.loss, record.phases)
         if len(samples) > MAX_LIVE_STEPS:
             del samples[: len(samples) - MAX_LIVE_STEPS]
     elif isinstance(record, RunInfo):
@@ -127,20 +139,28 @@ def _fold(state: SessionState, record: Record) -> None:
     elif isinstance(record, OptimizerInfo):
         state.optimizers.append(record)
     elif isinstance(record, MemorySample):
-        state.memory.append(record)
+        _append_capped(state, "memory", state.memory, record)
     elif isinstance(record, ModuleStat):
-        state.modules.append(record)
+        _append_capped(state, "module", state.modules, record)
     elif isinstance(record, OpStat):
-        state.ops.append(record)
+        _append_capped(state, "op", state.ops, record)
     elif isinstance(record, CollectiveStat):
-        state.collectives.append(record)
+        _append_capped(state, "collective", state.collectives, record)
     elif isinstance(record, Event):
-        state.events.append(record)
+        _append_capped(state, "event", state.events, record)
         if record.name == "apply_result":
             state.applied.append(dict(record.data))
             state.pending_apply = None
         elif record.name == "apply_reverted":  # a kept remedy reverted later, on the user's request
             state.applied.append({**record.data, "status": "reverted"})
+
+
+def _append_capped(state: SessionState, kind: str, records: list, record: Record) -> None:
+    records.append(record)
+    if len(records) > MAX_LIVE_RECORDS:
+        drop = MAX_LIVE_RECORDS // 10  # in chunks, so the cost per record stays constant
+        del records[:drop]
+        state.records_dropped[kind] = state.records_dropped.get(kind, 0) + drop
 
 
 class Source(Protocol):

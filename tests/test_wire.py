@@ -7,9 +7,16 @@ import time
 
 import pytest
 
-from advisor.server import ChannelServer
 from advisor.records.samples import StepSample
-from advisor.records.wire import MAX_FRAME, FrameReader, WireError, decode, encode, new_secret
+from advisor.records.wire import (
+    MAX_FRAME,
+    FrameReader,
+    WireError,
+    decode,
+    encode,
+    new_secret,
+)
+from advisor.server import ChannelServer
 
 
 def test_roundtrip_and_tamper_detection():
@@ -46,6 +53,12 @@ def test_reader_skips_bad_frames_and_keeps_reading():
     assert reader.read() is None
 
 
+def hello(sock, secret, rank=0):
+    """The agent's side of the handshake, by hand: answer the signed challenge."""
+    challenge = FrameReader(sock, secret).read()
+    sock.sendall(encode({"type": "hello", "nonce": challenge["nonce"], "rank": rank, "seq": 0}, secret))
+
+
 def test_server_drops_forged_messages_and_accepts_signed_ones():
     secret = new_secret()
     received = []
@@ -56,15 +69,21 @@ def test_server_drops_forged_messages_and_accepts_signed_ones():
             forger.connect(server.path)
             forger.sendall(encode({"kind": "step", "data": {"index": 99, "time_s": 1.0}}, b"wrong-secret"))
             forger.sendall(struct.pack(">I", MAX_FRAME + 1))  # out-of-bounds length: connection dropped
+            forger.settimeout(5)
+            while forger.recv(4096):  # the challenge, then the server's close
+                pass
         with socket.socket(socket.AF_UNIX) as agent:
             agent.connect(server.path)
-            agent.sendall(encode({"kind": "nonsense", "data": {}}, secret))  # unknown kind: dropped
-            agent.sendall(encode({"kind": "step", "data": good.to_dict()}, secret))
+            hello(agent, secret)
+            agent.sendall(encode({"kind": "nonsense", "data": {}, "seq": 1}, secret))  # unknown kind: dropped
+            agent.sendall(encode({"kind": "step", "data": good.to_dict(), "seq": 2}, secret))
         deadline = time.monotonic() + 5
         while not received and time.monotonic() < deadline:
             time.sleep(0.01)
         server.wait_readers(2)
         assert received == [good]
+        while server.rejected < 3 and time.monotonic() < deadline + 5:  # the forger's reader may still run
+            time.sleep(0.01)
         assert server.rejected >= 3
     finally:
         server.close()

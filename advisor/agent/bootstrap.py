@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         secret,
         spill_path=os.path.join(session_dir, f"spill-rank{rank}.jsonl") if session_dir else None,
         on_command=on_command,
+        rank=rank,
     )
 
     def emit(record: Any) -> None:

@@ -34,7 +34,10 @@ class AgentChannel:
         *,
         spill_path: str | None,
         on_command: Callable[[dict[str, Any]], None] | None = None,
+        rank: int = 0,
     ) -> None:
+        self._rank = rank
+        self._seq = 0  # numbers every frame sent after the hello (the controller refuses replays)
         self._socket_path = socket_path
         self._secret = secret
         self._spill_path = spill_path
@@ -66,6 +69,11 @@ class AgentChannel:
         self._sender.join(timeout)
         if self._sock is not None:
             try:
+                # shutdown, not just close: the reader thread's recv would keep the connection open.
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            try:
                 self._sock.close()
             except OSError:
                 pass
@@ -79,14 +87,30 @@ class AgentChannel:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 sock.connect(self._socket_path)
-            except OSError:
+                reader = self._handshake(sock)
+            except (OSError, WireError):
                 sock.close()
                 time.sleep(0.05)
                 continue
+            if reader is None:
+                sock.close()
+                return  # a controller that does not hold our secret: spill instead
             self._sock = sock
             self.connected = True
-            threading.Thread(target=self._read_loop, args=(sock,), name="advisor-agent-recv", daemon=True).start()
+            threading.Thread(target=self._read_loop, args=(reader,), name="advisor-agent-recv", daemon=True).start()
             return
+
+    def _handshake(self, sock: socket.socket) -> FrameReader | None:
+        """Answer the controller's signed challenge with a signed hello carrying our rank."""
+        sock.settimeout(CONNECT_TIMEOUT_S)
+        reader = FrameReader(sock, self._secret)
+        challenge = reader.read()
+        if not challenge or challenge.get("type") != "challenge" or not isinstance(challenge.get("nonce"), str):
+            return None
+        sock.sendall(encode({"type": "hello", "nonce": challenge["nonce"], "rank": self._rank, "seq": 0},
+                            self._secret))
+        sock.settimeout(None)
+        return reader
 
     def _send_loop(self) -> None:
         self._connect()
@@ -96,7 +120,9 @@ class AgentChannel:
                 break
             if self.connected and self._sock is not None:
                 try:
-                    self._sock.sendall(encode(message, self._secret))
+                    frame = encode({**message, "seq": self._seq + 1}, self._secret)
+                    self._sock.sendall(frame)
+                    self._seq += 1
                     self.sent += 1
                     continue
                 except WireError:
@@ -122,8 +148,8 @@ class AgentChannel:
             self.dropped += 1
 
     # -- reader thread -----------------------------------------------------------------
-    def _read_loop(self, sock: socket.socket) -> None:
-        reader = FrameReader(sock, self._secret)
+    def _read_loop(self, reader: FrameReader) -> None:
+        last_seq = 0
         while True:
             try:
                 message = reader.read()
@@ -131,6 +157,10 @@ class AgentChannel:
                 break
             if message is None:
                 break
+            seq = message.get("seq")
+            if not isinstance(seq, int) or seq <= last_seq:
+                continue  # a replayed command is never run twice
+            last_seq = seq
             if self._on_command is not None and message.get("type") == "command":
                 try:
                     self._on_command(message.get("command") or {})

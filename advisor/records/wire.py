@@ -3,7 +3,14 @@
 A frame is ``length (4 bytes, big endian) | HMAC-SHA256 (32 bytes) | JSON``,
 where the HMAC is computed over the JSON bytes with the per-session secret.
 A frame that fails the HMAC, exceeds ``MAX_FRAME`` or is not a JSON object is
-rejected with ``WireError``: the reader drops it and carries on. Nothing is
+rejected with ``WireError``: the reader drops it and carries on.
+
+A connection starts with a handshake: the controller sends a signed challenge
+(a fresh nonce); the agent answers with a signed hello carrying that nonce and
+its rank. Until then frames are limited to ``HELLO_MAX`` bytes, so nothing large
+is buffered for a peer that does not hold the secret. Every later frame, both
+ways, carries a ``seq`` number that must grow: a captured frame replayed on the
+same connection is refused, and on another connection it fails the handshake. Nothing is
 ever unpickled. Standard library only: the controller imports this module
 without torch.
 """
@@ -22,6 +29,8 @@ from typing import Any
 MAX_FRAME = 16 * 1024 * 1024
 _HEADER = struct.Struct(">I")
 _MAC_LEN = 32
+
+HELLO_MAX = 4096  # the largest frame a connection may send before its signed hello
 
 SECRET_ENV = "ADVISOR_SECRET_FILE"
 SOCKET_ENV = "ADVISOR_SOCKET"
@@ -54,7 +63,7 @@ def decode(body: bytes, secret: bytes) -> dict[str, Any]:
         raise WireError("frame HMAC does not match the session secret")
     try:
         message = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # deep nesting too
         raise WireError(f"frame is not JSON: {exc}") from None
     if not isinstance(message, dict):
         raise WireError("frame is not a JSON object")
@@ -69,9 +78,10 @@ class FrameReader:
     out of bounds means the stream is desynchronised: the reader stops.
     """
 
-    def __init__(self, sock: socket.socket, secret: bytes) -> None:
+    def __init__(self, sock: socket.socket, secret: bytes, *, max_length: int = MAX_FRAME) -> None:
         self._sock = sock
         self._secret = secret
+        self.max_length = max_length  # small until the peer has authenticated: nothing large is buffered
         self.rejected = 0
         self.last_error = ""
 
@@ -91,7 +101,7 @@ class FrameReader:
             if header is None:
                 return None
             (length,) = _HEADER.unpack(header)
-            if length < _MAC_LEN or length > MAX_FRAME:
+            if length < _MAC_LEN or length > self.max_length:
                 self.rejected += 1
                 self.last_error = f"frame length {length} out of bounds"
                 return None

@@ -1,0 +1,63 @@
+"""The first failing rank and its own code are blamed; what the launcher did after is a consequence."""
+
+import json
+
+from advisor.exits import LAUNCHER_EXITS, decide_exit, read_launcher_exits
+from advisor.records.samples import ExitInfo, StepSample
+from advisor.state import LiveState
+
+SIGTERM_EXIT = ExitInfo(rank=0, code=143, reason="terminated by SIGTERM", steps=3)
+
+
+def _state(*records):
+    live = LiveState()
+    for record in records:
+        live.add(record)
+    return live.snapshot()
+
+
+def test_launcher_record_names_the_rank_that_exited_first_with_its_own_code(tmp_path):
+    (tmp_path / LAUNCHER_EXITS).write_text(json.dumps({
+        "0": {"exitcode": -15, "timestamp": 100, "signal": "SIGTERM"},
+        "1": {"exitcode": 9, "timestamp": 100, "signal": None}}))
+    launcher = read_launcher_exits(tmp_path)
+    state = _state(StepSample(index=2, rank=1, time_s=0.1), SIGTERM_EXIT)
+    code, reason = decide_exit(state, 1, 2, launcher)
+    assert code == 9
+    assert reason.startswith("rank 1 exited with code 9") and "after step 2" in reason
+    assert "consequence: rank 0 stopped by SIGTERM" in reason
+
+
+def test_signal_death_in_the_launcher_record_is_128_plus_the_signal(tmp_path):
+    (tmp_path / LAUNCHER_EXITS).write_text(json.dumps({"1": {"exitcode": -9, "timestamp": 5}}))
+    code, reason = decide_exit(_state(SIGTERM_EXIT), 1, 2, read_launcher_exits(tmp_path))
+    assert (code, reason.split(" without")[0]) == (137, "rank 1 killed by SIGKILL")
+
+
+def test_unreadable_launcher_record_is_ignored(tmp_path):
+    (tmp_path / LAUNCHER_EXITS).write_text('{"1": {"exitcode": "nine"}, "x": 3}')
+    assert read_launcher_exits(tmp_path) == {}
+    (tmp_path / LAUNCHER_EXITS).write_text("[[[")
+    assert read_launcher_exits(tmp_path) == {}
+
+
+def test_sigterm_exits_are_consequences_even_when_they_arrive_first():
+    failed = ExitInfo(rank=1, code=1, reason="exception", exc_type="ValueError", message="bad shard")
+    code, reason = decide_exit(_state(SIGTERM_EXIT, failed), 1, 2)
+    assert code == 1
+    assert reason.startswith("ValueError: bad shard on rank 1")
+    assert "rank 0 stopped by SIGTERM" in reason
+
+
+def test_a_rank_that_never_reported_is_blamed_over_the_sigterm_it_caused():
+    code, reason = decide_exit(_state(SIGTERM_EXIT), 1, 2)
+    assert code == 1
+    assert reason.startswith("rank(s) [1] died without reporting")
+
+
+def test_sigkill_is_not_blamed_on_the_oom_killer_as_a_fact():
+    code, reason = decide_exit(_state(), -9, 1)
+    assert code == 137
+    assert reason.startswith("training process killed by SIGKILL")
+    assert "OOM killer" not in reason.split("(")[0]
+    assert "or the kernel's OOM killer" in reason
