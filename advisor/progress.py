@@ -8,6 +8,7 @@ import time
 from typing import TextIO
 
 from advisor.records.samples import Event, ExitInfo, Record, StepSample
+from advisor.records.units import fmt_bytes, fmt_seconds
 
 
 def step_line(sample: StepSample) -> str:
@@ -17,7 +18,7 @@ def step_line(sample: StepSample) -> str:
                      for key in ("data_s", "forward_s", "backward_s", "optimizer_s"))
     loss = "n/a" if sample.loss is None else f"{sample.loss:.4f}"
     rank = f"rank {sample.rank} " if sample.rank else ""
-    return f"{rank}step {sample.index:>5} | {sample.time_s * 1e3:8.1f} ms | loss {loss} | {share}"
+    return f"{rank}step {sample.index:>5} | {fmt_seconds(sample.time_s):>8} | loss {loss} | {share}"
 
 
 class ProgressPrinter:
@@ -48,7 +49,7 @@ class ProgressPrinter:
                     return
                 if self._bar is not None:
                     self._bar.update(self._task, completed=record.index + 1,
-                                     info=f"{record.time_s * 1e3:.1f} ms/step, loss "
+                                     info=f"{fmt_seconds(record.time_s)}/step, loss "
                                           f"{'n/a' if record.loss is None else f'{record.loss:.4f}'}")
                     return
                 now = time.monotonic()
@@ -69,7 +70,7 @@ class ProgressPrinter:
             text = f"warning: {data.get('message', '')}"
         elif event.name == "oom":
             text = (f"out of memory in {data.get('op', '?')} (module {data.get('module') or '?'}), "
-                    f"requested {data.get('requested_bytes', '?')} bytes")
+                    f"requested {fmt_bytes(data.get('requested_bytes'))}")
         elif event.name == "apply_started":
             text = f"applied {data.get('remedy', '?')} at step {data.get('at_step', '?')}; measuring"
         else:

@@ -8,7 +8,7 @@ from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
 
-from advisor.tui.format import fmt_bytes, fmt_seconds
+from advisor.records.units import fmt_bytes, fmt_quantity, fmt_seconds
 
 
 def _run_panel(report: dict[str, Any]) -> Panel:

@@ -14,6 +14,7 @@ from advisor.recommend.checkpoint import Plan, solve_chain, tradeoff_curve, gree
 from advisor.recommend.memory_model import COST_MODEL, Chain, chain_from_profile, measured_peak
 from advisor.recommend.profile import Profile
 from advisor.records.advice import Prediction, Recommendation
+from advisor.records.units import fmt_bytes, fmt_seconds
 
 MEMORY_PRESSURE = 0.90  # peak above this share of the budget deserves advice
 DATA_LOADING_SHARE = 0.05  # data wait above this share of the step deserves advice
@@ -49,7 +50,7 @@ Rule = Callable[[Profile], "Finding | None"]
 
 
 def _gib(n: int | float) -> str:
-    return f"{n / 2**30:.2f} GiB"
+    return fmt_bytes(n)  # the one unit style of every surface (advisor.records.units)
 
 
 def memory_rule(profile: Profile) -> Finding | None:
@@ -71,7 +72,7 @@ def memory_rule(profile: Profile) -> Finding | None:
     if profile.oom:
         oom = profile.oom
         evidence.append({"what": "out of memory",
-                         "value": f"{oom.get('op') or '?'} in {oom.get('module') or '?'} asked for {oom.get('requested_bytes')} bytes"})
+                         "value": f"{oom.get('op') or '?'} in {oom.get('module') or '?'} asked for {_gib(oom.get('requested_bytes'))}"})
     if largest:
         evidence.append({"what": f"largest category at peak: {largest}", "value": cats[largest], "unit": "bytes"})
     summary = (f"out of memory in {profile.oom.get('module') or profile.oom.get('op') or 'the step'}" if profile.oom
@@ -117,7 +118,7 @@ def _checkpointing(profile: Profile, budget: int, evidence: list[dict[str, objec
         f"measured peak {_gib(measured_peak(profile))} against a budget of {_gib(budget)} (target {_gib(target)})",
         f"checkpointing {len(plan.modules)} of {units.n} {'blocks' if plan.method == 'dp' else 'modules'} "
         f"keeps their inputs instead of {_gib(sum(units.blocks[i].activation_bytes for i in plan.indices))} of activations",
-        f"recompute adds {plan.overhead_s * 1e3:.1f} ms per step (one more forward of each checkpointed module)",
+        f"recompute adds {fmt_seconds(plan.overhead_s)} per step (one more forward of each checkpointed module)",
         f"model activations attributed to modules cover {min(coverage, 1.0):.0%} of those at the peak",
     ]
     if plan.peak_bytes > target:
@@ -127,7 +128,7 @@ def _checkpointing(profile: Profile, budget: int, evidence: list[dict[str, objec
         Recommendation(
             id=f"checkpoint-{group.rpartition('.')[2] or 'blocks'}-{len(plan.modules)}",
             remedy="activation_checkpointing",
-            title=f"Checkpoint {len(plan.modules)} {group} module(s): peak {_gib(plan.peak_bytes)}, +{plan.overhead_s * 1e3:.1f} ms/step",
+            title=f"Checkpoint {len(plan.modules)} {group} module(s)",  # peak and step time are columns
             params={"modules": list(plan.modules)},
             predicted=Prediction(peak_memory_bytes=plan.peak_bytes, step_time_s=predicted_time),
             baseline=Prediction(peak_memory_bytes=measured_peak(profile), step_time_s=baseline_time),

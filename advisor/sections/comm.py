@@ -16,6 +16,7 @@ from rich.table import Table
 from advisor.state import SessionState
 from advisor.records.comm_cache import bench_busbw, load_cache
 from advisor.records.bandwidth import algbw, busbw
+from advisor.records.units import fmt_bytes, fmt_seconds
 from advisor.recommend.comm import step_comm, straggler, wait_by_record
 
 
@@ -107,14 +108,6 @@ def _bw(value: float | None) -> str:
     return "-" if value is None else f"{value / 1e9:.2f} GB/s"
 
 
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 def render_comm_sections(
     collectives: list[dict[str, Any]],
     comm: list[dict[str, Any]],
@@ -128,8 +121,8 @@ def render_comm_sections(
             table.add_column(col, justify="left" if col == "op" else "right")
         for r in collectives:
             table.add_row(
-                str(r["rank"]), r["op"], str(r["group_size"]), _size(r["bytes"]), str(r["count"]),
-                f"{r['time_s'] * 1e3:.2f} ms", f"{r['exposed_s'] * 1e3:.2f} ms", f"{r['wait_s'] * 1e3:.2f} ms",
+                str(r["rank"]), r["op"], str(r["group_size"]), fmt_bytes(r["bytes"]), str(r["count"]),
+                fmt_seconds(r['time_s']), fmt_seconds(r['exposed_s']), fmt_seconds(r['wait_s']),
                 _bw(r["algbw"]), _bw(r["busbw"]), _bw(r.get("bench_busbw")),
             )
         out.append(table)
@@ -139,8 +132,8 @@ def render_comm_sections(
             table.add_column(col, justify="right")
         for r in comm:
             table.add_row(
-                str(r["rank"]), f"{r['step_time_s'] * 1e3:.1f} ms", f"{r['comm_s'] * 1e3:.1f} ms",
-                f"{r['exposed_s'] * 1e3:.1f} ms", f"{r['exposed_share']:.1%}",
+                str(r["rank"]), fmt_seconds(r['step_time_s']), fmt_seconds(r['comm_s']),
+                fmt_seconds(r['exposed_s']), f"{r['exposed_share']:.1%}",
             )
         out.append(table)
     if straggler_section is not None:
@@ -150,10 +143,10 @@ def render_comm_sections(
         table.add_column("step time", justify="right")
         table.add_column("own wait", justify="right")
         for rank, t in s["per_rank_step_time_s"].items():
-            table.add_row(rank, f"{t * 1e3:.1f} ms", f"{s['wait_s_by_rank'].get(rank, 0.0) * 1e3:.1f} ms")
+            table.add_row(rank, fmt_seconds(t), fmt_seconds(s['wait_s_by_rank'].get(rank, 0.0)))
         table.caption = (
-            f"others waited {s['wait_caused_s'] * 1e3:.1f} ms for rank {s['rank']}; "
-            f"mean arrival skew {s['skew_s'] * 1e3:.2f} ms"
+            f"others waited {fmt_seconds(s['wait_caused_s'])} for rank {s['rank']}; "
+            f"mean arrival skew {fmt_seconds(s['skew_s'])}"
         )
         out.append(table)
     return out

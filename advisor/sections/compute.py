@@ -12,6 +12,7 @@ import statistics
 from collections import defaultdict
 from typing import Any, Mapping
 
+from advisor.records.units import fmt_seconds
 from advisor.state import SessionState
 from advisor.records.samples import OpStat
 from advisor.recommend.roofline import OpFigures, op_verdict, step_summary
@@ -182,7 +183,7 @@ def render_compute_section(ops: list[dict[str, Any]], compute: Mapping[str, Any]
         style = "yellow" if bound == "memory" else "green" if bound == "compute" else ""
         intensity = item.get("intensity")
         table.add_row(item["name"], item["module"] or "(root)", item.get("phase", ""), item["dtype"],
-                      f"{1e3 * item['time_s']:.2f} ms", _si(item.get("achieved_flops_per_s"), ""),
+                      fmt_seconds(item["time_s"]), _si(item.get("achieved_flops_per_s"), ""),
                       "-" if intensity is None else f"{intensity:.1f}", Text(bound, style=style),
                       pct(item.get("roof_fraction")))
     return [summary, table]

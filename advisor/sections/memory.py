@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from advisor.state import SessionState
-from advisor.records.units import format_size
+from advisor.records.units import fmt_bytes, fmt_seconds
 from advisor.records.samples import MEMORY_CATEGORIES, MemorySample, ModuleStat
 
 MAX_TIMELINE_POINTS = 2000
@@ -152,41 +152,41 @@ def render_memory_section(section: dict[str, Any]) -> list[Any]:
     out: list[Any] = []
     peak = section.get("peak_bytes")
     budget = section.get("budget_bytes")
-    title = f"Memory at peak: {format_size(peak)}"
+    title = f"Memory at peak: {fmt_bytes(peak)}"
     if budget is not None:
-        title += f" (budget {format_size(budget)})"
+        title += f" (budget {fmt_bytes(budget)})"
     table = Table(title=title)
     table.add_column("category")
     table.add_column("at peak", justify="right")
     table.add_column("max", justify="right")
     for category in MEMORY_CATEGORIES:
         at_peak = section.get("categories_at_peak", {}).get(category, 0)
-        table.add_row(category, format_size(at_peak), format_size(section.get("categories_max", {}).get(category, 0)))
+        table.add_row(category, fmt_bytes(at_peak), fmt_bytes(section.get("categories_max", {}).get(category, 0)))
     out.append(table)
     modules = section.get("modules") or []
     if modules:
         heavy = Table(title="Heaviest modules (saved for backward)")
-        for column in ("module", "type", "params", "activations", "input", "fwd ms", "bwd ms"):
+        for column in ("module", "type", "params", "activations", "input", "forward", "backward"):
             heavy.add_column(column, justify="left" if column in ("module", "type") else "right")
         for row in modules[:10]:
             heavy.add_row(
                 row["name"] or "(model)",
                 row.get("type", ""),
-                format_size(row["parameter_bytes"]),
-                format_size(row["activation_bytes"]),
-                format_size(row["input_bytes"]),
-                f"{row['forward_s'] * 1e3:.2f}",
-                f"{row['backward_s'] * 1e3:.2f}",
+                fmt_bytes(row["parameter_bytes"]),
+                fmt_bytes(row["activation_bytes"]),
+                fmt_bytes(row["input_bytes"]),
+                fmt_seconds(row["forward_s"]),
+                fmt_seconds(row["backward_s"]),
             )
         out.append(heavy)
     oom = section.get("oom")
     if oom:
         lines = [
             f"op {oom.get('op') or '?'} in module {oom.get('module') or '?'}",
-            f"requested {format_size(oom.get('requested_bytes'))} at step {oom.get('step')}",
+            f"requested {fmt_bytes(oom.get('requested_bytes'))} at step {oom.get('step')}",
         ]
         cats = oom.get("categories") or {}
-        lines.append(", ".join(f"{c} {format_size(v)}" for c, v in cats.items() if v))
+        lines.append(", ".join(f"{c} {fmt_bytes(v)}" for c, v in cats.items() if v))
         for frame in (oom.get("frames") or [])[-3:]:
             lines.append(f"  {frame['file']}:{frame['line']} in {frame['function']}: {frame['code']}")
         if oom.get("snapshot_path"):

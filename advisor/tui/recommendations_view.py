@@ -12,6 +12,7 @@ from textual.message import Message
 from textual.widgets import DataTable, Static
 
 from advisor.state import SessionState
+from advisor.records.units import fmt_quantity
 from advisor.tui.format import fmt_bytes, fmt_change, fmt_seconds
 
 Recommendation = dict[str, Any]
@@ -43,10 +44,10 @@ def diagnosis_text(diagnosis: dict[str, Any] | None, recommendations: list[Recom
 def _evidence_line(item: dict[str, Any] | str) -> str:
     if not isinstance(item, dict):
         return str(item)
-    unit = f" {item['unit']}" if item.get("unit") else ""
-    line = f"{item.get('what', '?')}: {item.get('value', '?')}{unit}"
+    unit = item.get("unit")
+    line = f"{item.get('what', '?')}: {fmt_quantity(item.get('value', '?'), unit)}"
     if item.get("threshold") is not None:
-        line += f" (threshold {item['threshold']}{unit})"
+        line += f" (threshold {fmt_quantity(item['threshold'], unit)})"
     return line
 
 
