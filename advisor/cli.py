@@ -42,8 +42,16 @@ def _positive(value: str) -> int:
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # No prefix matching: `--headles` must be an error, not silently `--headless`.
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> None:  # one line and a hint, exit code 2
         raise UsageError(message, hint=f"`{self.prog} --help` lists the options")
+
+
+REPORT_FORMATS = ("text", "json", "markdown")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     attach.add_argument("--headless", action="store_true", help="progress lines and a final report, no TUI")
     attach.add_argument("--steps", type=_positive, metavar="N", help="stop the script cleanly after N optimizer steps")
     attach.add_argument("--json", metavar="FILE", help="write the report as JSON (schema advisor.report/1)")
+    attach.add_argument("--report", metavar="FILE",
+                        help="write the final report to FILE (in --format) instead of the terminal")
+    attach.add_argument("--format", choices=REPORT_FORMATS, default="text",
+                        help="the final report's format: text (default), json or markdown")
     attach.add_argument("--memory-budget", type=_size, metavar="SIZE",
                         help="memory capacity to plan against, e.g. 12GiB (default: the device's memory)")
     attach.add_argument("--enforce-budget", action="store_true",
@@ -74,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     attach.add_argument("--apply", metavar="auto|ID", help="apply the top (auto) or the named recommendation")
     attach.add_argument("--apply-at-step", type=_positive, metavar="K", help="step boundary to apply at (default: as soon as ready)")
     attach.add_argument("--plan", metavar="FILE", help="apply a plan file's remedies before the first step")
-    attach.add_argument("script", metavar="SCRIPT", help="the training script")
+    # Optional to argparse so that a missing SCRIPT gets an accurate message (cmd_attach).
+    attach.add_argument("script", metavar="SCRIPT", nargs="?", help="the training script")
     attach.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's own arguments")
 
     sub.add_parser("sessions", help="list recorded sessions")
@@ -84,9 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--json", metavar="FILE", help="write the report as JSON instead of printing it")
     report.add_argument("--trace", metavar="FILE", help="export the timelines as Chrome/Perfetto trace JSON")
     report.add_argument("--memory-budget", type=_size, metavar="SIZE", help="re-advise against this budget")
+    report.add_argument("--format", choices=REPORT_FORMATS, default="text",
+                        help="how to print the report: text (default), json or markdown")
 
     plan = sub.add_parser("plan", help="write a plan of remedies from a recorded session")
-    plan.add_argument("session", metavar="SESSION")
+    plan.add_argument("session", metavar="SESSION", nargs="?",
+                      help="session id, folder, .sqlite file or 'latest' (default: the latest "
+                           "session that ran out of memory or over its budget)")
     plan.add_argument("-o", "--output", required=True, metavar="FILE", help="where to write the plan JSON")
     plan.add_argument("--memory-budget", type=_size, metavar="SIZE", help="budget to plan against")
     plan.add_argument("--recommendation", metavar="ID", help="which recommendation (default: the top one)")
@@ -113,8 +130,8 @@ def check_script(path: str) -> None:
     try:
         compile(source, str(script), "exec")
     except SyntaxError as exc:
-        raise AdvisorError(f"{path}:{exc.lineno}: {exc.msg}", hint="the script has a syntax error; "
-                           "`python SCRIPT` shows the same", exit_code=1) from None
+        raise UsageError(f"{path}:{exc.lineno}: {exc.msg}", hint="the script has a syntax error; "
+                         "`python SCRIPT` shows the same") from None
     except ValueError as exc:
         raise UsageError(f"{path} is not a Python file ({exc})", hint="pass a .py training script") from None
 
@@ -153,6 +170,9 @@ def agent_config(ns: argparse.Namespace) -> dict[str, Any]:
 def cmd_attach(ns: argparse.Namespace) -> int:
     from advisor.attach import run_attach
 
+    if ns.script is None:
+        raise UsageError("attach needs a SCRIPT to run",
+                         hint="advisor attach [options] SCRIPT [ARGS...]; `advisor attach --help` lists the options")
     check_script(ns.script)
     if ns.apply_at_step and not ns.apply:
         raise UsageError("--apply-at-step needs --apply", hint="e.g. --apply auto --apply-at-step 5")
@@ -180,18 +200,19 @@ def cmd_report(ns: argparse.Namespace) -> int:
     if ns.json:
         write_json(report, ns.json)
         print(f"wrote report {ns.json}", file=sys.stderr)
-    if not ns.json and not ns.trace:
-        from advisor.render import print_report
+    if ns.format != "text" or (not ns.json and not ns.trace):
+        from advisor.render import emit_report
 
-        print_report(report)
+        emit_report(report, ns.format, sys.stdout)
     return 0
 
 
 def cmd_plan(ns: argparse.Namespace) -> int:
     from advisor.paths import resolve_session
-    from advisor.planning import write_plan_from_session
+    from advisor.planning import latest_session_to_plan, write_plan_from_session
 
-    return write_plan_from_session(resolve_session(ns.session), ns.output,
+    session = resolve_session(ns.session) if ns.session else latest_session_to_plan()
+    return write_plan_from_session(session, ns.output,
                                    budget_bytes=ns.memory_budget, recommendation_id=ns.recommendation)
 
 
@@ -207,11 +228,20 @@ COMMANDS = {"attach": cmd_attach, "sessions": cmd_sessions, "report": cmd_report
             "plan": cmd_plan, "bench-comm": cmd_bench_comm}
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Like ``parse_args``, but an unknown option's hint names the subcommand's own --help."""
+    ns, extras = parser.parse_known_args(argv)
+    if extras:
+        raise UsageError(f"unrecognized arguments: {' '.join(extras)}",
+                         hint=f"`advisor {ns.command} --help` lists the options")
+    return ns
+
+
 def main(argv: list[str] | None = None) -> int:
     # Everything the controller writes (store, reports, plans) is readable by its owner only.
     os.umask(0o077)
     try:
-        ns = build_parser().parse_args(argv)
+        ns = parse_args(build_parser(), argv)
         return COMMANDS[ns.command](ns)
     except AdvisorError as exc:
         print(f"advisor: error: {exc}", file=sys.stderr)

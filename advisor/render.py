@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import os
+import sys
+from typing import Any, TextIO
 
 from rich.console import Console, Group
 from rich.panel import Panel
@@ -21,12 +24,19 @@ def _run_panel(report: dict[str, Any]) -> Panel:
         f"[b]steps[/b] {summary.get('steps', 0)}"
         + (f" · median {fmt_seconds(summary['median_step_s'])}/step" if summary.get("median_step_s") else "")
         + (f" · last loss {summary['last_loss']:.4f}" if isinstance(summary.get("last_loss"), float) else ""),
-        f"[b]exit[/b] code {exit_.get('code')} · {exit_.get('reason')}",
+        f"[b]exit[/b] {exit_line(exit_)}",
     ]
     for model in run.get("models", []):
         lines.append(f"[b]model[/b] {model['name']}" + (f" in {model['wrapper']}" if model.get("wrapper") else "")
                      + f" · {model['parameter_count']:,} parameters ({fmt_bytes(model['parameter_bytes'])})")
     return Panel("\n".join(lines), title=f"session {report['session']['id']}", expand=False)
+
+
+def exit_line(exit_: dict[str, Any]) -> str:
+    """``code 0 · completed``; a session with no exit recorded says so instead of "code None"."""
+    if exit_.get("code") is None:
+        return "still running or interrupted: no exit recorded"
+    return f"code {exit_['code']} · {exit_.get('reason') or ''}".rstrip(" ·")
 
 
 def _phase_table(report: dict[str, Any]) -> Table | None:
@@ -88,8 +98,36 @@ def report_renderables(report: dict[str, Any]) -> list[Any]:
     return parts
 
 
+PIPE_WIDTH = 120  # a CI log or a pipe has no width; wide enough that names are never squeezed
+
+
+def report_console(stream: TextIO) -> Console:
+    """A console for ``stream``: its own width on a terminal, else ``COLUMNS`` or at least 120."""
+    if stream.isatty():
+        return Console(file=stream)
+    try:
+        width = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        width = 0
+    return Console(file=stream, width=width if width > 0 else PIPE_WIDTH, color_system=None)
+
+
 def print_report(report: dict[str, Any], console: Console | None = None) -> None:
-    (console or Console()).print(Group(*report_renderables(report)))
+    (console or report_console(sys.stdout)).print(Group(*report_renderables(report)))
+
+
+def emit_report(report: dict[str, Any], fmt: str, stream: TextIO) -> None:
+    """The whole report on ``stream`` as ``text`` (rich), ``json`` or ``markdown``."""
+    if fmt == "json":
+        json.dump(report, stream, indent=1, allow_nan=False, default=str)
+        stream.write("\n")
+    elif fmt == "markdown":
+        from advisor.report_markdown import report_markdown
+
+        stream.write(report_markdown(report))
+    else:
+        print_report(report, report_console(stream))
+    stream.flush()
 
 
 def print_exit_summary(report: dict[str, Any], console: Console | None = None) -> None:
@@ -98,4 +136,4 @@ def print_exit_summary(report: dict[str, Any], console: Console | None = None) -
     advice = _advice_panel(report)
     if advice is not None:
         parts.append(advice)
-    (console or Console(stderr=True)).print(Group(*parts))
+    (console or report_console(sys.stderr)).print(Group(*parts))

@@ -7,8 +7,10 @@ exports the timeline as Chrome/Perfetto counter events.
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
+from advisor.sections.timebase import light_phase_time, light_step_time, scale
 from advisor.state import SessionState
 from advisor.records.units import fmt_bytes, fmt_seconds
 from advisor.records.samples import MEMORY_CATEGORIES, MemorySample, ModuleStat
@@ -70,6 +72,11 @@ def build_memory_section(state: SessionState, *, budget_bytes: int | None) -> di
         }
         for t, s in _downsample(points, MAX_TIMELINE_POINTS)
     ]
+    modules = _modules(state, rank)
+    time_scale = _module_time_scale(state, modules)
+    for row in modules:
+        row["light_forward_s"] = row["forward_s"] * time_scale["forward"]
+        row["light_backward_s"] = row["backward_s"] * time_scale["backward"]
     section: dict[str, Any] = {
         "budget_bytes": budget_bytes,
         "peak_bytes": peak.total_bytes if peak is not None else None,
@@ -77,7 +84,8 @@ def build_memory_section(state: SessionState, *, budget_bytes: int | None) -> di
         "categories_at_peak": categories_at_peak,
         "categories_max": categories_max,
         "timeline": timeline,
-        "modules": _modules(state, rank),
+        "modules": modules,
+        "module_time_scale": time_scale,
         "oom": _oom(state, rank),
     }
     cuda = _cuda(state, samples, rank)
@@ -114,6 +122,20 @@ def _modules(state: SessionState, rank: int | None) -> list[dict[str, Any]]:
     ]
     rows.sort(key=lambda r: (-r["activation_bytes"], r["name"]))
     return rows
+
+
+def _module_time_scale(state: SessionState, modules: list[dict[str, Any]]) -> dict[str, float]:
+    """Factors from module times measured on deep steps to an ordinary step, per phase: the
+    ordinary steps' median forward (backward) phase over the model's (module "") own forward
+    (backward) time on the deep step, else the ordinary step over the deep steps' median time."""
+    root = next((m for m in modules if m["name"] == ""), None)
+    deep = [s.time_s for s in state.rank0_steps() if s.deep and s.time_s > 0]
+    fallback = scale(light_step_time(state), statistics.median(deep) if deep else None)
+    out = {}
+    for phase in ("forward", "backward"):
+        probed = root[f"{phase}_s"] if root else 0.0
+        out[phase] = scale(light_phase_time(state, f"{phase}_s"), probed) if probed else fallback
+    return out
 
 
 def _oom(state: SessionState, rank: int | None) -> dict[str, Any] | None:
@@ -156,9 +178,9 @@ def render_memory_section(section: dict[str, Any]) -> list[Any]:
     if budget is not None:
         title += f" (budget {fmt_bytes(budget)})"
     table = Table(title=title)
-    table.add_column("category")
-    table.add_column("at peak", justify="right")
-    table.add_column("max", justify="right")
+    table.add_column("category", no_wrap=True)
+    table.add_column("at peak", justify="right", no_wrap=True)
+    table.add_column("max", justify="right", no_wrap=True)
     for category in MEMORY_CATEGORIES:
         at_peak = section.get("categories_at_peak", {}).get(category, 0)
         table.add_row(category, fmt_bytes(at_peak), fmt_bytes(section.get("categories_max", {}).get(category, 0)))
@@ -167,7 +189,14 @@ def render_memory_section(section: dict[str, Any]) -> list[Any]:
     if modules:
         heavy = Table(title="Heaviest modules (saved for backward)")
         for column in ("module", "type", "params", "activations", "input", "forward", "backward"):
-            heavy.add_column(column, justify="left" if column in ("module", "type") else "right")
+            name_column = column in ("module", "type")
+            heavy.add_column(column, justify="left" if name_column else "right", no_wrap=not name_column,
+                             overflow="fold")
+        k = section.get("module_time_scale") or {}
+        if k.get("forward") and k["forward"] < 1:
+            heavy.caption = (f"forward and backward per ordinary step; profiled steps ran "
+                             f"{1 / k['forward']:.1f}x (forward) and {1 / max(k.get('backward') or 1, 1e-9):.1f}x "
+                             "(backward) slower")
         for row in modules[:10]:
             heavy.add_row(
                 row["name"] or "(model)",
@@ -175,8 +204,8 @@ def render_memory_section(section: dict[str, Any]) -> list[Any]:
                 fmt_bytes(row["parameter_bytes"]),
                 fmt_bytes(row["activation_bytes"]),
                 fmt_bytes(row["input_bytes"]),
-                fmt_seconds(row["forward_s"]),
-                fmt_seconds(row["backward_s"]),
+                fmt_seconds(row.get("light_forward_s", row["forward_s"])),
+                fmt_seconds(row.get("light_backward_s", row["backward_s"])),
             )
         out.append(heavy)
     oom = section.get("oom")
