@@ -21,6 +21,13 @@ def step_line(sample: StepSample) -> str:
     return f"{rank}step {sample.index:>5} | {fmt_seconds(sample.time_s):>8} | loss {loss} | {share}"
 
 
+def _stdout_is_terminal() -> bool:
+    try:
+        return sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
 class ProgressPrinter:
     """Record listener printing progress to ``stream`` (stderr: the script owns stdout)."""
 
@@ -32,7 +39,9 @@ class ProgressPrinter:
         self._lock = threading.Lock()
         self._bar = None
         self._task = None
-        if stream.isatty():
+        # A live bar redraws its line in place: only where the script's output is not on the
+        # same terminal, or the two would share lines.
+        if stream.isatty() and not _stdout_is_terminal():
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
