@@ -69,14 +69,19 @@ def recorded_budget(state: SessionState) -> int | None:
 
 
 def build_report(state: SessionState, *, budget_bytes: int | None = None) -> dict[str, Any]:
-    """The report; ``budget_bytes`` overrides the budget the session was recorded with."""
+    """The report; ``budget_bytes`` overrides the budget the session was recorded with, which
+    defaults to the device's memory (``run.device.memory_capacity``) when that is known."""
     from advisor.sections import build_sections
 
     budget_bytes = budget_bytes or recorded_budget(state)
+    run = run_section(state)
+    if not budget_bytes and run["device"].get("memory_capacity"):
+        # The documented default (README, docs/report-schema.md): the device's memory.
+        budget_bytes = int(run["device"]["memory_capacity"])
     report: dict[str, Any] = {
         "schema": SCHEMA,
         "session": {"id": state.session_id, "path": state.session_path},
-        "run": run_section(state),
+        "run": run,
         "steps": steps_section(state),
         "summary": summary_section(state),
         "warnings": [e.data.get("message", "") for e in state.events if e.name == "warning"],
