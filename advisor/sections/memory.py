@@ -1,8 +1,8 @@
 """The report's memory section: categories over time and at peak, heaviest modules, the OOM record.
 
 ``build_memory_section`` returns plain data (the JSON report's ``memory`` object, a public
-contract); ``render_memory_section`` turns it into rich renderables; ``memory_trace_events``
-exports the timeline as Chrome/Perfetto counter events.
+contract); ``render_memory_section`` turns it into rich renderables (advisor/trace.py exports
+the timeline as Chrome/Perfetto counter events).
 """
 
 from __future__ import annotations
@@ -222,21 +222,3 @@ def render_memory_section(section: dict[str, Any]) -> list[Any]:
             lines.append(f"snapshot: {oom['snapshot_path']} (open in https://pytorch.org/memory_viz)")
         out.append(Panel("\n".join(lines), title="Out of memory", border_style="red"))
     return out
-
-
-def memory_trace_events(state: SessionState) -> list[dict[str, Any]]:
-    """Chrome/Perfetto counter events ("ph": "C"), one per sample, one track per rank (pid)."""
-    events: list[dict[str, Any]] = []
-    for rank in sorted({s.rank for s in state.memory}):
-        for t, sample in _ordered([s for s in state.memory if s.rank == rank], state):
-            events.append(
-                {
-                    "name": "memory by category",
-                    "ph": "C",
-                    "ts": round(t * 1e6, 3),
-                    "pid": rank,
-                    "tid": 0,
-                    "args": {c: int(sample.categories.get(c, 0)) for c in MEMORY_CATEGORIES},
-                }
-            )
-    return events
