@@ -102,14 +102,15 @@ PIPE_WIDTH = 120  # a CI log or a pipe has no width; wide enough that names are 
 
 
 def report_console(stream: TextIO) -> Console:
-    """A console for ``stream``: its own width on a terminal, else ``COLUMNS`` or at least 120."""
+    """A console for ``stream``: its own width on a terminal, else ``COLUMNS`` but at least 120
+    (CI runners often say 80, which would squeeze op and module names)."""
     if stream.isatty():
         return Console(file=stream)
     try:
         width = int(os.environ.get("COLUMNS", ""))
     except ValueError:
         width = 0
-    return Console(file=stream, width=width if width > 0 else PIPE_WIDTH, color_system=None)
+    return Console(file=stream, width=max(width, PIPE_WIDTH), color_system=None)
 
 
 def print_report(report: dict[str, Any], console: Console | None = None) -> None:

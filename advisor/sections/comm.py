@@ -151,7 +151,7 @@ def render_comm_sections(
                 _bw(r["algbw"]), _bw(r["busbw"]), _bw(r.get("bench_busbw")),
             )
         out.append(table)
-    if comm:
+    if comm and collectives:  # without any collective the table would be all zeros
         table = Table(title="Communication per step")
         for col in ("rank", "step time", "comm", "exposed", "exposed share"):
             table.add_column(col, justify="right", no_wrap=True)

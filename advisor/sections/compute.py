@@ -213,16 +213,21 @@ def render_compute_section(ops: list[dict[str, Any]], compute: Mapping[str, Any]
         f"outside ops {pct(compute.get('unaccounted_share'))}\n{time_base_note(compute)}"
     )
     table = Table(title="Top ops by time (per ordinary step)", expand=False)
-    for col in ("op", "module", "phase", "dtype", "time", "profiled", "FLOP/s", "FLOP/B", "bound", "of roof"):
-        numeric = col in ("time", "profiled", "FLOP/s", "FLOP/B", "of roof")
-        table.add_column(col, justify="right" if numeric else "left", no_wrap=numeric or col in ("phase", "dtype"),
-                         overflow="fold")
-    for item in ops[:top]:
+    shown = ops[:top]
+    # The profiled figure of every op is its time over the factor the note above shows; the JSON
+    # keeps it per op (profiled_time_s). Without that column the table fits 120 columns.
+    for col in ("op", "module", "phase", "dtype", "time", "FLOP/s", "FLOP/B", "bound", "of roof"):
+        numeric = col in ("time", "FLOP/s", "FLOP/B", "of roof")
+        # Names identify an op or a module: never cut, folded onto a second line at worst.
+        longest = max((len(str(i.get("name" if col == "op" else "module") or "")) for i in shown), default=0)
+        table.add_column(col, justify="right" if numeric else "left", no_wrap=col not in ("op", "module"),
+                         overflow="fold", min_width=min(longest, 20) if col in ("op", "module") else None)
+    for item in shown:
         bound = item.get("bound") or "-"
         style = "yellow" if bound == "memory" else "green" if bound == "compute" else ""
         intensity = item.get("intensity")
         table.add_row(item["name"], item["module"] or "(root)", item.get("phase", ""), item["dtype"],
-                      fmt_seconds(item["time_s"]), fmt_seconds(item.get("profiled_time_s")),
+                      fmt_seconds(item["time_s"]),
                       _si(item.get("achieved_flops_per_s"), ""),
                       "-" if intensity is None else f"{intensity:.1f}", Text(bound, style=style),
                       pct(item.get("roof_fraction")))

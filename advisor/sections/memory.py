@@ -188,10 +188,11 @@ def render_memory_section(section: dict[str, Any]) -> list[Any]:
     modules = section.get("modules") or []
     if modules:
         heavy = Table(title="Heaviest modules (saved for backward)")
+        longest = max((len(row["name"] or "(model)") for row in modules[:10]), default=0)
         for column in ("module", "type", "params", "activations", "input", "forward", "backward"):
             name_column = column in ("module", "type")
             heavy.add_column(column, justify="left" if name_column else "right", no_wrap=not name_column,
-                             overflow="fold")
+                             overflow="fold", min_width=min(longest, 48) if column == "module" else None)
         k = section.get("module_time_scale") or {}
         if k.get("forward") and k["forward"] < 1:
             heavy.caption = (f"forward and backward per ordinary step; profiled steps ran "
