@@ -80,6 +80,7 @@ def report_renderables(report: dict[str, Any]) -> list[Any]:
         ("memory", "advisor.sections.memory", "render_memory_section", ("memory",)),
         ("compute", "advisor.sections.compute", "render_compute_section", ("ops", "compute")),
         ("comm", "advisor.sections.comm", "render_comm_sections", ("collectives", "comm", "straggler")),
+        ("regimes", "advisor.sections.regimes", "render_regimes", ("regimes",)),
     ):
         if not any(report.get(k) for k in keys):
             continue

@@ -21,10 +21,13 @@ def _compute(state: SessionState, report: dict[str, Any], budget: int | None) ->
     from advisor.sections.compute import (build_compute_section, build_ops_section, device_fields,
                                           device_spec_from_state)
 
+    from advisor.sections.regimes import build_regimes_section
+
     spec = device_spec_from_state(state) or {}
     if spec:
         report["run"]["device"].update(device_fields(spec))
-    return {"ops": build_ops_section(state, spec), "compute": build_compute_section(state, spec)}
+    return {"ops": build_ops_section(state, spec), "compute": build_compute_section(state, spec),
+            "regimes": build_regimes_section(state, spec)}
 
 
 def _comm(state: SessionState, report: dict[str, Any], budget: int | None) -> dict[str, Any]:

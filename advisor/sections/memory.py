@@ -175,9 +175,9 @@ def render_memory_section(section: dict[str, Any]) -> list[Any]:
     peak = section.get("peak_bytes")
     budget = section.get("budget_bytes")
     title = f"Memory at peak: {fmt_bytes(peak)}"
-    if budget is not None:
-        title += f" (budget {fmt_bytes(budget)})"
-    table = Table(title=title)
+    if section.get("peak_step") is not None:
+        title += f" (step {section['peak_step']})"
+    table = Table(title=title, caption=None if budget is None else f"budget {fmt_bytes(budget)}")
     table.add_column("category", no_wrap=True)
     table.add_column("at peak", justify="right", no_wrap=True)
     table.add_column("max", justify="right", no_wrap=True)
