@@ -61,6 +61,19 @@ def status_by_recommendation(state: SessionState) -> dict[str, str]:
     return out
 
 
+def measuring(state: SessionState) -> dict[str, Any] | None:
+    """The ``apply_started`` data of an apply whose result has not arrived yet, or None."""
+    if state.finished:
+        return None
+    started = None
+    for event in state.events:
+        if event.name == "apply_started":
+            started = event.data
+        elif event.name == "apply_result":
+            started = None
+    return started
+
+
 class RecommendationsTable(DataTable[str | Text]):
     """A DataTable whose Enter is labelled for the footer: it opens the evidence screen."""
 
@@ -88,6 +101,7 @@ class RecommendationsView(Vertical):
         self.border_title = "Diagnosis and recommendations"
         self._recommendations: list[Recommendation] = []
         self._signature: object = None
+        self._shown: tuple[dict[str, Any] | None, list[Recommendation]] | None = None
 
     def compose(self) -> ComposeResult:
         yield Static(diagnosis_text(None), id="diagnosis")
@@ -125,18 +139,31 @@ class RecommendationsView(Vertical):
 
     def update_state(self, state: SessionState) -> None:
         statuses = status_by_recommendation(state)
+        held = measuring(state)
+        diagnosis, recommendations = state.diagnosis, state.recommendations
+        if held is not None and self._shown is not None:
+            # While a remedy is being measured the steps are neither the old job nor the new one:
+            # keep the advice that led to it instead of flipping with every half-measured step.
+            diagnosis, recommendations = self._shown
+        else:
+            self._shown = (diagnosis, list(recommendations))
         signature = (
-            repr(state.diagnosis),
-            tuple(str(r.get("id")) for r in state.recommendations),
+            repr(diagnosis),
+            tuple(str(r.get("id")) for r in recommendations),
             tuple(sorted(statuses.items())),
+            held is not None,
         )
         if signature == self._signature:
             return
         self._signature = signature
-        self.query_one("#diagnosis", Static).update(diagnosis_text(state.diagnosis, state.recommendations))
+        text = diagnosis_text(diagnosis, recommendations)
+        if held is not None:
+            text.append(f"\nMeasuring {held.get('remedy', 'the remedy')} applied at step {held.get('at_step', '?')}: "
+                        "advice is held until its result is in.", style="italic cyan")
+        self.query_one("#diagnosis", Static).update(text)
         table = self.query_one("#recs-table", DataTable)
         before = self.selected
-        self._recommendations = list(state.recommendations)
+        self._recommendations = list(recommendations)
         table.clear()
         for rank, rec in enumerate(self._recommendations, start=1):
             table.add_row(*_row(rank, rec, statuses.get(str(rec.get("id")))), key=str(rec.get("id")))
