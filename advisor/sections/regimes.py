@@ -22,10 +22,11 @@ TOP = 5
 def boundaries(state: SessionState) -> list[tuple[int, str, str]]:
     """(first step, label, remedy) of each regime after the first, in step order."""
     out: list[tuple[int, str, str]] = []
+    first_rank = min((e.rank for e in state.events), default=0)  # every rank applies at one boundary
     for event in state.events:
         data = event.data or {}
         remedy = str(data.get("remedy") or "remedy")
-        if event.rank != min((e.rank for e in state.events), default=0):
+        if event.rank != first_rank:
             continue
         if event.name == "apply_started" and data.get("at_step") is not None:
             out.append((int(data["at_step"]), f"after {remedy}", remedy))
@@ -60,7 +61,8 @@ def _summary(part: SessionState, label: str, first: int, last: int, spec: Mappin
     samples = part.rank0_steps()
     light = [s.time_s for s in light_samples(part)]
     profiled = [s.time_s for s in samples if s.deep and s.time_s > 0]
-    peaks = [s.total_bytes for s in part.memory if s.rank == min((m.rank for m in part.memory), default=0)]
+    memory_rank = min((m.rank for m in part.memory), default=0)
+    peaks = [s.total_bytes for s in part.memory if s.rank == memory_rank]
     peaks += [s.peak_memory_bytes for s in samples if s.peak_memory_bytes is not None]
     memory = build_memory_section(part, budget_bytes=None)
     return {
