@@ -64,3 +64,13 @@ def test_no_apply_no_regimes_and_the_report_carries_them() -> None:
     assert build_regimes_section(live.snapshot(), None) == []
     report = build_report(_session(revert=True).snapshot())
     assert len(report["regimes"]) == 3
+
+
+def test_module_rows_stay_and_say_they_are_checkpointed() -> None:
+    live = _session(revert=False)
+    live.update(applied=[{"remedy": "activation_checkpointing", "status": "kept", "at_step": 6,
+                          "params": {"modules": ["blocks.0"]}}])
+    rows = build_report(live.snapshot())["memory"]["modules"]
+    assert [(r["name"], r["checkpointed"]) for r in rows] == [("blocks.0", True)]
+    reverted = _session(revert=True).snapshot()
+    assert not any(r["checkpointed"] for r in build_report(reverted)["memory"]["modules"])

@@ -73,6 +73,9 @@ def build_memory_section(state: SessionState, *, budget_bytes: int | None) -> di
         for t, s in _downsample(points, MAX_TIMELINE_POINTS)
     ]
     modules = _modules(state, rank)
+    checkpointed = _checkpointed(state)
+    for row in modules:
+        row["checkpointed"] = row["name"] in checkpointed
     time_scale = _module_time_scale(state, modules)
     for row in modules:
         row["light_forward_s"] = row["forward_s"] * time_scale["forward"]
@@ -122,6 +125,21 @@ def _modules(state: SessionState, rank: int | None) -> list[dict[str, Any]]:
     ]
     rows.sort(key=lambda r: (-r["activation_bytes"], r["name"]))
     return rows
+
+
+def _checkpointed(state: SessionState) -> set[str]:
+    """Modules under activation checkpointing now: the last apply result decides (kept, or a
+    later revert), so the module table can say why their saved activations dropped."""
+    current: set[str] = set()
+    for result in state.applied:
+        if result.get("remedy") != "activation_checkpointing":
+            continue
+        modules = set((result.get("params") or {}).get("modules") or [])
+        if result.get("status") == "kept":
+            current = modules
+        elif result.get("status") in ("reverted", "failed"):
+            current = set()
+    return current
 
 
 def _module_time_scale(state: SessionState, modules: list[dict[str, Any]]) -> dict[str, float]:
@@ -201,7 +219,7 @@ def render_memory_section(section: dict[str, Any]) -> list[Any]:
         for row in modules[:10]:
             heavy.add_row(
                 row["name"] or "(model)",
-                row.get("type", ""),
+                row.get("type", "") + (" (checkpointed)" if row.get("checkpointed") else ""),
                 fmt_bytes(row["parameter_bytes"]),
                 fmt_bytes(row["activation_bytes"]),
                 fmt_bytes(row["input_bytes"]),
