@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import signal
 import sys
 import threading
@@ -13,8 +14,8 @@ from advisor.advice import AdviceLoop
 from advisor.errors import EXIT_LAUNCH, AdvisorError
 from advisor.live_source import SessionSource
 from advisor.progress import ProgressPrinter
-from advisor.render import print_exit_summary, print_report
-from advisor.report import build_report, write_json
+from advisor.render import emit_report, print_exit_summary
+from advisor.report import build_report, write_json, write_text
 from advisor.exits import signal_name
 from advisor.session import AttachOptions, Session
 
@@ -73,7 +74,19 @@ def _say(line: str) -> None:
         pass  # SIGHUP: the terminal may be gone
 
 
+def has_terminal() -> bool:
+    """Whether a TUI can run: stdin and stdout are both a terminal."""
+    try:
+        return sys.stdin.isatty() and sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
 def run_attach(ns: argparse.Namespace, config: dict[str, Any]) -> int:
+    if not ns.headless and not has_terminal():
+        # CI, nohup, `> out.txt`: a TUI would write escape codes into the file and wait for keys.
+        print("advisor: no terminal (stdin or stdout is not a TTY): running headless", file=sys.stderr, flush=True)
+        ns.headless = True
     options = AttachOptions(script=ns.script, args=list(ns.args), nproc_per_node=ns.nproc_per_node,
                             max_steps=ns.steps, capture_output=not ns.headless, agent_config=config)
     session = Session(options)
@@ -86,12 +99,13 @@ def run_attach(ns: argparse.Namespace, config: dict[str, Any]) -> int:
         session.close()
         raise AdvisorError(f"could not start the training process: {exc}", exit_code=EXIT_LAUNCH) from None
     try:
+        finished: dict[str, Any] = {}
         with StopOnSignal(session) as stop:
             if ns.headless:
                 returncode = _follow_headless(session, ns)
             else:
-                returncode = _follow_tui(session, advice, ns, stop)
-            code, reason = session.finish(returncode, note=stop.note())
+                returncode = _follow_tui(session, advice, ns, stop, finished)
+            code, reason = finished["result"] if "result" in finished else session.finish(returncode, note=stop.note())
         advice.finish()
         return _report(session, ns, code, reason)
     finally:
@@ -109,26 +123,40 @@ def _follow_headless(session: Session, ns: argparse.Namespace) -> int:
         printer.close()
 
 
-def _follow_tui(session: Session, advice: Any, ns: argparse.Namespace, stop: StopOnSignal) -> int:
+def _watch_end(session: Session, stop: StopOnSignal, finished: dict[str, Any]) -> None:
+    """Finish the session as soon as training ends, so the TUI's exit banner shows it then."""
+    returncode = session.wait()
+    finished["result"] = session.finish(returncode, note=stop.note())
+
+
+def _follow_tui(session: Session, advice: Any, ns: argparse.Namespace, stop: StopOnSignal,
+                finished: dict[str, Any]) -> int:
     source = SessionSource(session, advice)
     app = tui.make_app(source, title=f"advisor · {ns.script}")
     stop.on_stop = lambda: app.call_from_thread(app.exit)
+    watcher = threading.Thread(target=_watch_end, args=(session, stop, finished), name="advisor-end", daemon=True)
+    watcher.start()
     try:
         app.run()  # Textual restores the terminal when run() returns
     finally:
         stop.on_stop = None
         source.stop()
     if stop.received is not None:
-        return session.wait()
-    if session.poll() is None:
+        returncode = session.wait()
+    elif session.poll() is None and "result" not in finished:
         # The UI is closed but training goes on: keep recording it, as headless does.
         print(f"advisor: UI closed; training continues and is recorded in {session.dir} "
               "(Ctrl-C stops the script)", file=sys.stderr, flush=True)
-        return _follow_headless(session, ns)
-    return session.wait()
+        returncode = _follow_headless(session, ns)
+    else:
+        returncode = session.wait()
+    watcher.join(10)  # finish() waits for the last records (at most 5 s)
+    return returncode
 
 
 def _report(session: Session, ns: argparse.Namespace, code: int, reason: str) -> int:
+    """The final report. Never on stdout, which belongs to the script: on stderr, or in
+    ``--report FILE`` (``--format``) and ``--json FILE`` for scripts."""
     state = session.live.snapshot()
     report = build_report(state, budget_bytes=ns.memory_budget)
     session.save_analysis(diagnosis=report.get("diagnosis"), recommendations=report.get("recommendations"))
@@ -140,8 +168,14 @@ def _report(session: Session, ns: argparse.Namespace, code: int, reason: str) ->
             write_json(report, str(fallback))
             print(f"advisor: could not write {ns.json} ({exc.strerror or exc}); the report is in {fallback}",
                   file=sys.stderr, flush=True)
-    if ns.headless:
-        print_report(report)
+    fmt = getattr(ns, "format", "text")
+    if getattr(ns, "report", None):
+        buffer = io.StringIO()
+        emit_report(report, fmt, buffer)
+        write_text(buffer.getvalue(), ns.report)
+        print(f"advisor: wrote report {ns.report}", file=sys.stderr, flush=True)
+    elif ns.headless:
+        emit_report(report, fmt, sys.stderr)
     else:
         print_exit_summary(report)
     print(f"advisor: {reason} (exit code {code}); session {session.id}", file=sys.stderr, flush=True)

@@ -61,8 +61,16 @@ def _positive(value: str) -> int:
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # No prefix matching: `--headles` must be an error, not silently `--headless`.
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> None:  # one line and a hint, exit code 2
         raise UsageError(message, hint=f"`{self.prog} --help` lists the options")
+
+
+REPORT_FORMATS = ("text", "json", "markdown")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     attach.add_argument("--headless", action="store_true", help="progress lines and a final report, no TUI")
     attach.add_argument("--steps", type=_positive, metavar="N", help="stop the script cleanly after N optimizer steps")
     attach.add_argument("--json", metavar="FILE", help="write the report as JSON (schema advisor.report/1)")
+    attach.add_argument("--report", metavar="FILE",
+                        help="write the final report to FILE (in --format) instead of the terminal")
+    attach.add_argument("--format", choices=REPORT_FORMATS, default="text",
+                        help="the final report's format: text (default), json or markdown")
     attach.add_argument("--memory-budget", type=_budget, metavar="SIZE",
                         help="memory capacity to plan against, e.g. 12GiB (default: the device's memory)")
     attach.add_argument("--enforce-budget", action="store_true",
@@ -85,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     attach.add_argument("--probes", default="all", metavar="LIST",
                         help="probes to run: memory,compute,comm, all or none (default all)")
     attach.add_argument("--deep-steps", type=_steps_list, default=[1, 2, 3], metavar="LIST",
-                        help="steps to deep-sample (default 1,2,3; step 0 is the warm-up)")
+                        help="steps to deep-sample (default 1,2,3; step 0 is the warm-up; the compute "
+                             "probe also deep-samples the step after it counts ops, to time them)")
     attach.add_argument("--deep-every", type=int, default=100, metavar="N",
                         help="also deep-sample every N-th step (0: never; default 100)")
     attach.add_argument("--peak-flops", type=float, metavar="FLOPS", help="override the device's peak FLOP/s")
@@ -95,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     attach.add_argument("--plan", metavar="FILE", help="apply a plan file's remedies before the first step")
     attach.add_argument("--allow-inexact", action="store_true",
                         help="allow live remedies that change numerics (apply class live-opt-in)")
-    attach.add_argument("script", metavar="SCRIPT", help="the training script")
+    # Optional to argparse so that a missing SCRIPT gets an accurate message (cmd_attach).
+    attach.add_argument("script", metavar="SCRIPT", nargs="?", help="the training script")
     attach.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's own arguments")
 
     sub.add_parser("sessions", help="list recorded sessions")
@@ -105,9 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--json", metavar="FILE", help="write the report as JSON instead of printing it")
     report.add_argument("--trace", metavar="FILE", help="export the timelines as Chrome/Perfetto trace JSON")
     report.add_argument("--memory-budget", type=_budget, metavar="SIZE", help="re-advise against this budget")
+    report.add_argument("--format", choices=REPORT_FORMATS, default="text",
+                        help="how to print the report: text (default), json or markdown")
 
     plan = sub.add_parser("plan", help="write a plan of remedies from a recorded session")
-    plan.add_argument("session", metavar="SESSION")
+    plan.add_argument("session", metavar="SESSION", nargs="?",
+                      help="session id, folder, .sqlite file or 'latest' (default: the latest "
+                           "session that ran out of memory or over its budget)")
     plan.add_argument("-o", "--output", required=True, metavar="FILE", help="where to write the plan JSON")
     plan.add_argument("--memory-budget", type=_budget, metavar="SIZE", help="budget to plan against")
     plan.add_argument("--recommendation", metavar="ID", help="which recommendation (default: the top one)")
@@ -151,8 +169,8 @@ def check_script(path: str) -> None:
     try:
         compile(source, str(script), "exec")
     except SyntaxError as exc:
-        raise AdvisorError(f"{path}:{exc.lineno}: {exc.msg}", hint="the script has a syntax error; "
-                           "`python SCRIPT` shows the same", exit_code=1) from None
+        raise UsageError(f"{path}:{exc.lineno}: {exc.msg}", hint="the script has a syntax error; "
+                         "`python SCRIPT` shows the same") from None
     except ValueError as exc:
         raise UsageError(f"{path} is not a Python file ({exc})", hint="pass a .py training script") from None
 
@@ -215,6 +233,9 @@ def agent_config(ns: argparse.Namespace) -> dict[str, Any]:
 def cmd_attach(ns: argparse.Namespace) -> int:
     from advisor.attach import run_attach
 
+    if ns.script is None:
+        raise UsageError("attach needs a SCRIPT to run",
+                         hint="advisor attach [options] SCRIPT [ARGS...]; `advisor attach --help` lists the options")
     check_script(ns.script)
     if ns.json:
         check_output_path(ns.json, "--json", protected=[ns.script])
@@ -249,18 +270,18 @@ def cmd_report(ns: argparse.Namespace) -> int:
     if ns.json:
         write_json(report, ns.json)
         print(f"wrote report {ns.json}", file=sys.stderr)
-    if not ns.json and not ns.trace:
-        from advisor.render import print_report
+    if ns.format != "text" or (not ns.json and not ns.trace):
+        from advisor.render import emit_report
 
-        print_report(report)
+        emit_report(report, ns.format, sys.stdout)
     return 0
 
 
 def cmd_plan(ns: argparse.Namespace) -> int:
     from advisor.paths import resolve_session
-    from advisor.planning import write_plan_from_session
+    from advisor.planning import latest_session_to_plan, write_plan_from_session
 
-    db_path = resolve_session(ns.session)
+    db_path = resolve_session(ns.session) if ns.session else latest_session_to_plan()
     check_output_path(ns.output, "-o", protected=_session_script(db_path))
     return write_plan_from_session(db_path, ns.output,
                                    budget_bytes=ns.memory_budget, recommendation_id=ns.recommendation)
@@ -299,6 +320,15 @@ COMMANDS = {"attach": cmd_attach, "sessions": cmd_sessions, "report": cmd_report
 COMMANDS.update({"import": cmd_import, "diff": cmd_diff})  # kept apart so other commands merge cleanly
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Like ``parse_args``, but an unknown option's hint names the subcommand's own --help."""
+    ns, extras = parser.parse_known_args(argv)
+    if extras:
+        raise UsageError(f"unrecognized arguments: {' '.join(extras)}",
+                         hint=f"`advisor {ns.command} --help` lists the options")
+    return ns
+
+
 def main(argv: list[str] | None = None) -> int:
     # Everything the controller writes (store, reports, plans) is readable by its owner only;
     # the training script gets the user's own umask back (advisor.session).
@@ -306,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
 
     restrict_umask()
     try:
-        ns = build_parser().parse_args(argv)
+        ns = parse_args(build_parser(), argv)
         return COMMANDS[ns.command](ns)
     except AdvisorError as exc:
         print(f"advisor: error: {exc}", file=sys.stderr)

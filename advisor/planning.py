@@ -1,21 +1,76 @@
-"""``advisor plan SESSION -o plan.json``: from a recorded (perhaps OOM-ed) run to a plan that fits."""
+"""``advisor plan [SESSION] -o plan.json``: from a recorded (perhaps OOM-ed) run to a plan that fits."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
-from advisor.advice import advise_state
-from advisor.errors import AdvisorError
+from advisor.errors import AdvisorError, SessionError
+from advisor.paths import DB_NAME, sessions_dir
 from advisor.records.plan import Plan, PlanEntry, save_plan
+from advisor.records.units import fmt_bytes
+from advisor.report import build_report, recorded_budget
+from advisor.state import SessionState
 from advisor.store import load_state
+
+
+def memory_trouble(state: SessionState) -> str | None:
+    """Why this session needs a plan: it ran out of memory, or its peak went over the budget it
+    was recorded with while no remedy was kept; None when neither."""
+    if any(e.name == "oom" for e in state.events):
+        return "it ran out of memory"
+    budget = recorded_budget(state)
+    peak = max((s.total_bytes for s in state.memory), default=None)
+    kept = [a for a in state.applied if a.get("status") == "kept"]
+    reverted_later = bool(kept) and state.applied[-1].get("status") != "kept"
+    if budget and peak is not None and peak > budget and (not kept or reverted_later):
+        return f"its peak {fmt_bytes(peak)} went over its {fmt_bytes(budget)} budget"
+    return None
+
+
+def latest_session_to_plan() -> Path:
+    """The newest session that ran out of memory or over its budget; says which on stderr."""
+    for db in sorted(sessions_dir().glob(f"*/{DB_NAME}"), reverse=True):
+        try:
+            why = memory_trouble(load_state(db))
+        except SessionError:
+            continue
+        if why:
+            print(f"advisor: planning from session {db.parent.name}: {why}", file=sys.stderr)
+            return db
+    raise SessionError("no recorded session ran out of memory or over its budget",
+                       hint="pass a SESSION (`advisor sessions` lists them) with --memory-budget SIZE, "
+                            "or record one: `advisor attach --headless --memory-budget SIZE --enforce-budget SCRIPT`")
+
+
+def _nothing_to_plan(report: dict[str, Any]) -> AdvisorError:
+    """Why there is no plan, and what would give one."""
+    memory = report.get("memory") or {}
+    peak, budget = memory.get("peak_bytes"), memory.get("budget_bytes")
+    kept = [a for a in report.get("applied") or [] if a.get("status") == "kept"]
+    if peak is None:
+        return AdvisorError("nothing to plan: the session has no memory measurements",
+                            hint="record it with the memory probe on (`--probes all`, the default)")
+    if kept and (report.get("applied") or [])[-1].get("status") == "kept":
+        return AdvisorError(f"nothing to plan: the remedy kept in this session ({kept[-1].get('remedy')}) "
+                            "already makes it fit",
+                            hint="`advisor plan -o FILE` with no SESSION plans from the latest session "
+                                 "that ran out of memory")
+    diagnosis = report.get("diagnosis") or {}
+    if budget and peak <= budget:
+        return AdvisorError(f"nothing to plan: the job fits (peak {fmt_bytes(peak)} of a "
+                            f"{fmt_bytes(budget)} budget)",
+                            hint=f"pass --memory-budget below {fmt_bytes(peak)} to plan for less memory")
+    return AdvisorError(f"nothing to plan: {diagnosis.get('summary') or 'no applicable remedy for this session'}",
+                        hint="`advisor report SESSION` shows the diagnosis and why no remedy applies")
 
 
 def write_plan_from_session(db_path: Path, output: str, *, budget_bytes: int | None,
                             recommendation_id: str | None) -> int:
-    # The advice `advisor report` and the live loop give for this session (one path: advise_state).
-    diagnosis, recommendations = advise_state(load_state(db_path), budget_bytes=budget_bytes)
-    recs = [r for r in recommendations if r.get("live")]  # applicable remedies only
+    # The report's advice is advise_state's: the one path the live loop and `advisor report` share.
+    report = build_report(load_state(db_path), budget_bytes=budget_bytes)
+    recs = [r for r in report.get("recommendations") or [] if r.get("live")]  # applicable remedies only
     if recommendation_id:
         chosen = next((r for r in recs if r["id"] == recommendation_id), None)
         if chosen is None:
@@ -24,8 +79,7 @@ def write_plan_from_session(db_path: Path, output: str, *, budget_bytes: int | N
     else:
         chosen = recs[0] if recs else None
     if chosen is None:
-        raise AdvisorError(f"nothing to plan: {(diagnosis or {}).get('summary') or 'no recommendation for this session'}",
-                           hint="pass --memory-budget to plan against a smaller budget")
+        raise _nothing_to_plan(report)
     save_plan(Plan(remedies=(PlanEntry(remedy=chosen["remedy"], params=chosen["params"],
                                        recommendation_id=chosen["id"]),)), output)
     print(f"wrote plan {output}: {chosen.get('title') or chosen['remedy']}; run it with "

@@ -8,6 +8,7 @@ import time
 from typing import TextIO
 
 from advisor.records.samples import Event, ExitInfo, Record, StepSample
+from advisor.records.units import fmt_bytes, fmt_seconds
 
 
 def step_line(sample: StepSample) -> str:
@@ -17,7 +18,14 @@ def step_line(sample: StepSample) -> str:
                      for key in ("data_s", "forward_s", "backward_s", "optimizer_s"))
     loss = "n/a" if sample.loss is None else f"{sample.loss:.4f}"
     rank = f"rank {sample.rank} " if sample.rank else ""
-    return f"{rank}step {sample.index:>5} | {sample.time_s * 1e3:8.1f} ms | loss {loss} | {share}"
+    return f"{rank}step {sample.index:>5} | {fmt_seconds(sample.time_s):>8} | loss {loss} | {share}"
+
+
+def _stdout_is_terminal() -> bool:
+    try:
+        return sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 class ProgressPrinter:
@@ -31,7 +39,9 @@ class ProgressPrinter:
         self._lock = threading.Lock()
         self._bar = None
         self._task = None
-        if stream.isatty():
+        # A live bar redraws its line in place: only where the script's output is not on the
+        # same terminal, or the two would share lines.
+        if stream.isatty() and not _stdout_is_terminal():
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -48,7 +58,7 @@ class ProgressPrinter:
                     return
                 if self._bar is not None:
                     self._bar.update(self._task, completed=record.index + 1,
-                                     info=f"{record.time_s * 1e3:.1f} ms/step, loss "
+                                     info=f"{fmt_seconds(record.time_s)}/step, loss "
                                           f"{'n/a' if record.loss is None else f'{record.loss:.4f}'}")
                     return
                 now = time.monotonic()
@@ -69,7 +79,7 @@ class ProgressPrinter:
             text = f"warning: {data.get('message', '')}"
         elif event.name == "oom":
             text = (f"out of memory in {data.get('op', '?')} (module {data.get('module') or '?'}), "
-                    f"requested {data.get('requested_bytes', '?')} bytes")
+                    f"requested {fmt_bytes(data.get('requested_bytes'))}")
         elif event.name == "apply_started":
             text = f"applied {data.get('remedy', '?')} at step {data.get('at_step', '?')}; measuring"
         else:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import os
+import sys
+from typing import Any, TextIO
 
 from rich.console import Console, Group
 from rich.markup import escape
@@ -10,7 +13,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from advisor.tui.format import fmt_bytes, fmt_seconds
+from advisor.phrases import exit_line
+from advisor.records.units import fmt_bytes, fmt_seconds
+from advisor.report_markdown import report_markdown
 
 
 def _t(value: Any) -> str:
@@ -28,7 +33,7 @@ def _run_panel(report: dict[str, Any]) -> Panel:
         f"[b]steps[/b] {summary.get('steps', 0)}"
         + (f" · median {fmt_seconds(summary['median_step_s'])}/step" if summary.get("median_step_s") else "")
         + (f" · last loss {summary['last_loss']:.4f}" if isinstance(summary.get("last_loss"), float) else ""),
-        f"[b]exit[/b] code {exit_.get('code')} · {_t(exit_.get('reason'))}",
+        f"[b]exit[/b] {_t(exit_line(exit_))}",
     ]
     for model in run.get("models", []):
         lines.append(f"[b]model[/b] {_t(model['name'])}" + (f" in {_t(model['wrapper'])}" if model.get("wrapper") else "")
@@ -77,6 +82,7 @@ def report_renderables(report: dict[str, Any]) -> list[Any]:
         ("memory", "advisor.sections.memory", "render_memory_section", ("memory",)),
         ("compute", "advisor.sections.compute", "render_compute_section", ("ops", "compute")),
         ("comm", "advisor.sections.comm", "render_comm_sections", ("collectives", "comm", "straggler")),
+        ("regimes", "advisor.sections.regimes", "render_regimes", ("regimes",)),
     ):
         if not any(report.get(k) for k in keys):
             continue
@@ -95,8 +101,35 @@ def report_renderables(report: dict[str, Any]) -> list[Any]:
     return parts
 
 
+PIPE_WIDTH = 120  # a CI log or a pipe has no width; wide enough that names are never squeezed
+
+
+def report_console(stream: TextIO) -> Console:
+    """A console for ``stream``: its own width on a terminal, else ``COLUMNS`` but at least 120
+    (CI runners often say 80, which would squeeze op and module names)."""
+    if stream.isatty():
+        return Console(file=stream)
+    try:
+        width = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        width = 0
+    return Console(file=stream, width=max(width, PIPE_WIDTH), color_system=None)
+
+
 def print_report(report: dict[str, Any], console: Console | None = None) -> None:
-    (console or Console()).print(Group(*report_renderables(report)))
+    (console or report_console(sys.stdout)).print(Group(*report_renderables(report)))
+
+
+def emit_report(report: dict[str, Any], fmt: str, stream: TextIO) -> None:
+    """The whole report on ``stream`` as ``text`` (rich), ``json`` or ``markdown``."""
+    if fmt == "json":
+        json.dump(report, stream, indent=1, allow_nan=False, default=str)
+        stream.write("\n")
+    elif fmt == "markdown":
+        stream.write(report_markdown(report))
+    else:
+        print_report(report, report_console(stream))
+    stream.flush()
 
 
 def print_exit_summary(report: dict[str, Any], console: Console | None = None) -> None:
@@ -105,4 +138,4 @@ def print_exit_summary(report: dict[str, Any], console: Console | None = None) -
     advice = _advice_panel(report)
     if advice is not None:
         parts.append(advice)
-    (console or Console(stderr=True)).print(Group(*parts))
+    (console or report_console(sys.stderr)).print(Group(*parts))

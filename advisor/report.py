@@ -77,12 +77,17 @@ def summary_section(state: SessionState) -> dict[str, Any]:
 
 
 def build_report(state: SessionState, *, budget_bytes: int | None = None) -> dict[str, Any]:
-    """The report; ``budget_bytes`` overrides the budget the session was recorded with."""
+    """The report; ``budget_bytes`` overrides the budget the session was recorded with, which
+    defaults to the device's memory (``run.device.memory_capacity``) when that is known."""
     budget_bytes = budget_bytes or recorded_budget(state)
+    run = run_section(state)
+    if not budget_bytes and run["device"].get("memory_capacity"):
+        # The documented default (README, docs/report-schema.md): the device's memory.
+        budget_bytes = int(run["device"]["memory_capacity"])
     report: dict[str, Any] = {
         "schema": SCHEMA,
         "session": {"id": state.session_id, "path": state.session_path},
-        "run": run_section(state),
+        "run": run,
         "steps": steps_section(state),
         "summary": summary_section(state),
         "warnings": [e.data.get("message", "") for e in state.events if e.name == "warning"],
@@ -92,13 +97,18 @@ def build_report(state: SessionState, *, budget_bytes: int | None = None) -> dic
 
 
 def write_json(report: dict[str, Any], path: str) -> None:
+    """The report as JSON, written atomically (``write_text``)."""
+    write_text(json.dumps(report, indent=1, allow_nan=False, default=str), path)
+
+
+def write_text(text: str, path: str) -> None:
     """Write atomically: a fresh temporary file in the target's folder (``mkstemp``: never a
     name someone else could have planted, such as a symlink at ``path.tmp``), then rename."""
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "w") as handle:
-            json.dump(report, handle, indent=1, allow_nan=False, default=str)
+            handle.write(text)
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -148,6 +148,10 @@ class Session:
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
+        # PyTorch's profiler (kineto) logs "USDT: ... profiler_start" lines into the script's
+        # output on every deep step; 6 is above its highest level (USDT = 5). A user's own
+        # setting wins.
+        env.setdefault("KINETO_LOG_LEVEL", "6")
         config = dict(self.options.agent_config)
         if self.options.max_steps is not None:
             config["max_steps"] = self.options.max_steps

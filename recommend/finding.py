@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from advisor.records.advice import Recommendation
+from advisor.records.units import fmt_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
     from advisor.recommend.profile import Profile
@@ -35,4 +36,4 @@ Rule = Callable[["Profile"], "Finding | None"]
 
 
 def gib(n: int | float) -> str:
-    return f"{n / 2**30:.2f} GiB"
+    return fmt_bytes(n)  # the one unit style of every surface (advisor.records.units)

@@ -39,7 +39,7 @@ from typing import Sequence
 
 from advisor.recommend.profile import ModuleProfile, Profile
 
-COST_MODEL = "peak = fixed + kept(S) + max recomputed block; time += sum forward_s (REFERENCE.md)"
+COST_MODEL = "peak = fixed + kept(S) + max recomputed block; time += sum forward_s"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -322,7 +322,10 @@ def profile_from_memory(
     step_dicts = [_as_dict(s) for s in steps]
     rank = min((int(s.get("rank", 0)) for s in step_dicts), default=0)
     step_dicts = [s for s in step_dicts if int(s.get("rank", 0)) == rank]
-    light = [s for s in step_dicts if not s.get("deep")] or step_dicts
+    # The baseline is an ordinary step: not deep-sampled, and not the warm-up step 0 (allocator,
+    # thread pools and lazy init make it several times slower) unless nothing else exists yet.
+    light = ([s for s in step_dicts if not s.get("deep") and int(s.get("index", 1)) > 0]
+             or [s for s in step_dicts if not s.get("deep")] or step_dicts)
     modules = _aggregate_modules(memory.get("modules") or [])
     step_time = _median([s.get("time_s") for s in light])
     phases = {}

@@ -26,6 +26,15 @@ def repo_root() -> Path:
     return ROOT
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_home_for_the_session(tmp_path_factory):
+    """Before any module- or session-scoped fixture runs: a session-wide private store, so a
+    fixture that records a session (tests/test_closed_loop.py) never writes to the user's."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ADVISOR_HOME", str(tmp_path_factory.mktemp("advisor-home")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _private_home(tmp_path, monkeypatch):
     """Sessions of a test land in its own folder, never in the user's."""

@@ -76,7 +76,7 @@ def test_missing_unreadable_binary_and_syntax_error_scripts(tmp_path):
     binary = advisor("attach", "--headless", str(SCRIPTS / "not_python.bin"))
     assert binary.returncode == 2 and "not a Python file" in binary.stderr
     syntax = advisor("attach", "--headless", str(SCRIPTS / "syntax_error.py"))
-    assert syntax.returncode == 1 and "syntax_error.py:1" in syntax.stderr
+    assert syntax.returncode == 2 and "syntax_error.py:1" in syntax.stderr  # README: 2, unusable script
     if os.geteuid() != 0:  # root reads anything
         unreadable = tmp_path / "secret.py"
         unreadable.write_text("print(1)")

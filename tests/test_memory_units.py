@@ -6,10 +6,12 @@ import types
 
 import pytest
 
+from advisor.records.samples import StepSample
+from advisor.trace import memory_trace_events
+
 from advisor.sections.memory import (
     MAX_TIMELINE_POINTS,
     build_memory_section,
-    memory_trace_events,
     render_memory_section,
 )
 from advisor.state import SessionState
@@ -107,9 +109,12 @@ def test_section_keeps_the_peak_when_downsampling_and_exports_counters():
     assert section["modules"][0]["activation_bytes"] == 30
     assert section["modules"][0]["activation_inclusive_bytes"] == 35
     assert section["oom"] is None and "cuda" not in section
+    state.steps = {0: [StepSample(index=1, time_s=1.0, end_time=1000.0)]}
     events = memory_trace_events(state)
     assert len(events) == len(samples) and all(e["ph"] == "C" for e in events)
     assert events[-1]["args"]["activation"] == 1000
+    # The counters share the steps' clock: epoch microseconds from the step's start.
+    assert events[-1]["ts"] == pytest.approx((999.0 + 0.6) * 1e6)
     assert len(render_memory_section(section)) == 2
 
 

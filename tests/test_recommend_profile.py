@@ -35,7 +35,7 @@ def test_profile_from_report_aggregates_modules_and_steps() -> None:
     report = {"memory": _memory(), "steps": _steps(), "runs": [{"rank": 0, "device": {"memory_capacity": 4000}}]}
     profile = profile_from_report(report)
     assert profile.budget_bytes == 4000  # device capacity when no --memory-budget
-    assert profile.step_time_s == 2.0  # median of rank 0's ordinary steps, not the deep one
+    assert profile.step_time_s == 2.5  # median of rank 0's ordinary steps: not the deep one, not warm-up step 0
     assert profile.time_scale == pytest.approx(0.5)  # ordinary forward 0.2 s / probed model forward 0.4 s
     layer1 = profile.module("layers.1")
     assert layer1 is not None and layer1.activation_bytes == 100 and layer1.forward_s == pytest.approx(0.2)

@@ -36,9 +36,9 @@ def test_gpt_profile():
                                           "activation": 18424320, "temporary": 1048584, "input": 4160, "other": 4}
     assert profile.categories_max["activation"] == 18424324
     assert profile.categories_max["temporary"] == 3407880
-    # The median of the four light steps (0, 5, 6, 7); deep steps 1-4 are left out.
-    assert profile.step_time_s == 1.931046562000006
-    assert profile.phases["backward_s"] == 1.0671224335000034
+    # The median of the light steps after the warm-up (5, 6, 7): deep steps 1-4 and step 0 are left out.
+    assert profile.step_time_s == 2.173948141999972
+    assert profile.phases["backward_s"] == 1.1296878360000164
     assert len(profile.modules) == 45
     assert profile.module("blocks.0").type == "Block"
     assert profile.time_scale == 1.0
@@ -49,28 +49,23 @@ def test_gpt_profile():
 def test_gpt_advice_under_the_readme_budget():
     diagnosis, recs = advise_state(recorded.load_state("gpt"), budget_bytes=BUDGET)
     assert diagnosis["bottleneck"] == "memory"
-    assert diagnosis["summary"] == "peak 0.03 GiB is 143% of the 0.02 GiB budget"
-    # the memory breach blocks the run: its remedy ranks before the optimizer's
-    assert [r["id"] for r in recs] == ["checkpoint-blocks-4", "fused-optimizer"]
+    assert diagnosis["summary"] == "peak 32.8 MiB is 143% of the 22.9 MiB budget"
+    assert [r["id"] for r in recs] == ["checkpoint-blocks-4"]
     rec = recs[0]
     assert rec["remedy"] == "activation_checkpointing" and rec["live"] and rec["exact"] and rec["fits"]
     assert rec["params"] == {"modules": BLOCKS}
     # The simulated peak (recommend/peak_model.py). A run of the same model with the four blocks
     # really checkpointed tracked exactly this peak; the conservative bound said 22299428.
-    assert rec["predicted"] == {"peak_memory_bytes": 20679456, "step_time_s": 1.9539786230000118}
+    assert rec["predicted"] == {"peak_memory_bytes": 20679456, "step_time_s": 2.196880202999978}
     assert rec["cost_model"].startswith("dp: simulated backward")
-    assert rec["baseline"] == {"peak_memory_bytes": 34407204, "step_time_s": 1.931046562000006}
+    assert rec["baseline"] == {"peak_memory_bytes": 34407204, "step_time_s": 2.173948141999972}
     assert len(rec["curve"]) == 12
 
 
-def test_gpt_without_a_budget_is_optimizer_bound():
-    # The CPU AdamW step (per-tensor loop) takes 25% of the step: fused kernels are proposed.
+def test_gpt_without_a_budget_has_no_bottleneck():
+    # The optimizer step is under the fused-optimizer rule's 25% of an ordinary step here.
     diagnosis, recs = advise_state(recorded.load_state("gpt"))
-    assert (diagnosis["bottleneck"], diagnosis["summary"]) == ("launch_overhead", "the optimizer step takes 25% of the step")
-    [rec] = recs
-    assert (rec["id"], rec["apply_class"]) == ("fused-optimizer", "live-equivalent")
-    assert rec["predicted"]["step_time_s"] == 1.6885328707500094
-    assert rec["baseline"]["step_time_s"] == 1.931046562000006
+    assert (diagnosis["bottleneck"], recs) == ("none", [])
 
 
 def test_ddp_profile_reads_rank_zero():
@@ -80,8 +75,8 @@ def test_ddp_profile_reads_rank_zero():
     assert profile.peak_bytes == 11287104
     assert profile.categories_at_peak == {"parameter": 2149928, "gradient": 2149928, "optimizer_state": 4299968,
                                           "activation": 0, "temporary": 2676268, "input": 8452, "other": 2560}
-    assert profile.step_time_s == 0.015262049999989813
-    assert profile.time_scale == 0.07700839949344822
+    assert profile.step_time_s == 0.01480115599997589
+    assert profile.time_scale == 0.07461860411637805
     assert len(profile.modules) == 23
     assert (len(profile.ops), len(profile.collectives)) == (606, 64)
     assert {c.rank for c in profile.collectives} == {0}
@@ -90,7 +85,7 @@ def test_ddp_profile_reads_rank_zero():
 def test_ddp_advice_names_the_input_wait():
     diagnosis, recs = advise_state(recorded.load_state("ddp"))
     assert diagnosis == {"bottleneck": "input", "summary": "waiting for data takes 6% of the step",
-                         "evidence": [{"what": "data wait / step time", "value": 0.0552, "threshold": 0.05}]}
+                         "evidence": [{"what": "data wait / step time", "value": 0.0581, "threshold": 0.05}]}
     assert recs == []
 
 

@@ -91,7 +91,11 @@ def test_ops_section_averages_per_step_and_sorts_by_time() -> None:
     mm = items[0]
     assert set(mm) >= {"name", "module", "input_shapes", "dtype", "count", "flops", "bytes", "intensity",
                        "time_s", "achieved_flops_per_s", "bound", "roof_fraction"}
-    assert mm["count"] == 2 and mm["flops"] == 2 * MM_FLOPS and mm["time_s"] == pytest.approx(0.04)
+    # Deep steps took 0.1 s, ordinary ones 0.05 s: op times are shown on the ordinary step's base,
+    # the profiled figure beside them.
+    assert mm["count"] == 2 and mm["flops"] == 2 * MM_FLOPS and mm["time_s"] == pytest.approx(0.02)
+    assert mm["profiled_time_s"] == pytest.approx(0.04)
+    assert mm["achieved_flops_per_s"] == pytest.approx(2 * MM_FLOPS / 0.02)
     assert mm["intensity"] == pytest.approx(MM_INTENSITY) and mm["bound"] == "memory"  # ridge 100
     assert items[1]["bound"] == "memory"
 
@@ -107,9 +111,32 @@ def test_compute_section_and_device_fields() -> None:
     assert c["memory_bound_share"] == pytest.approx(0.6)  # 0.06 s of the 0.1 s deep step
     assert c["unaccounted_share"] == pytest.approx(1 - 0.061 / 0.1)
     assert [m["module"] for m in c["per_module"]] == ["fc", ""]
+    assert c["time_base"] == "light step" and c["time_scale"] == pytest.approx(0.5)
+    assert c["profiled_step_time_s"] == pytest.approx(0.1) and c["step_time_s"] == pytest.approx(0.05)
+    assert c["op_time_s"] == pytest.approx(0.0305) and c["profiled_op_time_s"] == pytest.approx(0.061)
+    assert c["per_module"][0]["time_s"] == pytest.approx(0.0205)
+    assert c["per_module"][0]["profiled_time_s"] == pytest.approx(0.041)
     dev = device_fields(spec)
     assert dev["peak_flops"] == {"bf16": 1e12} and dev["source"] == "spec" and dev["measured_peak_flops"] is None
     assert len(render_compute_section(build_ops_section(state, spec), c)) == 2
+
+
+def test_op_times_add_up_to_no_more_than_the_step() -> None:
+    """Whatever the profiler's overlap, the ops of a report fit in the step they are shown against."""
+    live = LiveState()
+    for index, deep, t in ((0, False, 1.0), (1, False, 0.05), (2, True, 0.2), (3, False, 0.06)):
+        live.add(StepSample(index=index, time_s=t, deep=deep))
+    for i in range(5):  # nested profiler times: 0.3 s of ops in a 0.2 s step
+        live.add(OpStat(step=2, name=f"aten.op{i}", module="m", phase="forward", input_shapes=[[4]],
+                        dtype="float32", count=1, flops=100, bytes=64, time_s=0.06))
+    state = live.snapshot()
+    ops = build_ops_section(state, None)
+    compute = build_compute_section(state, None)
+    assert compute["light_step_time_s"] == pytest.approx(0.055)  # the warm-up step 0 is left out
+    assert sum(o["time_s"] for o in ops) <= compute["light_step_time_s"] * (1 + 1e-9)
+    assert sum(m["time_s"] for m in compute["per_module"]) <= compute["step_time_s"] * (1 + 1e-9)
+    assert compute["op_time_s"] <= compute["step_time_s"] * (1 + 1e-9)
+    assert sum(o["profiled_time_s"] for o in ops) == pytest.approx(0.3)
 
 
 def test_empty_session() -> None:

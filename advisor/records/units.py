@@ -5,6 +5,7 @@ Torch-free: the controller's CLI, report and TUI and the training process share 
 
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS: dict[str, int] = {
@@ -53,13 +54,76 @@ def parse_size(text: str | int) -> int:
     return int(round(float(number) * scale))
 
 
+MISSING = "—"  # an em dash: a missing figure never crashes a redraw and never reads as zero
+_BYTE_UNITS: tuple[str, ...] = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def _finite(value: float | int | None) -> bool:
+    return value is not None and not isinstance(value, bool) and math.isfinite(float(value))
+
+
+def _three_figures(value: float) -> str:
+    """``value`` (>= 1 after scaling) with three significant figures: 1.50, 42.5, 141."""
+    digits = 2 if value < 9.995 else 1 if value < 99.95 else 0
+    return f"{value:.{digits}f}"
+
+
+def fmt_bytes(value: int | float | None) -> str:
+    """A size in binary units chosen by magnitude, three significant figures: ``1.50 GiB``,
+    ``258 KiB``, ``34.4 MiB``; whole bytes below 1 KiB; :data:`MISSING` for None, NaN or inf.
+
+    The one byte formatter of every surface (report, TUI, evidence, recommendation titles).
+    """
+    if not _finite(value):
+        return MISSING
+    assert value is not None  # for the type checker; _finite said so
+    sign = "-" if value < 0 else ""
+    size = float(abs(value))
+    unit = 0
+    # Round first, so 1023.9 KiB reads "1.00 MiB" rather than "1024 KiB".
+    while unit < len(_BYTE_UNITS) - 1 and (size >= 1024 or (unit > 0 and float(_three_figures(size)) >= 1024)):
+        size /= 1024
+        unit += 1
+    if unit == 0:
+        return f"{sign}{int(size)} B"
+    return f"{sign}{_three_figures(size)} {_BYTE_UNITS[unit]}"
+
+
+def fmt_seconds(value: float | None) -> str:
+    """A duration in the unit a person reads fastest, three significant figures:
+    ``850 µs``, ``12.3 ms``, ``125 ms``, ``1.25 s``, ``2m05s``; :data:`MISSING` for None."""
+    if not _finite(value):
+        return MISSING
+    assert value is not None
+    sign = "-" if value < 0 else ""
+    v = abs(float(value))
+    if v == 0:
+        return "0 s"
+    if v < 1e-6:
+        return f"{sign}{v * 1e9:.0f} ns"
+    if v < 0.9995e-3:
+        return f"{sign}{_three_figures(v * 1e6)} µs"
+    if v < 0.9995:
+        return f"{sign}{_three_figures(v * 1e3)} ms"
+    if v < 59.95:
+        return f"{sign}{_three_figures(v)} s"
+    minutes, seconds = divmod(int(round(v)), 60)
+    return f"{sign}{minutes}m{seconds:02d}s"
+
+
 def format_size(nbytes: int | None) -> str:
-    """Human-readable binary size (``"1.50 GiB"``); ``"-"`` for None."""
-    if nbytes is None:
-        return "-"
-    value = float(nbytes)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")  # pragma: no cover
+    """Kept for callers of the older name: the same as :func:`fmt_bytes`."""
+    return fmt_bytes(nbytes)
+
+
+def fmt_quantity(value: object, unit: str | None) -> str:
+    """A figure that travels with its unit (a diagnosis's evidence item): bytes and seconds go
+    through :func:`fmt_bytes` and :func:`fmt_seconds`; anything else is ``value unit``."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if unit in ("bytes", "B"):
+            return fmt_bytes(value)
+        if unit in ("s", "seconds"):
+            return fmt_seconds(value)
+    if value is None:
+        return MISSING
+    return f"{value} {unit}" if unit else str(value)

@@ -21,6 +21,7 @@ from advisor.sections.compute import (
     device_spec_from_state,
 )
 from advisor.sections.memory import build_memory_section
+from advisor.sections.regimes import build_regimes_section
 from advisor.state import SessionState
 
 
@@ -32,7 +33,8 @@ def _compute(state: SessionState, report: dict[str, Any], budget: int | None) ->
     spec = device_spec_from_state(state) or {}
     if spec:
         report["run"]["device"].update(device_fields(spec))
-    return {"ops": build_ops_section(state, spec), "compute": build_compute_section(state, spec)}
+    return {"ops": build_ops_section(state, spec), "compute": build_compute_section(state, spec),
+            "regimes": build_regimes_section(state, spec)}
 
 
 def _comm(state: SessionState, report: dict[str, Any], budget: int | None) -> dict[str, Any]:

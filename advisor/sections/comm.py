@@ -16,7 +16,31 @@ from rich.table import Table
 from advisor.state import SessionState
 from advisor.records.comm_cache import bench_busbw, load_cache
 from advisor.records.bandwidth import algbw, busbw
+from advisor.records.units import fmt_bytes, fmt_seconds
 from advisor.recommend.comm import step_comm, straggler, wait_by_record
+
+
+def _call_wait(c: Any, waits: dict[int, float]) -> float:
+    """A call's wait for the latest rank: part of the call's own time, so never more than it."""
+    return min(c.time_s, max(c.wait_s, waits.get(id(c), 0.0)))
+
+
+def wait_per_step(state: SessionState, waits: dict[int, float]) -> dict[int, float]:
+    """Per rank, its mean wait per step: each step's waits summed and bounded by that step's own
+    time (``StepSample.time_s``), so a wait never exceeds the step it belongs to."""
+    step_time = {(s.rank, s.index): s.time_s for samples in state.steps.values() for s in samples}
+    per_step: dict[tuple[int, int], float] = defaultdict(float)
+    for c in state.collectives:
+        per_step[(c.rank, c.step)] += _call_wait(c, waits)
+    by_rank: dict[int, list[float]] = defaultdict(list)
+    for (rank, step), wait in per_step.items():
+        bound = step_time.get((rank, step))
+        by_rank[rank].append(min(wait, bound) if bound else wait)
+    out = {}
+    for rank, values in by_rank.items():
+        n = len(state.steps.get(rank) or []) or len(values)
+        out[rank] = sum(values) / n
+    return out
 
 
 def build_collectives_section(state: SessionState) -> list[dict[str, Any]]:
@@ -39,7 +63,7 @@ def build_collectives_section(state: SessionState) -> list[dict[str, Any]]:
         row["count"] += c.count
         row["time_s"] += c.time_s
         row["exposed_s"] += c.exposed_s
-        row["wait_s"] += max(c.wait_s, waits.get(id(c), 0.0))
+        row["wait_s"] += _call_wait(c, waits)
     cache = load_cache()
     out = []
     for key in sorted(groups):
@@ -82,9 +106,10 @@ def build_straggler_section(state: SessionState) -> dict[str, Any] | None:
 
     ``wait_caused_s``: the others' mean wait, summed over the calls this rank came last to;
     ``skew_s``: mean spread of arrival times per matched call; ``wait_s_by_rank``: each rank's
-    own wait; ``per_rank_step_time_s``: mean StepSample time per rank.
+    own wait summed over calls; ``wait_per_step_s_by_rank``: its mean wait per step, each step's
+    bounded by that step's time; ``per_rank_step_time_s``: mean StepSample time per rank.
     """
-    _, matched = wait_by_record(state.collectives, state.events)
+    waits, matched = wait_by_record(state.collectives, state.events)
     report = straggler(matched)
     if report is None:
         return None
@@ -99,20 +124,13 @@ def build_straggler_section(state: SessionState) -> dict[str, Any] | None:
         "skew_s": report.skew_s,
         "per_rank_step_time_s": steps,
         "wait_s_by_rank": {str(r): w for r, w in sorted(report.wait_s.items())},
+        "wait_per_step_s_by_rank": {str(r): w for r, w in sorted(wait_per_step(state, waits).items())},
         "matched_calls": report.calls,
     }
 
 
 def _bw(value: float | None) -> str:
     return "-" if value is None else f"{value / 1e9:.2f} GB/s"
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 def render_comm_sections(
@@ -125,22 +143,22 @@ def render_comm_sections(
     if collectives:
         table = Table(title="Collectives")
         for col in ("rank", "op", "n", "size", "count", "time", "exposed", "wait", "algbw", "busbw", "bench busbw"):
-            table.add_column(col, justify="left" if col == "op" else "right")
+            table.add_column(col, justify="left" if col == "op" else "right", no_wrap=col != "op", overflow="fold")
         for r in collectives:
             table.add_row(
-                str(r["rank"]), r["op"], str(r["group_size"]), _size(r["bytes"]), str(r["count"]),
-                f"{r['time_s'] * 1e3:.2f} ms", f"{r['exposed_s'] * 1e3:.2f} ms", f"{r['wait_s'] * 1e3:.2f} ms",
+                str(r["rank"]), r["op"], str(r["group_size"]), fmt_bytes(r["bytes"]), str(r["count"]),
+                fmt_seconds(r['time_s']), fmt_seconds(r['exposed_s']), fmt_seconds(r['wait_s']),
                 _bw(r["algbw"]), _bw(r["busbw"]), _bw(r.get("bench_busbw")),
             )
         out.append(table)
-    if comm:
+    if comm and collectives:  # without any collective the table would be all zeros
         table = Table(title="Communication per step")
         for col in ("rank", "step time", "comm", "exposed", "exposed share"):
-            table.add_column(col, justify="right")
+            table.add_column(col, justify="right", no_wrap=True)
         for r in comm:
             table.add_row(
-                str(r["rank"]), f"{r['step_time_s'] * 1e3:.1f} ms", f"{r['comm_s'] * 1e3:.1f} ms",
-                f"{r['exposed_s'] * 1e3:.1f} ms", f"{r['exposed_share']:.1%}",
+                str(r["rank"]), fmt_seconds(r['step_time_s']), fmt_seconds(r['comm_s']),
+                fmt_seconds(r['exposed_s']), f"{r['exposed_share']:.1%}",
             )
         out.append(table)
     if straggler_section is not None:
@@ -148,12 +166,13 @@ def render_comm_sections(
         table = Table(title=f"Straggler: rank {s['rank']}")
         table.add_column("rank", justify="right")
         table.add_column("step time", justify="right")
-        table.add_column("own wait", justify="right")
+        table.add_column("own wait per step", justify="right")
+        per_step = s.get("wait_per_step_s_by_rank") or {}
         for rank, t in s["per_rank_step_time_s"].items():
-            table.add_row(rank, f"{t * 1e3:.1f} ms", f"{s['wait_s_by_rank'].get(rank, 0.0) * 1e3:.1f} ms")
+            table.add_row(rank, fmt_seconds(t), fmt_seconds(per_step.get(rank, 0.0)))
         table.caption = (
-            f"others waited {s['wait_caused_s'] * 1e3:.1f} ms for rank {s['rank']}; "
-            f"mean arrival skew {s['skew_s'] * 1e3:.2f} ms"
+            f"others waited {fmt_seconds(s['wait_caused_s'])} for rank {s['rank']}; "
+            f"mean arrival skew {fmt_seconds(s['skew_s'])}"
         )
         out.append(table)
     return out

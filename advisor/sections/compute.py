@@ -8,10 +8,11 @@ over the deep-sampled steps that carry ``OpStat`` records (the timed steps).
 
 from __future__ import annotations
 
-import statistics
 from collections import defaultdict
 from typing import Any, Mapping
 
+from advisor.records.units import fmt_seconds
+from advisor.sections.timebase import light_step_time, scale
 from advisor.state import SessionState
 from advisor.records.samples import OpStat
 from advisor.recommend.roofline import OpFigures, op_verdict, step_summary
@@ -49,16 +50,35 @@ def _ceilings(spec: Mapping[str, Any] | None) -> tuple[dict[str, float], float |
     return dict(spec.get("peak_flops") or {}), spec.get("memory_bandwidth")
 
 
+def _step_scales(state: SessionState, ops: list[OpStat]) -> tuple[dict[int, float], dict[int, float], float | None]:
+    """Per timed step: the factor to an ordinary step and the profiled step's own time; and the
+    ordinary step time. A profiled step's time is at least its ops' total, so that ops whose
+    profiler times overlap still scale to no more than an ordinary step."""
+    light = light_step_time(state)
+    samples = {s.index: s for s in state.rank0_steps()}
+    op_totals: dict[int, float] = defaultdict(float)
+    for op in ops:
+        op_totals[op.step] += op.time_s
+    profiled: dict[int, float] = {}
+    for step, total in op_totals.items():
+        sample = samples.get(step)
+        profiled[step] = max(sample.time_s if sample else 0.0, total)
+    return {step: scale(light, t) for step, t in profiled.items()}, profiled, light
+
+
 def build_ops_section(state: SessionState, spec: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     """One item per op signature (name, module, phase, shapes, dtype), per-step averages over
-    the deep steps, sorted by time descending. Ops that move no bytes (views, aliases) are left
-    out: their intensity is undefined and their time is negligible."""
+    the deep steps, sorted by time descending. ``time_s`` is on an ordinary (light) step's base
+    (docs/report-schema.md), ``profiled_time_s`` as measured on the profiled step; achieved
+    FLOP/s and the share of roof use ``time_s``, like the step's MFU. Ops that move no bytes
+    (views, aliases) are left out: their intensity is undefined and their time is negligible."""
     ops = _rank_ops(state)
     steps = sorted({op.step for op in ops})
     if not steps:
         return []
+    scales, _, _ = _step_scales(state, ops)
     peaks, bandwidth = _ceilings(spec)
-    groups: dict[tuple, list[float]] = defaultdict(lambda: [0, 0, 0, 0.0])
+    groups: dict[tuple, list[float]] = defaultdict(lambda: [0, 0, 0, 0.0, 0.0])
     for op in ops:
         if op.bytes <= 0:
             continue
@@ -67,36 +87,34 @@ def build_ops_section(state: SessionState, spec: Mapping[str, Any] | None) -> li
         g[0] += op.count
         g[1] += op.flops
         g[2] += op.bytes
-        g[3] += op.time_s
+        g[3] += op.time_s * scales[op.step]
+        g[4] += op.time_s
     n = len(steps)
     items = []
-    for (name, module, phase, shapes, dtype), (count, flops, nbytes, time_s) in groups.items():
+    for (name, module, phase, shapes, dtype), (count, flops, nbytes, time_s, profiled) in groups.items():
         flops, nbytes, time_s = flops / n, nbytes / n, time_s / n
         v = op_verdict(flops=flops, bytes=nbytes, time_s=time_s, dtype=dtype, peak_flops=peaks,
                        bandwidth=bandwidth)
         items.append({
             "name": name, "module": module, "phase": phase, "input_shapes": [list(s) for s in shapes],
             "dtype": dtype, "count": count / n, "flops": flops, "bytes": nbytes,
-            "intensity": v.intensity, "time_s": time_s, "achieved_flops_per_s": v.achieved_flops_per_s,
-            "bound": v.bound, "roof_fraction": v.roof_fraction,
+            "intensity": v.intensity, "time_s": time_s, "profiled_time_s": profiled / n,
+            "achieved_flops_per_s": v.achieved_flops_per_s, "bound": v.bound, "roof_fraction": v.roof_fraction,
         })
     items.sort(key=lambda item: item["time_s"], reverse=True)
     return items
 
 
-def _light_step_time(state: SessionState, deep: set[int]) -> float | None:
-    samples = state.steps.get(min(state.steps)) if state.steps else []
-    light = [s.time_s for s in samples or [] if not s.deep and s.index not in deep and s.time_s > 0]
-    return statistics.median(light) if light else None
-
-
 def build_compute_section(state: SessionState, spec: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Step-level roofline figures, averaged over the deep steps.
+    """Step-level roofline figures, averaged over the timed deep steps, on one time base.
 
-    ``mfu`` and ``achieved_flops_per_s`` divide the deep step's FLOPs by the median
-    light (non-deep) step time, undisturbed by probes (the deep step's own time when
-    no light step exists); ``memory_bound_share`` and ``unaccounted_share`` are
-    fractions of the timed deep step's own time (``StepSample.time_s``).
+    Op times are normalised to an ordinary (light) step: each timed step's op times are scaled
+    by ``time_scale`` = light step time / profiled step time (at most 1). ``mfu`` and
+    ``achieved_flops_per_s`` divide the step's FLOPs by the light step time; ``op_time_s`` and
+    ``step_time_s`` are on the light base (``step_time_s`` is the light step time, or the
+    profiled step's own time when no light step exists), ``profiled_op_time_s`` and
+    ``profiled_step_time_s`` as measured on the profiled steps (``StepSample.time_s``).
+    ``memory_bound_share`` and ``unaccounted_share`` are fractions, the same on either base.
     """
     ops = _rank_ops(state)
     peaks, bandwidth = _ceilings(spec)
@@ -105,23 +123,25 @@ def build_compute_section(state: SessionState, spec: Mapping[str, Any] | None) -
         "mfu": None, "achieved_flops_per_s": None, "memory_bound_share": None, "unaccounted_share": None,
         "dominant_dtype": None, "flops_per_step": None, "op_time_s": None, "step_time_s": None,
         "light_step_time_s": None, "deep_steps": steps, "per_module": [],
+        "time_base": None, "time_scale": None, "profiled_op_time_s": None, "profiled_step_time_s": None,
     }
     if not steps:
         return empty
-    samples = {s.index: s for s in (state.steps.get(min(state.steps)) if state.steps else [])}
-    light = _light_step_time(state, set(steps))
+    scales, profiled, light = _step_scales(state, ops)
     summaries = []
     for step in steps:
-        figures = [OpFigures(flops=o.flops, bytes=o.bytes, time_s=o.time_s, dtype=o.dtype)
+        k = scales[step]
+        figures = [OpFigures(flops=o.flops, bytes=o.bytes, time_s=o.time_s * k, dtype=o.dtype)
                    for o in ops if o.step == step]
-        sample = samples.get(step)
-        step_time = sample.time_s if sample and sample.time_s > 0 else sum(f.time_s for f in figures)
-        summaries.append(step_summary(figures, step_time_s=step_time, peak_flops=peaks,
+        summaries.append(step_summary(figures, step_time_s=profiled[step] * k, peak_flops=peaks,
                                       bandwidth=bandwidth, mfu_step_time_s=light))
 
     def mean(name: str) -> float | None:
         values = [getattr(s, name) for s in summaries if getattr(s, name) is not None]
         return sum(values) / len(values) if values else None
+
+    def mean_of(values: list[float]) -> float:
+        return sum(values) / len(values)
 
     out = dict(empty)
     out.update({
@@ -129,25 +149,32 @@ def build_compute_section(state: SessionState, spec: Mapping[str, Any] | None) -
         "memory_bound_share": mean("memory_bound_share"), "unaccounted_share": mean("unaccounted_share"),
         "dominant_dtype": summaries[-1].dominant_dtype, "flops_per_step": mean("flops"),
         "op_time_s": mean("op_time_s"), "step_time_s": mean("step_time_s"), "light_step_time_s": light,
-        "per_module": _per_module(ops, len(steps)),
+        "per_module": _per_module(ops, len(steps), scales),
+        "time_base": "light step" if light else "profiled step",
+        "time_scale": mean_of([scales[s] for s in steps]),
+        "profiled_op_time_s": mean_of([sum(o.time_s for o in ops if o.step == s) for s in steps]),
+        "profiled_step_time_s": mean_of([profiled[s] for s in steps]),
     })
     return out
 
 
-def _per_module(ops: list[OpStat], n_steps: int) -> list[dict[str, Any]]:
-    """Per innermost module: per-step FLOPs, bytes, op time, achieved FLOP/s, share of op time."""
-    groups: dict[str, list[float]] = defaultdict(lambda: [0, 0, 0.0])
+def _per_module(ops: list[OpStat], n_steps: int, scales: Mapping[int, float]) -> list[dict[str, Any]]:
+    """Per innermost module: per-step FLOPs, bytes, op time (light base, and as profiled),
+    achieved FLOP/s on the light base, share of op time."""
+    groups: dict[str, list[float]] = defaultdict(lambda: [0, 0, 0.0, 0.0])
     for op in ops:
         g = groups[op.module]
         g[0] += op.flops
         g[1] += op.bytes
-        g[2] += op.time_s
+        g[2] += op.time_s * scales.get(op.step, 1.0)
+        g[3] += op.time_s
     total = sum(g[2] for g in groups.values())
     rows = [{
         "module": module, "flops": flops / n_steps, "bytes": nbytes / n_steps, "time_s": t / n_steps,
+        "profiled_time_s": p / n_steps,
         "achieved_flops_per_s": flops / t if t > 0 else None,
         "time_share": t / total if total > 0 else None,
-    } for module, (flops, nbytes, t) in groups.items()]
+    } for module, (flops, nbytes, t, p) in groups.items()]
     rows.sort(key=lambda r: r["time_s"], reverse=True)
     return rows
 
@@ -161,6 +188,16 @@ def _si(value: float | None, unit: str) -> str:
     return f"{value:.3g} {unit}"
 
 
+def time_base_note(compute: Mapping[str, Any]) -> str:
+    """How the op and module times are normalised, in one line (report and TUI)."""
+    k = compute.get("time_scale")
+    if compute.get("time_base") == "light step" and k:
+        return (f"times per ordinary step (profiled steps ran {1 / k:.1f}x slower: "
+                f"ops {fmt_seconds(compute.get('profiled_op_time_s'))} of "
+                f"{fmt_seconds(compute.get('profiled_step_time_s'))} there)")
+    return "times on profiled steps (no ordinary step to normalise to)"
+
+
 def render_compute_section(ops: list[dict[str, Any]], compute: Mapping[str, Any], *, top: int = 10) -> list[Any]:
     """Rich renderables: a summary line and the top ops by time with their verdicts."""
     from rich.table import Table
@@ -171,18 +208,27 @@ def render_compute_section(ops: list[dict[str, Any]], compute: Mapping[str, Any]
 
     summary = Text(
         f"MFU {pct(compute.get('mfu'))}  achieved {_si(compute.get('achieved_flops_per_s'), 'FLOP/s')}  "
+        f"ops {fmt_seconds(compute.get('op_time_s'))} of a {fmt_seconds(compute.get('step_time_s'))} step  "
         f"memory-bound {pct(compute.get('memory_bound_share'))} of step  "
-        f"outside ops {pct(compute.get('unaccounted_share'))}"
+        f"outside ops {pct(compute.get('unaccounted_share'))}\n{time_base_note(compute)}"
     )
-    table = Table(title="Top ops by time (per step)", expand=True)
+    table = Table(title="Top ops by time (per ordinary step)", expand=False)
+    shown = ops[:top]
+    # The profiled figure of every op is its time over the factor the note above shows; the JSON
+    # keeps it per op (profiled_time_s). Without that column the table fits 120 columns.
     for col in ("op", "module", "phase", "dtype", "time", "FLOP/s", "FLOP/B", "bound", "of roof"):
-        table.add_column(col, justify="right" if col in ("time", "FLOP/s", "FLOP/B", "of roof") else "left")
-    for item in ops[:top]:
+        numeric = col in ("time", "FLOP/s", "FLOP/B", "of roof")
+        # Names identify an op or a module: never cut, folded onto a second line at worst.
+        longest = max((len(str(i.get("name" if col == "op" else "module") or "")) for i in shown), default=0)
+        table.add_column(col, justify="right" if numeric else "left", no_wrap=col not in ("op", "module"),
+                         overflow="fold", min_width=min(longest, 20) if col in ("op", "module") else None)
+    for item in shown:
         bound = item.get("bound") or "-"
         style = "yellow" if bound == "memory" else "green" if bound == "compute" else ""
         intensity = item.get("intensity")
         table.add_row(item["name"], item["module"] or "(root)", item.get("phase", ""), item["dtype"],
-                      f"{1e3 * item['time_s']:.2f} ms", _si(item.get("achieved_flops_per_s"), ""),
+                      fmt_seconds(item["time_s"]),
+                      _si(item.get("achieved_flops_per_s"), ""),
                       "-" if intensity is None else f"{intensity:.1f}", Text(bound, style=style),
                       pct(item.get("roof_fraction")))
     return [summary, table]

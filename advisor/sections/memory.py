@@ -1,16 +1,18 @@
 """The report's memory section: categories over time and at peak, heaviest modules, the OOM record.
 
 ``build_memory_section`` returns plain data (the JSON report's ``memory`` object, a public
-contract); ``render_memory_section`` turns it into rich renderables; ``memory_trace_events``
-exports the timeline as Chrome/Perfetto counter events.
+contract); ``render_memory_section`` turns it into rich renderables (advisor/trace.py exports
+the timeline as Chrome/Perfetto counter events).
 """
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
+from advisor.sections.timebase import light_phase_time, light_step_time, scale
 from advisor.state import SessionState
-from advisor.records.units import format_size
+from advisor.records.units import fmt_bytes, fmt_seconds
 from advisor.records.samples import MEMORY_CATEGORIES, MemorySample, ModuleStat
 
 MAX_TIMELINE_POINTS = 2000
@@ -70,6 +72,14 @@ def build_memory_section(state: SessionState, *, budget_bytes: int | None) -> di
         }
         for t, s in _downsample(points, MAX_TIMELINE_POINTS)
     ]
+    modules = _modules(state, rank)
+    checkpointed = _checkpointed(state)
+    for row in modules:
+        row["checkpointed"] = row["name"] in checkpointed
+    time_scale = _module_time_scale(state, modules)
+    for row in modules:
+        row["light_forward_s"] = row["forward_s"] * time_scale["forward"]
+        row["light_backward_s"] = row["backward_s"] * time_scale["backward"]
     section: dict[str, Any] = {
         "budget_bytes": budget_bytes,
         "peak_bytes": peak.total_bytes if peak is not None else None,
@@ -77,7 +87,8 @@ def build_memory_section(state: SessionState, *, budget_bytes: int | None) -> di
         "categories_at_peak": categories_at_peak,
         "categories_max": categories_max,
         "timeline": timeline,
-        "modules": _modules(state, rank),
+        "modules": modules,
+        "module_time_scale": time_scale,
         "oom": _oom(state, rank),
     }
     cuda = _cuda(state, samples, rank)
@@ -116,6 +127,35 @@ def _modules(state: SessionState, rank: int | None) -> list[dict[str, Any]]:
     return rows
 
 
+def _checkpointed(state: SessionState) -> set[str]:
+    """Modules under activation checkpointing now: the last apply result decides (kept, or a
+    later revert), so the module table can say why their saved activations dropped."""
+    current: set[str] = set()
+    for result in state.applied:
+        if result.get("remedy") != "activation_checkpointing":
+            continue
+        modules = set((result.get("params") or {}).get("modules") or [])
+        if result.get("status") == "kept":
+            current = modules
+        elif result.get("status") in ("reverted", "failed"):
+            current = set()
+    return current
+
+
+def _module_time_scale(state: SessionState, modules: list[dict[str, Any]]) -> dict[str, float]:
+    """Factors from module times measured on deep steps to an ordinary step, per phase: the
+    ordinary steps' median forward (backward) phase over the model's (module "") own forward
+    (backward) time on the deep step, else the ordinary step over the deep steps' median time."""
+    root = next((m for m in modules if m["name"] == ""), None)
+    deep = [s.time_s for s in state.rank0_steps() if s.deep and s.time_s > 0]
+    fallback = scale(light_step_time(state), statistics.median(deep) if deep else None)
+    out = {}
+    for phase in ("forward", "backward"):
+        probed = root[f"{phase}_s"] if root else 0.0
+        out[phase] = scale(light_phase_time(state, f"{phase}_s"), probed) if probed else fallback
+    return out
+
+
 def _oom(state: SessionState, rank: int | None) -> dict[str, Any] | None:
     ooms = [e for e in state.events if e.name == "oom"]
     if not ooms:
@@ -152,62 +192,52 @@ def render_memory_section(section: dict[str, Any]) -> list[Any]:
     out: list[Any] = []
     peak = section.get("peak_bytes")
     budget = section.get("budget_bytes")
-    title = f"Memory at peak: {format_size(peak)}"
-    if budget is not None:
-        title += f" (budget {format_size(budget)})"
-    table = Table(title=title)
-    table.add_column("category")
-    table.add_column("at peak", justify="right")
-    table.add_column("max", justify="right")
+    title = f"Memory at peak: {fmt_bytes(peak)}"
+    if section.get("peak_step") is not None:
+        title += f" (step {section['peak_step']})"
+    table = Table(title=title, caption=None if budget is None else f"budget {fmt_bytes(budget)}")
+    table.add_column("category", no_wrap=True)
+    table.add_column("at peak", justify="right", no_wrap=True)
+    table.add_column("max", justify="right", no_wrap=True)
     for category in MEMORY_CATEGORIES:
         at_peak = section.get("categories_at_peak", {}).get(category, 0)
-        table.add_row(category, format_size(at_peak), format_size(section.get("categories_max", {}).get(category, 0)))
+        table.add_row(category, fmt_bytes(at_peak), fmt_bytes(section.get("categories_max", {}).get(category, 0)))
     out.append(table)
     modules = section.get("modules") or []
     if modules:
         heavy = Table(title="Heaviest modules (saved for backward)")
-        for column in ("module", "type", "params", "activations", "input", "fwd ms", "bwd ms"):
-            heavy.add_column(column, justify="left" if column in ("module", "type") else "right")
+        longest = max((len(row["name"] or "(model)") for row in modules[:10]), default=0)
+        for column in ("module", "type", "params", "activations", "input", "forward", "backward"):
+            name_column = column in ("module", "type")
+            heavy.add_column(column, justify="left" if name_column else "right", no_wrap=not name_column,
+                             overflow="fold", min_width=min(longest, 48) if column == "module" else None)
+        k = section.get("module_time_scale") or {}
+        if k.get("forward") and k["forward"] < 1:
+            heavy.caption = (f"forward and backward per ordinary step; profiled steps ran "
+                             f"{1 / k['forward']:.1f}x (forward) and {1 / max(k.get('backward') or 1, 1e-9):.1f}x "
+                             "(backward) slower")
         for row in modules[:10]:
             heavy.add_row(
                 row["name"] or "(model)",
-                row.get("type", ""),
-                format_size(row["parameter_bytes"]),
-                format_size(row["activation_bytes"]),
-                format_size(row["input_bytes"]),
-                f"{row['forward_s'] * 1e3:.2f}",
-                f"{row['backward_s'] * 1e3:.2f}",
+                row.get("type", "") + (" (checkpointed)" if row.get("checkpointed") else ""),
+                fmt_bytes(row["parameter_bytes"]),
+                fmt_bytes(row["activation_bytes"]),
+                fmt_bytes(row["input_bytes"]),
+                fmt_seconds(row.get("light_forward_s", row["forward_s"])),
+                fmt_seconds(row.get("light_backward_s", row["backward_s"])),
             )
         out.append(heavy)
     oom = section.get("oom")
     if oom:
         lines = [
             f"op {oom.get('op') or '?'} in module {oom.get('module') or '?'}",
-            f"requested {format_size(oom.get('requested_bytes'))} at step {oom.get('step')}",
+            f"requested {fmt_bytes(oom.get('requested_bytes'))} at step {oom.get('step')}",
         ]
         cats = oom.get("categories") or {}
-        lines.append(", ".join(f"{c} {format_size(v)}" for c, v in cats.items() if v))
+        lines.append(", ".join(f"{c} {fmt_bytes(v)}" for c, v in cats.items() if v))
         for frame in (oom.get("frames") or [])[-3:]:
             lines.append(f"  {frame['file']}:{frame['line']} in {frame['function']}: {frame['code']}")
         if oom.get("snapshot_path"):
             lines.append(f"snapshot: {oom['snapshot_path']} (open in https://pytorch.org/memory_viz)")
         out.append(Panel("\n".join(lines), title="Out of memory", border_style="red"))
     return out
-
-
-def memory_trace_events(state: SessionState) -> list[dict[str, Any]]:
-    """Chrome/Perfetto counter events ("ph": "C"), one per sample, one track per rank (pid)."""
-    events: list[dict[str, Any]] = []
-    for rank in sorted({s.rank for s in state.memory}):
-        for t, sample in _ordered([s for s in state.memory if s.rank == rank], state):
-            events.append(
-                {
-                    "name": "memory by category",
-                    "ph": "C",
-                    "ts": round(t * 1e6, 3),
-                    "pid": rank,
-                    "tid": 0,
-                    "args": {c: int(sample.categories.get(c, 0)) for c in MEMORY_CATEGORIES},
-                }
-            )
-    return events

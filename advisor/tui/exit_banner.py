@@ -22,6 +22,8 @@ def exit_text(state: SessionState) -> Text:
     text.append(reason, style="bold red" if failed else "bold green")
     if state.exit_code is not None:
         text.append(f" (exit code {state.exit_code})")
+    else:
+        text.append(" (still running or interrupted: no exit recorded)")
     steps = state.latest_step() + 1
     if steps:
         text.append(f" after {steps} step{'s' if steps != 1 else ''}", style="dim")

@@ -1,4 +1,5 @@
-"""Pure formatting helpers for the terminal UI: bytes, seconds, changes, sparklines.
+"""Pure formatting helpers for the terminal UI: changes, sparklines, bars (bytes and seconds come
+from ``advisor.records.units``).
 
 No textual or rich here, so the headless printer can share these and tests can
 check them without starting an app. ``None`` always renders as an em dash, so a
@@ -10,50 +11,18 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-MISSING = "—"
-_BYTE_UNITS: tuple[str, ...] = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+# One unit style everywhere: the byte and duration formatters live in records/units.py and are
+# re-exported here for the TUI's callers.
+from advisor.records.units import MISSING, fmt_bytes, fmt_seconds
+
+__all__ = ["MISSING", "bar", "fmt_bytes", "fmt_change", "fmt_loss", "fmt_ms", "fmt_seconds",
+           "fmt_transition_bytes", "fmt_transition_seconds", "sparkline"]
+
 _SPARK_BLOCKS = "▁▂▃▄▅▆▇█"
 
 
 def _finite(value: float | int | None) -> bool:
     return value is not None and not (isinstance(value, float) and not math.isfinite(value))
-
-
-def fmt_bytes(value: int | float | None) -> str:
-    """Binary units (KiB, MiB, ...), three significant figures: ``1.50 GiB``."""
-    if not _finite(value):
-        return MISSING
-    assert value is not None  # for the type checker; _finite said so
-    sign = "-" if value < 0 else ""
-    size = float(abs(value))
-    unit = 0
-    while size >= 1024 and unit < len(_BYTE_UNITS) - 1:
-        size /= 1024
-        unit += 1
-    if unit == 0:
-        return f"{sign}{int(size)} B"
-    digits = 2 if size < 10 else 1 if size < 100 else 0
-    return f"{sign}{size:.{digits}f} {_BYTE_UNITS[unit]}"
-
-
-def fmt_seconds(value: float | None) -> str:
-    """A duration in the unit a person reads fastest: ``850 µs``, ``12.3 ms``, ``1.25 s``, ``2m05s``."""
-    if not _finite(value):
-        return MISSING
-    assert value is not None
-    sign = "-" if value < 0 else ""
-    v = abs(float(value))
-    if v == 0:
-        return "0 s"
-    if v < 1e-3:
-        return f"{sign}{v * 1e6:.0f} µs"
-    if v < 1:
-        ms = v * 1e3
-        return f"{sign}{ms:.1f} ms" if ms < 100 else f"{sign}{ms:.0f} ms"
-    if v < 60:
-        return f"{sign}{v:.2f} s"
-    minutes, seconds = divmod(int(round(v)), 60)
-    return f"{sign}{minutes}m{seconds:02d}s"
 
 
 def fmt_ms(value: float | None) -> str:

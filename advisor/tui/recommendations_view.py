@@ -12,6 +12,7 @@ from textual.message import Message
 from textual.widgets import DataTable, Static
 
 from advisor.state import SessionState
+from advisor.records.units import fmt_quantity
 from advisor.tui.format import fmt_bytes, fmt_change, fmt_seconds
 
 Recommendation = dict[str, Any]
@@ -43,10 +44,10 @@ def diagnosis_text(diagnosis: dict[str, Any] | None, recommendations: list[Recom
 def _evidence_line(item: dict[str, Any] | str) -> str:
     if not isinstance(item, dict):
         return str(item)
-    unit = f" {item['unit']}" if item.get("unit") else ""
-    line = f"{item.get('what', '?')}: {item.get('value', '?')}{unit}"
+    unit = item.get("unit")
+    line = f"{item.get('what', '?')}: {fmt_quantity(item.get('value', '?'), unit)}"
     if item.get("threshold") is not None:
-        line += f" (threshold {item['threshold']}{unit})"
+        line += f" (threshold {fmt_quantity(item['threshold'], unit)})"
     return line
 
 
@@ -58,6 +59,19 @@ def status_by_recommendation(state: SessionState) -> dict[str, str]:
     if state.pending_apply and not state.finished:
         out[str(state.pending_apply.get("recommendation_id"))] = "applying…"
     return out
+
+
+def measuring(state: SessionState) -> dict[str, Any] | None:
+    """The ``apply_started`` data of an apply whose result has not arrived yet, or None."""
+    if state.finished:
+        return None
+    started = None
+    for event in state.events:
+        if event.name == "apply_started":
+            started = event.data
+        elif event.name == "apply_result":
+            started = None
+    return started
 
 
 class RecommendationsTable(DataTable[str | Text]):
@@ -87,6 +101,7 @@ class RecommendationsView(Vertical):
         self.border_title = "Diagnosis and recommendations"
         self._recommendations: list[Recommendation] = []
         self._signature: object = None
+        self._shown: tuple[dict[str, Any] | None, list[Recommendation]] | None = None
 
     def compose(self) -> ComposeResult:
         yield Static(diagnosis_text(None), id="diagnosis")
@@ -124,18 +139,31 @@ class RecommendationsView(Vertical):
 
     def update_state(self, state: SessionState) -> None:
         statuses = status_by_recommendation(state)
+        held = measuring(state)
+        diagnosis, recommendations = state.diagnosis, state.recommendations
+        if held is not None and self._shown is not None:
+            # While a remedy is being measured the steps are neither the old job nor the new one:
+            # keep the advice that led to it instead of flipping with every half-measured step.
+            diagnosis, recommendations = self._shown
+        else:
+            self._shown = (diagnosis, list(recommendations))
         signature = (
-            repr(state.diagnosis),
-            tuple(str(r.get("id")) for r in state.recommendations),
+            repr(diagnosis),
+            tuple(str(r.get("id")) for r in recommendations),
             tuple(sorted(statuses.items())),
+            held is not None,
         )
         if signature == self._signature:
             return
         self._signature = signature
-        self.query_one("#diagnosis", Static).update(diagnosis_text(state.diagnosis, state.recommendations))
+        text = diagnosis_text(diagnosis, recommendations)
+        if held is not None:
+            text.append(f"\nMeasuring {held.get('remedy', 'the remedy')} applied at step {held.get('at_step', '?')}: "
+                        "advice is held until its result is in.", style="italic cyan")
+        self.query_one("#diagnosis", Static).update(text)
         table = self.query_one("#recs-table", DataTable)
         before = self.selected
-        self._recommendations = list(state.recommendations)
+        self._recommendations = list(recommendations)
         table.clear()
         for rank, rec in enumerate(self._recommendations, start=1):
             table.add_row(*_row(rank, rec, statuses.get(str(rec.get("id")))), key=str(rec.get("id")))

@@ -51,13 +51,34 @@ def result_text(state: SessionState, pending: dict[str, Any] | None, notice: Tex
         if text:
             text.append("\n")
         text.append_text(notice)
+    started = {(str(e.data.get("recommendation_id")), e.data.get("at_step")): e.data
+               for e in state.events if e.name == "apply_started"}
     for result in reversed(state.applied[-SHOWN_RESULTS:]):
         if text:
             text.append("\n")
-        text.append_text(describe_result(result, titles))
+        text.append_text(describe_result(_with_known_before(result, started), titles))
     if not text:
         return Text("No remedy applied yet. Select a live recommendation and press a.", style="dim")
     return text
+
+
+def _with_known_before(result: dict[str, Any], started: dict[tuple[str, Any], dict[str, Any]]) -> dict[str, Any]:
+    """The result with its "before" figures completed from its ``apply_started`` event, which
+    carries them as soon as the apply begins."""
+    begun = started.get((str(result.get("recommendation_id")), result.get("at_step")))
+    if not begun or not begun.get("before"):
+        return result
+    measured = dict(result.get("measured") or {})
+    measured["before"] = {**begun["before"], **{k: v for k, v in (measured.get("before") or {}).items()
+                                                  if v is not None}}
+    return {**result, "measured": measured}
+
+
+def _window(figures: dict[str, Any]) -> str:
+    steps = figures.get("steps") or []
+    if not steps:
+        return ""
+    return f"step {steps[0]}" if len(steps) == 1 else f"steps {min(steps)}-{max(steps)}"
 
 
 def describe_result(result: dict[str, Any], titles: dict[str, str] | None = None) -> Text:
@@ -75,6 +96,14 @@ def describe_result(result: dict[str, Any], titles: dict[str, str] | None = None
     measured = result.get("measured") or {}
     before = measured.get("before") or {}
     after = measured.get("after") or {}
+    if status == "reverted" and not measured:
+        # A later revert on request: the job from here on is the one before the remedy.
+        text.append("\n    reverted on request: the job runs as before the remedy from the next step",
+                    style="italic")
+        return text
+    windows = [w for w in (_window(before), _window(after)) if w]
+    if windows:
+        text.append(f"\n    measured on {' → '.join(windows)}", style="dim")
     text.append("\n    peak memory  predicted ")
     text.append(fmt_bytes(predicted.get("peak_memory_bytes")))
     text.append("  measured ")

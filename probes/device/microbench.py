@@ -78,8 +78,9 @@ def _best_cpu(fn: Callable[[], object], repeats: int) -> float:
 
 def measure_cpu(*, n: int = 1024, copy_bytes: int = 64 * 2**20) -> Measured:
     """CPU fp32 matmul FLOP/s and copy bandwidth (bytes read + written per second)."""
-    a = torch.randn(n, n)
-    b = torch.randn(n, n)
+    gen = torch.Generator().manual_seed(0)  # never the global RNG: the script's losses must not move
+    a = torch.randn(n, n, generator=gen)
+    b = torch.randn(n, n, generator=gen)
     out = torch.empty(n, n)
     t_mm = _best_cpu(lambda: torch.mm(a, b, out=out), repeats=5)
     src = torch.empty(copy_bytes // 4, dtype=torch.float32).fill_(1.0)
@@ -111,8 +112,9 @@ def measure_cuda(device: torch.device, *, n: int = 8192, copy_bytes: int = 2**30
         with torch.cuda.device(device):
             for key, dtype in CUDA_DTYPES.items():
                 torch.backends.cuda.matmul.allow_tf32 = key == "tf32"
-                a = torch.randn(n, n, device=device, dtype=dtype)
-                b = torch.randn(n, n, device=device, dtype=dtype)
+                gen = torch.Generator(device=device).manual_seed(0)  # never the global RNG
+                a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
+                b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
                 iters = 20 if dtype in (torch.bfloat16, torch.float16) else 5
                 peaks[key] = 2 * n**3 / _cuda_time(lambda: torch.mm(a, b), device, iters)
                 del a, b

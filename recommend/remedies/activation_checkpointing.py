@@ -18,6 +18,7 @@ from advisor.recommend.profile import Profile
 from advisor.recommend.remedies import RemedySpec
 from advisor.recommend.remedies.checkpoint_solver import Plan, greedy_tree, solve_chain, tradeoff_curve
 from advisor.records.advice import CurvePoint, Prediction, Recommendation
+from advisor.records.units import fmt_seconds
 
 HEADROOM = 0.90  # plan for this share of the budget first; a plan that only fits the budget still fits
 
@@ -135,7 +136,7 @@ def propose(profile: Profile, budget: int, evidence: list[dict[str, object]]) ->
         f"measured peak {gib(measured_peak(profile))} against a budget of {gib(budget)} (target {gib(target)})",
         f"checkpointing {len(plan.modules)} of {units.n} {'blocks' if plan.method == 'dp' else 'modules'} "
         f"keeps their inputs instead of {gib(sum(units.blocks[i].activation_bytes for i in plan.indices))} of activations",
-        f"recompute adds {plan.overhead_s * 1e3:.1f} ms per step (one more forward of each checkpointed module)",
+        f"recompute adds {fmt_seconds(plan.overhead_s)} per step (one more forward of each checkpointed module)",
         f"model activations attributed to modules cover {min(coverage, 1.0):.0%} of those at the peak",
     ]
     if plan.peak_bytes > target:
@@ -146,7 +147,7 @@ def propose(profile: Profile, budget: int, evidence: list[dict[str, object]]) ->
         Recommendation(
             id=f"checkpoint-{group.rpartition('.')[2] or 'blocks'}-{len(plan.modules)}",
             remedy=SPEC.name,
-            title=f"Checkpoint {len(plan.modules)} {group} module(s): peak {gib(plan.peak_bytes)}, +{plan.overhead_s * 1e3:.1f} ms/step",
+            title=f"Checkpoint {len(plan.modules)} {group} module(s)",  # peak and step time are columns
             params={"modules": list(plan.modules)},
             predicted=Prediction(peak_memory_bytes=plan.peak_bytes, step_time_s=predicted_time),
             baseline=Prediction(peak_memory_bytes=measured_peak(profile), step_time_s=baseline_time),

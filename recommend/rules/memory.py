@@ -42,7 +42,7 @@ def memory_rule(profile: Profile) -> Finding | None:
     if profile.oom:
         oom = profile.oom
         evidence.append({"what": "out of memory",
-                         "value": f"{oom.get('op') or '?'} in {oom.get('module') or '?'} asked for {oom.get('requested_bytes')} bytes"})
+                         "value": f"{oom.get('op') or '?'} in {oom.get('module') or '?'} asked for {gib(oom.get('requested_bytes') or 0)}"})
     if largest:
         evidence.append({"what": f"largest category at peak: {largest}", "value": cats[largest], "unit": "bytes"})
     summary = (f"out of memory in {profile.oom.get('module') or profile.oom.get('op') or 'the step'}" if profile.oom

@@ -1,0 +1,39 @@
+"""One time base for every per-op and per-module time: an ordinary (light) step.
+
+Deep-sampled steps run under the probes (dispatch modes, the profiler), so the times measured
+on them are inflated against an ordinary step. The report shows every op and module time
+normalised to an ordinary step and keeps the figure measured on the profiled step beside it,
+labelled ``profiled_*``. The factor is ``light / profiled`` for the matching stretch of time,
+clamped to (0, 1]: a probe never makes an op faster.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from advisor.records.samples import StepSample
+from advisor.state import SessionState
+
+
+def light_samples(state: SessionState) -> list[StepSample]:
+    """Rank 0's ordinary steps: not deep-sampled and not the warm-up step 0."""
+    return [s for s in state.rank0_steps() if not s.deep and s.index > 0 and s.time_s > 0]
+
+
+def light_step_time(state: SessionState) -> float | None:
+    """Median wall time of an ordinary step (``StepSample.time_s``, seconds), or None."""
+    times = [s.time_s for s in light_samples(state)]
+    return statistics.median(times) if times else None
+
+
+def light_phase_time(state: SessionState, phase: str) -> float | None:
+    """Median time of one phase (``"forward_s"``, ...) on ordinary steps, seconds, or None."""
+    values = [s.phases[phase] for s in light_samples(state) if s.phases.get(phase)]
+    return statistics.median(values) if values else None
+
+
+def scale(light_s: float | None, profiled_s: float | None) -> float:
+    """``light / profiled``, at most 1; 1.0 when either is unknown."""
+    if not light_s or not profiled_s or profiled_s <= 0:
+        return 1.0
+    return min(1.0, light_s / profiled_s)

@@ -1,0 +1,55 @@
+"""One time base: module times and collective waits are shown against the step they belong to."""
+
+from __future__ import annotations
+
+import pytest
+
+from advisor.records.samples import CollectiveStat, ModuleStat, StepSample
+from advisor.sections.comm import build_collectives_section, wait_per_step
+from advisor.sections.memory import build_memory_section, render_memory_section
+from advisor.state import LiveState
+
+
+def test_module_times_are_normalised_to_an_ordinary_step() -> None:
+    live = LiveState()
+    for index, deep, fwd in ((0, False, 1.0), (1, True, 0.4), (2, False, 0.1), (3, False, 0.1)):
+        live.add(StepSample(index=index, time_s=2 * fwd, deep=deep,
+                            phases={"forward_s": fwd, "backward_s": fwd}))
+    live.add(ModuleStat(step=1, name="", type="GPT", depth=0, forward_s=0.4, backward_s=0.2))
+    live.add(ModuleStat(step=1, name="blocks.0", type="Block", depth=2, activation_bytes=10,
+                        forward_s=0.2, backward_s=0.1))
+    section = build_memory_section(live.snapshot(), budget_bytes=None)
+    assert section["module_time_scale"] == pytest.approx({"forward": 0.25, "backward": 0.5})
+    block = next(m for m in section["modules"] if m["name"] == "blocks.0")
+    assert block["forward_s"] == pytest.approx(0.2)  # as measured on the deep step, for the solver
+    assert block["light_forward_s"] == pytest.approx(0.05)
+    assert block["light_backward_s"] == pytest.approx(0.05)
+    table = render_memory_section(section)[1]
+    assert "ordinary step" in str(table.caption) and "4.0x" in str(table.caption)
+
+
+def test_a_wait_never_exceeds_its_call_nor_its_step() -> None:
+    live = LiveState()
+    for index in range(2):
+        live.add(StepSample(index=index, time_s=0.3))
+    # A wait of 0.9 s recorded against calls of 0.5 s in steps of 0.3 s: the rank cannot have
+    # waited longer than the call, nor longer than the step.
+    for step in range(2):
+        for _ in range(2):
+            live.add(CollectiveStat(step=step, op="all_reduce", group_size=2, bytes=1024, time_s=0.5, wait_s=0.9))
+    state = live.snapshot()
+    waits = wait_per_step(state, {})
+    assert waits[0] == pytest.approx(0.3)
+    rows = build_collectives_section(state)
+    assert rows[0]["wait_s"] == pytest.approx(4 * 0.5)
+
+
+def test_the_baseline_step_time_excludes_the_warm_up_step() -> None:
+    from advisor.recommend.profile import profile_from_memory
+
+    steps = [{"index": 0, "rank": 0, "time_s": 1.73, "deep": False},
+             {"index": 1, "rank": 0, "time_s": 0.5, "deep": True},
+             {"index": 2, "rank": 0, "time_s": 0.08, "deep": False},
+             {"index": 3, "rank": 0, "time_s": 0.09, "deep": False}]
+    assert profile_from_memory({}, steps).step_time_s == pytest.approx(0.085)
+    assert profile_from_memory({}, steps[:2]).step_time_s == pytest.approx(1.73)  # nothing else yet
