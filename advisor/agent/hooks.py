@@ -4,7 +4,13 @@ Uses only public global-hook APIs (PYTORCH-NOTES: they fire under runpy and
 torchrun) plus wrappers: ``torch.autograd.backward`` (``Tensor.backward``
 calls it, so one wrapper sees both spellings and the tensor the loss is),
 ``DataLoader``'s iterator ``__next__`` (to time data waits precisely),
-``GradScaler.scale`` (to record the unscaled loss) and ``Optimizer.__init__``.
+``GradScaler.scale`` (to record the unscaled loss), ``Optimizer.__init__`` and the
+``zero_grad`` of modules and optimizers (a step boundary in loops without an optimizer).
+
+Every hook returns at once while dynamo traces (``torch.compiler.is_compiling()``): the
+body is then a constant no-op for dynamo, so a compiled model gets no graph break and no
+recompile from us. ``torch.compiler.disable`` on the hooks would instead make dynamo skip
+them with a graph break at every module call (tests/test_compile_hooks.py counts both).
 """
 
 from __future__ import annotations
@@ -38,17 +44,29 @@ class InstalledHooks:
 def install(agent: Agent) -> InstalledHooks:
     hooks = InstalledHooks()
 
+    compiling = torch.compiler.is_compiling
+
     def fwd_pre(module: torch.nn.Module, args: Any) -> None:
-        agent.forward_pre(module)
+        if not compiling():
+            agent.forward_pre(module)
 
     def fwd_post(module: torch.nn.Module, args: Any, output: Any) -> None:
-        agent.forward_post(module)
+        if not compiling():
+            agent.forward_post(module)
+
+    def opt_pre(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if not compiling():
+            agent.optimizer_pre(optimizer)
+
+    def opt_post(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if not compiling():
+            agent.optimizer_post(optimizer)
 
     for handle in (
         nn_module.register_module_forward_pre_hook(fwd_pre),
         nn_module.register_module_forward_hook(fwd_post, always_call=True),
-        optim_module.register_optimizer_step_pre_hook(lambda opt, a, k: agent.optimizer_pre(opt)),
-        optim_module.register_optimizer_step_post_hook(lambda opt, a, k: agent.optimizer_post(opt)),
+        optim_module.register_optimizer_step_pre_hook(opt_pre),
+        optim_module.register_optimizer_step_post_hook(opt_post),
     ):
         hooks.add(handle.remove)
 
@@ -64,11 +82,14 @@ def install(agent: Agent) -> InstalledHooks:
     torch.optim.Optimizer.__init__ = optimizer_init  # type: ignore[method-assign]
     hooks.add(lambda: setattr(torch.optim.Optimizer, "__init__", original_init))
 
+    for owner in (torch.nn.Module, torch.optim.Optimizer):
+        _wrap_zero_grad(owner, agent, hooks)
+
     original_backward = torch.autograd.backward
 
     @functools.wraps(original_backward)
     def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-        if torch._C._current_graph_task_id() != -1:  # a backward inside backward
+        if compiling() or torch._C._current_graph_task_id() != -1:  # a backward inside backward
             return original_backward(tensors, *args, **kwargs)
         agent.backward_start(tensors)
         try:
@@ -98,7 +119,7 @@ def install(agent: Agent) -> InstalledHooks:
 
     @functools.wraps(original_next)
     def next_batch(self: Any) -> Any:
-        previous = agent.data_start()
+        previous = agent.data_start(self)
         try:
             return original_next(self)
         finally:
@@ -107,3 +128,17 @@ def install(agent: Agent) -> InstalledHooks:
     iter_cls.__next__ = next_batch  # type: ignore[method-assign]
     hooks.add(lambda: setattr(iter_cls, "__next__", original_next))
     return hooks
+
+
+
+def _wrap_zero_grad(owner: type, agent: Agent, hooks: InstalledHooks) -> None:
+    original = owner.zero_grad  # type: ignore[attr-defined]
+
+    @functools.wraps(original)
+    def zero_grad(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not torch.compiler.is_compiling():
+            agent.zero_grad_called()
+        return original(self, *args, **kwargs)
+
+    owner.zero_grad = zero_grad  # type: ignore[attr-defined]
+    hooks.add(lambda: setattr(owner, "zero_grad", original))
