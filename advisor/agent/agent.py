@@ -726,7 +726,7 @@ class Agent:
         """At exit: close a loop's last step without optimizer, emit what is pending, stop probes."""
         if not self.disabled and not self._optimizer_mode and self._snapshot is not None:
             self._set_boundary_kind(self.boundary_kind or "exit")
-            self._close_at_snapshot(self.boundary_kind or "exit", learn=False)
+            self._close_at_snapshot("exit", learn=False)
         self.flush(sync=True)
         if self.executor is not None:
             self.executor.close()  # reports a measurement window cut short by the exit

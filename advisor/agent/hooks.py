@@ -16,6 +16,7 @@ them with a graph break at every module call (tests/test_compile_hooks.py counts
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any, Callable
 
 import torch
@@ -113,6 +114,20 @@ def install(agent: Agent) -> InstalledHooks:
 
     scaler_cls.scale = scale  # type: ignore[method-assign]
     hooks.add(lambda: setattr(scaler_cls, "scale", original_scale))
+
+    # Ctrl-C during a deep step often lands in a storage finalizer or a __del__, where Python
+    # ignores exceptions (sys.unraisablehook) and training would go on: note it, and the agent
+    # raises KeyboardInterrupt at its next hook, in the script's own frames.
+    previous_unraisable = sys.unraisablehook
+
+    def on_unraisable(args: Any) -> None:
+        if args.exc_type is not None and issubclass(args.exc_type, KeyboardInterrupt):
+            agent.interrupt_pending = True
+            return
+        previous_unraisable(args)
+
+    sys.unraisablehook = on_unraisable
+    hooks.add(lambda: setattr(sys, "unraisablehook", previous_unraisable))
 
     iter_cls = dataloader._BaseDataLoaderIter
     original_next = iter_cls.__next__

@@ -48,8 +48,8 @@ def find_variable_name(*targets: Any, frame: FrameType | None = None) -> tuple[s
         if _is_user_frame(frame):
             local = frame.f_locals
             name = _match(((k, v) for k, v in local.items() if k != "self"), targets)
-            if name:
-                return name, "local"
+            if name:  # a script's top level holds its globals in its frame's locals
+                return name, "global" if frame.f_code.co_name == "<module>" else "local"
             owner = local.get("self")
             attrs = getattr(owner, "__dict__", None)
             if isinstance(attrs, dict):
