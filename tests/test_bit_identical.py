@@ -80,3 +80,27 @@ def test_losses_are_bit_identical_to_a_bare_run_on_a_fresh_cache_and_after(case,
         bare_lines = [line for line in bare_lines if line.startswith("step ")][:n]
     assert first_lines == bare_lines
     assert second_lines == bare_lines
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_deep_step_ends_the_run(tmp_path):
+    """SIGINT while the deep probes run (their finalizers are where it used to be lost)."""
+    import signal
+
+    env = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1", ADVISOR_HOME=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-m", "advisor", "attach", "--headless", "--deep-steps", "1,2,3,4,5",
+                             "tests/scripts/python_rnn.py", "--steps", "1000", "--length", "64"],
+                            cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        for line in proc.stdout:  # step 1 printed: deep step 2 is under way
+            if line.startswith("step 1 "):
+                break
+        os.killpg(proc.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err[-3000:]
+    assert "interrupted" in err
