@@ -534,6 +534,8 @@ class Agent:
         self.boundary_kind = kind
         self.emit(Event(rank=self.rank, step=self._step, name="step_boundary",
                         data={"kind": kind, "message": _BOUNDARY_TEXT[kind]}))
+        if kind != "optimizer":  # the user is told how a loop without optimizer was cut into steps
+            self.warn(_BOUNDARY_TEXT[kind], boundary=kind)
 
     def _parameter_versions(self) -> int:
         """Sum of the models' parameter version counters: in-place updates under no_grad bump
