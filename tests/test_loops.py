@@ -258,3 +258,18 @@ def test_a_ctrl_c_swallowed_in_a_finalizer_is_raised_at_the_next_hook():
         model(torch.randn(1, 2))  # raised once: a script that catches Ctrl-C goes on
     finally:
         hooks.remove()
+
+
+def test_a_run_that_fails_before_its_first_optimizer_step_records_no_step():
+    """An OOM in step 0's backward: the optimizer never stepped, so no step ended."""
+    emitted: list = []
+    agent = Agent(emit=emitted.append, config={"deep_steps": []})
+    hooks = install(agent)
+    try:
+        model = torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.randn(4, 8)).sum().backward()
+    finally:
+        hooks.remove()
+        agent.close()
+    assert opt is not None and not [r for r in emitted if isinstance(r, StepSample)]

@@ -726,7 +726,8 @@ class Agent:
 
     def close(self) -> None:
         """At exit: close a loop's last step without optimizer, emit what is pending, stop probes."""
-        if not self.disabled and not self._optimizer_mode and self._snapshot is not None:
+        if (not self.disabled and not self._optimizer_mode and self._snapshot is not None
+                and not self.optimizers()):  # an optimizer that never stepped: no step ended
             self._set_boundary_kind(self.boundary_kind or "exit")
             self._close_at_snapshot("exit", learn=False)
         self.flush(sync=True)
