@@ -43,7 +43,8 @@ from typing import Any, Callable
 import torch
 
 from advisor.apply.executor import Executor
-from advisor.agent.naming import find_variable_name, unique_label
+from advisor.agent.models import ModelRegistry, unwrap  # noqa: F401  (unwrap: re-exported)
+from advisor.agent.naming import unique_label
 from advisor.agent.period import OptimizerPeriod
 from advisor.apply.plan import apply_plan_before_first_step, load_plan
 from advisor.probes.device.spec import detect_device_spec
@@ -73,29 +74,6 @@ class StopTraining(BaseException):
     """
 
 
-def unwrap(module: torch.nn.Module) -> tuple[torch.nn.Module, str | None]:
-    """Strip DDP, legacy FSDP and torch.compile wrappers; returns (module, wrapper name)."""
-    wrapper = None
-    while True:
-        cls = type(module).__name__
-        inner = None
-        if cls in ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel"):
-            inner = getattr(module, "module", None)
-        elif cls == "OptimizedModule":
-            inner = getattr(module, "_orig_mod", None)
-        if not isinstance(inner, torch.nn.Module):
-            break
-        wrapper = wrapper or cls
-        module = inner
-    if wrapper is None:
-        try:
-            from torch.distributed.fsdp import FSDPModule  # FSDP2 changes the class in place
-
-            if isinstance(module, FSDPModule):
-                wrapper = "fully_shard"
-        except ImportError:  # pragma: no cover - torch without distributed
-            pass
-    return module, wrapper
 
 
 
@@ -110,16 +88,6 @@ class _Snapshot:
     acc: dict[str, float]
     n_losses: int
     opt_times: dict[str, float]
-
-
-@dataclass
-class _Candidate:
-    """A top-level module with trainable parameters not yet known to be trained."""
-
-    model: weakref.ref
-    wrapped: weakref.ref
-    name: str | None
-    source: str
 
 
 class Agent:
@@ -152,11 +120,7 @@ class Agent:
         self._deep_limited = False
         self._deep_count = 0
         self._light_times: list[float] = []
-        self._roots: list[tuple[weakref.ref, weakref.ref]] = []  # (unwrapped, wrapped)
-        self._candidates: list[_Candidate] = []
-        self._rejected: weakref.WeakSet = weakref.WeakSet()  # top-level modules with nothing to train
-        self._labels: dict[int, str] = {}  # id(model) -> its name in the script
-        self._names: dict[int, str] = {}
+        self._models = ModelRegistry()
         self._optimizers: list[weakref.ref] = []
         self._opt_labels: dict[int, str] = {}
         self._period = OptimizerPeriod()
@@ -201,27 +165,20 @@ class Agent:
         return self._step_start
 
     def models(self) -> list[torch.nn.Module]:
-        return [m for ref, _ in self._roots if (m := ref()) is not None]
+        return self._models.models()
 
     def wrapped_models(self) -> list[torch.nn.Module]:
-        return [m for _, ref in self._roots if (m := ref()) is not None]
+        return self._models.wrapped_models()
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
         return [o for ref in self._optimizers if (o := ref()) is not None]
 
     def module_name(self, module: torch.nn.Module) -> str | None:
-        return self._names.get(id(module))
+        return self._models.module_name(module)
 
     def refresh_names(self) -> None:
-        """Rebuild the module-name map (after a remedy changed the module tree, or a model
-        was found). With several models every name starts with its model's name."""
-        self._names = {}
-        models = self.models()
-        for model in models:
-            prefix = self._labels.get(id(model), "") if len(models) > 1 else ""
-            for name, sub in model.named_modules():
-                full = ".".join(part for part in (prefix, name) if part)
-                self._names.setdefault(id(sub), full)
+        """Rebuild the module-name map (after a remedy changed the module tree)."""
+        self._models.refresh_names()
 
     def in_backward(self) -> bool:
         return torch._C._current_graph_task_id() != -1
@@ -441,77 +398,22 @@ class Agent:
             self._set_phase("other")
 
     # -- discovery -------------------------------------------------------------------
-    def _known(self, model: torch.nn.Module) -> bool:
-        return (any(ref() is model for ref, _ in self._roots) or self.module_name(model) is not None
-                or any(c.model() is model for c in self._candidates))
-
     def _discover_model(self, module: torch.nn.Module) -> None:
-        """A top-level module is a model once an optimizer or a backward reaches its trainable
-        parameters: loss modules (nothing to train) and reloaded copies (never trained) are not."""
-        model, _ = unwrap(module)
-        if model in self._rejected or self._known(model):
-            return
-        if not any(p.requires_grad for p in model.parameters()):
-            self._rejected.add(model)
-            return
-        # Named now, while the script's frame that calls it is on the stack.
-        name, source = find_variable_name(module, model)
-        candidate = _Candidate(model=weakref.ref(model), wrapped=weakref.ref(module), name=name, source=source)
-        self._candidates = [*self._candidates[-15:], candidate]  # bounded: reloaded copies add up
-        self._confirm_candidates()
+        self._models_found(self._models.see(module, self.optimizers()))
 
     def _confirm_candidates(self, *, optimizer: Any = None, by_grad: bool = False) -> None:
-        if not self._candidates:
-            return
-        if optimizer is not None:
-            optimizers = [optimizer]
-        else:
-            optimizers = self.optimizers()
-        in_optimizer = {id(p) for o in optimizers for g in getattr(o, "param_groups", []) for p in g["params"]}
-        for candidate in list(self._candidates):
-            model = candidate.model()
-            if model is None:
-                self._candidates.remove(candidate)
-                continue
-            params = [p for p in model.parameters() if p.requires_grad]
-            if any(id(p) in in_optimizer for p in params) or (by_grad and any(p.grad is not None for p in params)):
-                self._candidates.remove(candidate)
-                self._add_model(model, candidate)
+        optimizers = [optimizer] if optimizer is not None else self.optimizers()
+        self._models_found(self._models.confirm(optimizers, by_grad=by_grad))
 
-    def _add_model(self, model: torch.nn.Module, candidate: _Candidate) -> None:
-        wrapped = candidate.wrapped() or model
-        _, wrapper = unwrap(wrapped)
-        label = unique_label(candidate.name, type(model).__name__, self._labels.values())
-        self._labels[id(model)] = label
-        self._roots.append((weakref.ref(model), weakref.ref(wrapped)))
-        self.refresh_names()
-        params = list(model.parameters())
-        if params:
-            self.device = params[0].device
-        modules = []
-        for name, sub in model.named_modules():
-            if len(modules) >= 2000:
-                break
-            modules.append({
-                "name": name,
-                "type": type(sub).__name__,
-                "depth": 0 if not name else name.count(".") + 1,
-                "parameter_bytes": sum(p.numel() * p.element_size() for p in sub.parameters(recurse=False)),
-            })
-        self.emit(ModelInfo(
-            rank=self.rank,
-            name=type(model).__name__,
-            label=label,
-            label_source=candidate.source or "class",
-            wrapper=wrapper,
-            parameter_count=sum(p.numel() for p in params),
-            parameter_bytes=sum(p.numel() * p.element_size() for p in params),
-            trainable_parameter_count=sum(p.numel() for p in params if p.requires_grad),
-            modules=modules,
-        ))
-        callbacks, self._first_forward_callbacks = self._first_forward_callbacks, []
-        for callback in callbacks:  # each runs once, when the first model is found
-            callback(model)
+    def _models_found(self, found: list[tuple[torch.nn.Module, ModelInfo]]) -> None:
+        for model, info in found:
+            params = list(model.parameters())
+            if params:
+                self.device = params[0].device
+            self.emit(ModelInfo(**{**info.to_dict(), "rank": self.rank}))
+            callbacks, self._first_forward_callbacks = self._first_forward_callbacks, []
+            for callback in callbacks:  # each runs once, when the first model is found
+                callback(model)
 
     def _emit_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         groups = []

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import os
 import sys
+import sysconfig
 from types import FrameType
 from typing import Any, Iterable
 
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the advisor package
 _TORCH = os.path.dirname(os.path.abspath(sys.modules["torch"].__file__ or "")) if "torch" in sys.modules else ""
+# runpy's frames hold no model; installed libraries (under it: site-packages) name it generically
+_STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"])
 _MAX_FRAMES = 40
 
 
@@ -25,7 +28,7 @@ def _is_user_frame(frame: FrameType) -> bool:
     if path.startswith("<"):
         return False
     path = os.path.abspath(path)
-    return not path.startswith(_HERE + os.sep) and not (_TORCH and path.startswith(_TORCH + os.sep))
+    return not any(path.startswith(root + os.sep) for root in (_HERE, _TORCH, _STDLIB) if root)
 
 
 def _match(items: Iterable[tuple[str, Any]], targets: tuple[Any, ...]) -> str | None:
@@ -39,7 +42,8 @@ def find_variable_name(*targets: Any, frame: FrameType | None = None) -> tuple[s
     """The name a script gives any of ``targets``, and where it was found.
 
     Returns ``(name, source)`` with ``source`` one of "local", "attribute", "global", or
-    ``(None, "")``. Only user frames are searched (not torch's, not ours), innermost first.
+    ``(None, "")``. Only the script's frames are searched, innermost first: not the standard
+    library's, installed packages', torch's or ours.
     """
     frame = frame or sys._getframe(1)
     seen = 0
