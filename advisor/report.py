@@ -44,7 +44,9 @@ def steps_section(state: SessionState) -> list[dict[str, Any]]:
         for s in state.steps[rank]:
             out.append({"index": s.index, "rank": s.rank, "time_s": s.time_s, "loss": s.loss,
                         "phases": dict(s.phases), "micro_batches": s.micro_batches,
-                        "peak_memory_bytes": s.peak_memory_bytes, "deep": s.deep, "end_time": s.end_time})
+                        "peak_memory_bytes": s.peak_memory_bytes, "deep": s.deep, "end_time": s.end_time,
+                        "losses": s.losses, "eval_s": s.eval_s, "boundary": s.boundary,
+                        "optimizer_s": dict(s.optimizer_s)})
     return out
 
 

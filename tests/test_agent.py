@@ -88,7 +88,9 @@ def test_gradient_accumulation_counts_micro_batches(agent_run):
     agent.flush(sync=True)
     steps = _steps(emitted)
     assert [s.micro_batches for s in steps] == [3, 3]
-    assert steps[0].loss == pytest.approx(losses[0])
+    # The step applied the gradient of the sum of its three losses; each one is kept too.
+    assert steps[0].loss == pytest.approx(3 * losses[0])
+    assert len(steps[0].losses) == 3 and steps[0].loss == sum(steps[0].losses)
 
 
 def test_dataloader_wait_is_data_time(agent_run):

@@ -1,18 +1,31 @@
 """The agent: discovers models, optimizers, steps and phases in an unmodified script.
 
-Step boundaries are the post-hooks of the *primary* optimizer (the first one
-seen stepping; a nested ``step`` such as ZeroRedundancyOptimizer's inner
-optimizer does not count). A step's time runs from the previous boundary to
-this one and is split into phases that add up to it exactly:
+A *step* is one pass over every optimizer that steps in the loop's period: a GAN's
+discriminator and generator updates make one step, a WGAN's five critic updates and one
+generator update too. The boundary is the post-hook of the period's last optimizer at
+nesting depth 0 (ZeroRedundancyOptimizer's inner optimizer does not count). The period is
+first taken to be every optimizer the script built (inner optimizers held by another one
+left out); when an optimizer steps a second time before the others, the period was shorter:
+the step is closed where the last optimizer finished, and the period is learned from it.
+Nothing is keyed to one optimizer object, so a remedy that replaces an optimizer keeps
+steps coming. A loop with no optimizer at all (a hand-written ``p.data.add_`` update) is
+cut at the first ``zero_grad``, top-level forward or batch fetch after a backward
+(``boundary`` says which, see ``docs/architecture.md``).
+
+A step's time runs from the previous boundary to this one, less its ``eval`` time, and is
+split into phases that add up to it exactly:
 
 - ``data``: before the step's first forward, plus time inside
   ``DataLoader.__next__`` anywhere in the step (loading, and anything the loop
   does before its first forward: host-to-device copies, logging);
 - ``forward``: from a root module's forward to ``backward()`` (the loss
-  computation outside modules is included);
+  computation outside modules is included), also inside a closure optimizer's ``step``;
 - ``backward``: inside ``torch.autograd.backward``;
-- ``optimizer``: inside the primary optimizer's ``step``;
+- ``optimizer``: inside the optimizers' ``step`` (less the closure's forward and backward);
 - ``other``: the rest (e.g. between backward and the optimizer step).
+
+A top-level forward under ``no_grad`` outside the training forward is ``eval``: kept in
+``StepSample.eval_s``, out of ``time_s``.
 
 The agent is also the ``AgentContext`` that probes and the apply executor see.
 """
@@ -21,16 +34,21 @@ from __future__ import annotations
 
 import logging
 import os
+import statistics
 import time
 import weakref
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
 from advisor.agent.capture import Capture
+from advisor.agent.models import ModelRegistry
+from advisor.agent.naming import unique_label
+from advisor.agent.period import OptimizerPeriod
 from advisor.apply.executor import Executor
-from advisor.apply.target import Target, unwrap
 from advisor.apply.plan import apply_plan_before_first_step, load_plan
+from advisor.apply.target import Target, unwrap  # noqa: F401  (unwrap: re-exported)
 from advisor.probes.device.spec import detect_device_spec
 from advisor.probes.probe import Probe
 from advisor.records.samples import Event, ModelInfo, OptimizerInfo, Record, StepSample
@@ -38,7 +56,17 @@ from advisor.records.samples import Event, ModelInfo, OptimizerInfo, Record, Ste
 log = logging.getLogger("advisor.agent")
 
 _PHASE_KEYS = {"data": "data_s", "forward": "forward_s", "backward": "backward_s",
-               "optimizer": "optimizer_s", "other": "other_s"}
+               "optimizer": "optimizer_s", "other": "other_s", "eval": "eval_s"}
+
+# What the user is told when steps are found by something else than an optimizer step.
+_BOUNDARY_TEXT = {
+    "optimizer": "steps end after the last optimizer of the loop's period steps",
+    "update": "no optimizer stepped: steps end after the parameters' in-place update that follows backward()",
+    "zero_grad": "no optimizer stepped: steps end at the zero_grad() after a backward()",
+    "forward": "no optimizer stepped: steps end at the first top-level forward after a backward()",
+    "data": "no optimizer stepped: steps end at the first batch fetched after a backward()",
+    "exit": "no optimizer stepped and no later event: the only step ends at its last backward()",
+}
 
 
 class StopTraining(BaseException):
@@ -46,6 +74,22 @@ class StopTraining(BaseException):
 
     A ``BaseException`` so that a script's ``except Exception`` does not swallow it.
     """
+
+
+
+
+
+
+@dataclass
+class _Snapshot:
+    """The open step's accounting at one instant (the end of an optimizer step, or of a
+    backward in a loop without an optimizer), so that a step found to have ended there
+    can be closed after the fact."""
+
+    time: float
+    acc: dict[str, float]
+    n_losses: int
+    opt_times: dict[str, float]
 
 
 class Agent:
@@ -71,13 +115,27 @@ class Agent:
         self.max_steps: int | None = self.config.get("max_steps")
         self.deep_steps: set[int] = set(self.config.get("deep_steps", [1, 2, 3]))
         self.deep_every: int = int(self.config.get("deep_every", 0) or 0)
+        # A deep step slower than this many light steps (and than deep_min_s) ends deep sampling.
+        self.deep_max_slowdown = float(self.config.get("deep_max_slowdown", 20.0))
+        self.deep_min_s = float(self.config.get("deep_min_s", 30.0))
         self._deep_extra = 0
         self._deep_active = False
-        self._roots: list[tuple[weakref.ref, weakref.ref]] = []  # (unwrapped, wrapped)
-        self._names: dict[int, str] = {}
+        self._deep_limited = False
+        self._deep_count = 0
+        self._light_times: list[float] = []
+        self._models = ModelRegistry()
         self._optimizers: list[weakref.ref] = []
-        self._primary: weakref.ref | None = None
+        self._opt_labels: dict[int, str] = {}
+        self._period = OptimizerPeriod()
+        self._optimizer_mode = False  # some optimizer stepped: steps end at optimizer steps
+        self.boundary_kind: str | None = None  # "optimizer", "update", "zero_grad", "forward", "data"
         self._opt_depth = 0
+        self._opt_t0 = 0.0
+        self._opt_times: dict[str, float] = {}
+        self._closure_backwards = 0
+        self._snapshot: _Snapshot | None = None
+        self._versions: int | None = None  # parameter versions after the last backward
+        self._update_seen = False  # a no-optimizer loop updates through version-visible ops
         self._fwd_depth = 0
         self._step = 0
         self._phase = "data"
@@ -85,10 +143,13 @@ class Agent:
         self._t_phase = time.perf_counter()
         self._step_start = self._t_phase
         self._acc = dict.fromkeys(_PHASE_KEYS, 0.0)
-        self._losses: list[torch.Tensor] = []
-        self._pending: list[tuple[StepSample, list[torch.Tensor], Any]] = []
+        self._losses: list[tuple[torch.Tensor, bool]] = []  # (value, part of the objective)
+        self._pending: list[tuple[StepSample, list[tuple[torch.Tensor, bool]], Any]] = []
         self._first_forward_callbacks: list[Callable[[torch.nn.Module], None]] = []
+        self._eval_iters: weakref.WeakSet = weakref.WeakSet()  # DataLoader iterators of eval passes
+        self._last_fetch: weakref.ref | None = None
         self.disabled = False
+        self.interrupt_pending = False  # a Ctrl-C swallowed where Python ignores exceptions
         self._spec_sent = False
         self._stop_pending = False
         self._scaled_loss: tuple[weakref.ref, torch.Tensor] | None = None  # (scale(loss), loss)
@@ -107,10 +168,10 @@ class Agent:
         return self._step_start
 
     def models(self) -> list[torch.nn.Module]:
-        return [m for ref, _ in self._roots if (m := ref()) is not None]
+        return self._models.models()
 
     def wrapped_models(self) -> list[torch.nn.Module]:
-        return [m for _, ref in self._roots if (m := ref()) is not None]
+        return self._models.wrapped_models()
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
         return [o for ref in self._optimizers if (o := ref()) is not None]
@@ -120,14 +181,11 @@ class Agent:
         return self.capture.target(self)
 
     def module_name(self, module: torch.nn.Module) -> str | None:
-        return self._names.get(id(module))
+        return self._models.module_name(module)
 
     def refresh_names(self) -> None:
         """Rebuild the module-name map (after a remedy changed the module tree)."""
-        self._names = {}
-        for model in self.models():
-            for name, sub in model.named_modules():
-                self._names.setdefault(id(sub), name)
+        self._models.refresh_names()
 
     def in_backward(self) -> bool:
         return torch._C._current_graph_task_id() != -1
@@ -138,11 +196,14 @@ class Agent:
         except Exception:  # emitting must never break training
             pass
 
+    def warn(self, message: str, **data: Any) -> None:
+        self.emit(Event(rank=self.rank, step=self._step, name="warning", data={"message": message, **data}))
+
     def request_deep(self, steps: int) -> None:
         self._deep_extra = max(self._deep_extra, int(steps))
 
     def on_first_forward(self, callback: Callable[[torch.nn.Module], None]) -> None:
-        """Run ``callback(model)`` at the first root forward, before it runs (plans)."""
+        """Run ``callback(model)`` when the first model is found, before its forward runs (plans)."""
         self._first_forward_callbacks.append(callback)
 
     # -- commands from the controller (called on the channel's reader thread) ---------
@@ -169,23 +230,39 @@ class Agent:
             self, plan, model=model, executor=self._ensure_executor()))
 
     # -- phases ----------------------------------------------------------------------
+    def _check_interrupt(self) -> None:
+        if self.interrupt_pending:  # see bootstrap: a Ctrl-C that landed in a finalizer
+            self.interrupt_pending = False
+            raise KeyboardInterrupt
+
     def _stop_if_due(self) -> None:
+        """Raise ``StopTraining`` at the first training event after the last requested step.
+
+        Training events only (a forward with grad, a backward, an optimizer step): the rest of
+        the last iteration, a final evaluation pass, logging and checkpoint saving still run.
+        """
         if self._stop_pending:
             self._stop_pending = False
             self.disabled = True  # no more records after the last requested step
             raise StopTraining(f"stopped after {self._step} steps (--steps)")
 
-    def _set_phase(self, phase: str) -> None:
-        self._stop_if_due()
-        now = time.perf_counter()
+    def _flush_phase(self, now: float) -> None:
         if not self._started:
             self._started = True
             self._step_start = self._t_phase = now
         self._acc[self._phase] += now - self._t_phase
-        self._phase = phase
         self._t_phase = now
+
+    def _set_phase(self, phase: str) -> None:
+        now = time.perf_counter()
+        self._flush_phase(now)
+        self._phase = phase
         for probe in self.probes:
             self._call(probe, "on_phase", phase, now)
+
+    def _idle_phase(self) -> str:
+        """Between events: inside a closure optimizer's step it is still the optimizer's time."""
+        return "optimizer" if self._opt_depth > 0 else "other"
 
     def _call(self, probe: Probe, hook: str, *args: Any) -> Any:
         try:
@@ -194,9 +271,7 @@ class Agent:
             raise  # an enforced budget is the probe's job to raise
         except Exception as exc:  # a broken probe is reported once and switched off
             self.probes = [p for p in self.probes if p is not probe]
-            self.emit(Event(rank=self.rank, step=self._step, name="warning",
-                            data={"message": f"probe {probe.name} disabled after {hook} failed: "
-                                             f"{type(exc).__name__}: {exc}"}))
+            self.warn(f"probe {probe.name} disabled after {hook} failed: {type(exc).__name__}: {exc}")
             return None
 
     # -- hook callbacks --------------------------------------------------------------
@@ -206,9 +281,21 @@ class Agent:
         self._fwd_depth += 1
         if self._fwd_depth != 1:
             return
+        self._check_interrupt()
+        training = torch.is_grad_enabled()
+        if training:
+            self._fallback_boundary("forward")
+            self._stop_if_due()
         self._discover_model(module)
-        if self._phase in ("data", "other"):
-            self._set_phase("forward")
+        if training:
+            if self._phase in ("data", "other", "eval", "optimizer"):
+                self._set_phase("forward")  # inside optimizer.step: a closure's forward
+        elif self._phase in ("data", "other"):
+            # A forward under no_grad outside the training forward: an evaluation pass.
+            fetched = self._last_fetch() if self._last_fetch is not None else None
+            if fetched is not None and self._phase == "data":
+                self._eval_iters.add(fetched)  # its next batches are eval time too
+            self._set_phase("eval")
 
     def forward_post(self, module: torch.nn.Module) -> None:
         if self.disabled or torch._C._current_graph_task_id() != -1:
@@ -219,11 +306,19 @@ class Agent:
     def backward_start(self, tensors: Any) -> None:
         if self.disabled:
             return
+        self._check_interrupt()
+        self._stop_if_due()
         self._fwd_depth = 0  # a forward that raised never ran its post-hook
         pending, self._scaled_loss = self._scaled_loss, None
         loss = pending[1] if pending is not None and pending[0]() is tensors else tensors
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
-            self._losses.append(loss.detach())
+            # A closure optimizer (LBFGS) evaluates the loss several times in one step; the
+            # step's objective is its first evaluation (what ``step`` returns), the rest are
+            # kept in ``losses`` only.
+            counted = not (self._opt_depth > 0 and self._closure_backwards > 0)
+            self._losses.append((loss.detach(), counted))
+        if self._opt_depth > 0:
+            self._closure_backwards += 1
         self._set_phase("backward")
 
     def loss_scaled(self, scaled: Any, loss: Any) -> None:
@@ -232,34 +327,64 @@ class Agent:
             self._scaled_loss = (weakref.ref(scaled), loss.detach())
 
     def backward_end(self) -> None:
-        if not self.disabled:
-            self._set_phase("other")
+        if self.disabled:
+            return
+        self._set_phase(self._idle_phase())
+        self._confirm_candidates(by_grad=True)
+        if not self._optimizer_mode:
+            self._versions = self._parameter_versions()
+            self._snapshot = self._take_snapshot(time.perf_counter())
 
-    def data_start(self) -> str:
+    def zero_grad_called(self) -> None:
+        """``Module.zero_grad`` or ``Optimizer.zero_grad``: a step boundary in a loop without optimizer steps."""
         if not self.disabled:
-            self._stop_if_due()  # stop before loading a batch for a step that will not run
+            self._check_interrupt()
+            self._fallback_boundary("zero_grad")
+
+    def data_start(self, iterator: Any = None) -> str:
         previous = self._phase
-        if not self.disabled and previous != "data":
+        if self.disabled:
+            return previous
+        self._check_interrupt()
+        self._fallback_boundary("data")
+        previous = self._phase
+        if iterator is not None:
+            self._last_fetch = weakref.ref(iterator)
+        if previous == "eval" and iterator is not None and iterator in self._eval_iters:
+            return previous  # the next batch of an evaluation pass
+        if previous != "data":
             self._set_phase("data")
-        return previous
+        return "data" if previous == "eval" else previous
 
     def data_end(self, previous: str) -> None:
-        if not self.disabled and previous != "data":
+        if not self.disabled and previous != self._phase:
             self._set_phase(previous)
 
     def optimizer_created(self, optimizer: torch.optim.Optimizer) -> None:
         if not self.disabled and not any(ref() is optimizer for ref in self._optimizers):
             self._optimizers.append(weakref.ref(optimizer))
+            taken = self._opt_labels.values()
+            self._opt_labels[id(optimizer)] = unique_label(None, type(optimizer).__name__, taken)
             self._emit_optimizer(optimizer)
 
     def optimizer_pre(self, optimizer: torch.optim.Optimizer) -> None:
         if self.disabled:
             return
-        self._stop_if_due()
-        self._opt_depth += 1
-        if self._primary is None:
-            self._primary = weakref.ref(optimizer)
+        self._check_interrupt()
         self.optimizer_created(optimizer)
+        if self._opt_depth == 0:
+            if not self._optimizer_mode:
+                self._optimizer_mode = True
+                self._snapshot = None
+                self._period.start(self.optimizers())
+                self._set_boundary_kind("optimizer")
+            if self._period.is_repeat(optimizer):
+                self._close_at_snapshot("optimizer", learn=True)
+            self._stop_if_due()
+            self._confirm_candidates(optimizer=optimizer)
+            self._closure_backwards = 0
+            self._opt_t0 = time.perf_counter()
+        self._opt_depth += 1
         if self._opt_depth == 1:
             self._set_phase("optimizer")
 
@@ -267,48 +392,35 @@ class Agent:
         if self.disabled:
             return
         self._opt_depth = max(0, self._opt_depth - 1)
-        if self._opt_depth == 0:
-            primary = self._primary() if self._primary is not None else None
-            if optimizer is primary:
-                self._boundary()
-            else:
-                self._set_phase("other")
+        if self._opt_depth != 0:
+            return
+        now = time.perf_counter()
+        label = self._opt_labels.get(id(optimizer), type(optimizer).__name__)
+        self._opt_times[label] = self._opt_times.get(label, 0.0) + now - self._opt_t0
+        complete = self._period.stepped(optimizer)
+        self._snapshot = self._take_snapshot(now)
+        if complete:
+            self._boundary("optimizer", now)
+        else:
+            self._set_phase("other")
 
     # -- discovery -------------------------------------------------------------------
     def _discover_model(self, module: torch.nn.Module) -> None:
-        model, wrapper = unwrap(module)
-        for ref, _ in self._roots:
-            if ref() is model:
-                return
-        if self.module_name(model) is not None:
-            return  # a submodule of a known model called on its own
-        self._roots.append((weakref.ref(model), weakref.ref(module)))
-        self.refresh_names()
-        params = list(model.parameters())
-        if params:
-            self.device = params[0].device
-        modules = []
-        for name, sub in model.named_modules():
-            if len(modules) >= 2000:
-                break
-            modules.append({
-                "name": name,
-                "type": type(sub).__name__,
-                "depth": 0 if not name else name.count(".") + 1,
-                "parameter_bytes": sum(p.numel() * p.element_size() for p in sub.parameters(recurse=False)),
-            })
-        self.emit(ModelInfo(
-            rank=self.rank,
-            name=type(model).__name__,
-            wrapper=wrapper,
-            parameter_count=sum(p.numel() for p in params),
-            parameter_bytes=sum(p.numel() * p.element_size() for p in params),
-            trainable_parameter_count=sum(p.numel() for p in params if p.requires_grad),
-            modules=modules,
-        ))
-        callbacks, self._first_forward_callbacks = self._first_forward_callbacks, []
-        for callback in callbacks:  # each runs once, at the first model's first forward
-            callback(model)
+        self._models_found(self._models.see(module, self.optimizers()))
+
+    def _confirm_candidates(self, *, optimizer: Any = None, by_grad: bool = False) -> None:
+        optimizers = [optimizer] if optimizer is not None else self.optimizers()
+        self._models_found(self._models.confirm(optimizers, by_grad=by_grad))
+
+    def _models_found(self, found: list[tuple[torch.nn.Module, ModelInfo]]) -> None:
+        for model, info in found:
+            params = list(model.parameters())
+            if params:
+                self.device = params[0].device
+            self.emit(ModelInfo(**{**info.to_dict(), "rank": self.rank}))
+            callbacks, self._first_forward_callbacks = self._first_forward_callbacks, []
+            for callback in callbacks:  # each runs once, when the first model is found
+                callback(model)
 
     def _emit_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         groups = []
@@ -316,48 +428,130 @@ class Agent:
             groups.append({k: v for k, v in group.items()
                            if k != "params" and isinstance(v, (int, float, str, bool, type(None)))})
         count = sum(p.numel() for g in getattr(optimizer, "param_groups", []) for p in g["params"])
-        self.emit(OptimizerInfo(rank=self.rank, name=type(optimizer).__name__,
-                                parameter_count=count, param_groups=groups))
+        self.emit(OptimizerInfo(rank=self.rank, name=type(optimizer).__name__, parameter_count=count,
+                                param_groups=groups, label=self._opt_labels.get(id(optimizer))))
 
-    # -- step boundary ---------------------------------------------------------------
+    # -- step boundaries -------------------------------------------------------------
     def is_deep(self, step: int) -> bool:
         if step in self.deep_steps:
             return True
         return bool(self.deep_every) and step > 0 and step % self.deep_every == 0
 
-    def _boundary(self) -> None:
-        now = time.perf_counter()
-        self._acc[self._phase] += now - self._t_phase
+    def _set_boundary_kind(self, kind: str) -> None:
+        if kind == self.boundary_kind:
+            return
+        self.boundary_kind = kind
+        self.emit(Event(rank=self.rank, step=self._step, name="step_boundary",
+                        data={"kind": kind, "message": _BOUNDARY_TEXT[kind]}))
+        if kind != "optimizer":  # the user is told how a loop without optimizer was cut into steps
+            self.warn(_BOUNDARY_TEXT[kind], boundary=kind)
+
+    def _parameter_versions(self) -> int:
+        """Sum of the models' parameter version counters: in-place updates under no_grad bump
+        them (``p -= lr * p.grad``); an update through ``p.data`` does not."""
+        return sum(p._version for model in self.models() for p in model.parameters())
+
+    def _fallback_boundary(self, event: str) -> None:
+        """In a loop without optimizer steps, a step ends at the first zero_grad, training
+        forward or batch fetch after a backward (after the update, when updates are visible)."""
+        if self._optimizer_mode or self._snapshot is None or self._opt_depth or self.in_backward():
+            return  # the snapshot is taken at each backward's end: none means no backward yet
+        if self.optimizers():
+            return  # an optimizer exists: its first step will end this step
+        versions = self._parameter_versions()
+        if self._versions is not None and versions != self._versions:
+            self._update_seen = True
+            kind = "update"
+        elif self._update_seen:
+            return  # accumulating gradients: the update has not come yet
+        else:
+            kind = event
+        self._set_boundary_kind(kind)
+        self._boundary(kind, time.perf_counter())
+
+    def _take_snapshot(self, now: float) -> _Snapshot:
+        self._flush_phase(now)
+        return _Snapshot(time=now, acc=dict(self._acc), n_losses=len(self._losses),
+                         opt_times=dict(self._opt_times))
+
+    def _close_at_snapshot(self, kind: str, *, learn: bool) -> None:
+        """The step ended at the last snapshot: close it there, and carry what ran since
+        into the next step (an optimizer that stepped twice, or the end of the script)."""
+        snap = self._snapshot
+        if snap is None:
+            return
+        self._flush_phase(time.perf_counter())
+        carry_acc = {k: self._acc[k] - snap.acc.get(k, 0.0) for k in self._acc}
+        carry_losses = self._losses[snap.n_losses:]
+        carry_opt = {k: v - snap.opt_times.get(k, 0.0) for k, v in self._opt_times.items()
+                     if v - snap.opt_times.get(k, 0.0) > 0}
+        self._acc, self._losses, self._opt_times = dict(snap.acc), self._losses[:snap.n_losses], dict(snap.opt_times)
+        if learn:
+            self._period.learn_from_stepped()
+            labels = [self._opt_labels.get(id(o), type(o).__name__) for o in self.optimizers()
+                      if self._period.is_repeat(o)]
+            self.emit(Event(rank=self.rank, step=self._step, name="step_period", data={"optimizers": labels}))
+        was_deep = self._deep_active
+        self._close_step(snap.time, kind)
+        self._acc, self._losses, self._opt_times = carry_acc, carry_losses, carry_opt
+        if not learn:
+            return
+        # The new step began at the snapshot and is already under way: no deep probe can
+        # start in its middle, so a deep step due now runs one step later.
+        if self._deep_extra > 0 or self.is_deep(self._step) or was_deep:
+            self._deep_extra += 1
+        self._after_boundary(deep=False)
+
+    def _boundary(self, kind: str, now: float) -> None:
+        self._flush_phase(now)
+        self._close_step(now, kind)
+        self._phase = "data"
+        self._after_boundary(deep=True)
+        # The advisor's own work at this boundary (the deep probes' teardown and set-up, the
+        # one-off device micro-benchmark, an apply) is not the next step's data wait.
+        self._step_start = self._t_phase = time.perf_counter()
+
+    def _close_step(self, end: float, kind: str) -> None:
+        """Emit the open step, which ended at ``end`` (its accounting is flushed to ``end``)."""
         step = self._step
         deep = self._deep_active
         if deep:
             # Reverse order: probes push dispatch modes and saved-tensor hooks, which pop LIFO.
             for probe in reversed(list(self.probes)):
                 self._call(probe, "stop_deep", step)
+            self._deep_active = False
         extra: dict[str, Any] = {}
         for probe in list(self.probes):
             extra.update(self._call(probe, "on_step_end", step) or {})
+        eval_s = self._acc.get("eval", 0.0)
         sample = StepSample(
             index=step,
             rank=self.rank,
             end_time=time.time(),
-            time_s=now - self._step_start,
+            time_s=end - self._step_start - eval_s,
             loss=None,
             micro_batches=len(self._losses),
-            phases={_PHASE_KEYS[k]: v for k, v in self._acc.items()},
+            phases={_PHASE_KEYS[k]: v for k, v in self._acc.items() if k != "eval"},
             peak_memory_bytes=extra.get("peak_memory_bytes"),
             deep=deep,
+            eval_s=eval_s,
+            boundary=kind,
+            optimizer_s=dict(self._opt_times),
         )
         self._queue_sample(sample, self._losses)
-        self._losses = []
+        self._losses, self._opt_times = [], {}
+        self._snapshot = None
+        self._period.reset()
         if self.executor is not None:
             self.executor.on_step_end(sample)
+        self._bound_deep_cost(sample)
         self._step = step + 1
         self._acc = dict.fromkeys(_PHASE_KEYS, 0.0)
-        self._phase = "data"
-        self._step_start = self._t_phase = now
+        self._step_start = self._t_phase = end
+
+    def _after_boundary(self, *, deep: bool) -> None:
         if self.max_steps is not None and self._step >= self.max_steps:
-            # Stop at the next step's first event, not here: the rest of this loop
+            # Stop at the next step's first training event, not here: the rest of this loop
             # iteration (the script's logging, scheduler, checkpoint saving) still runs.
             self.flush(sync=True)
             self._stop_pending = True
@@ -366,16 +560,36 @@ class Agent:
             self.executor.on_boundary(self._step)
         if not self._spec_sent:
             self._send_device_spec()
-        self._deep_active = self._deep_extra > 0 or self.is_deep(self._step)
-        if self._deep_extra > 0:
-            self._deep_extra -= 1
-        if self._deep_active:
-            for probe in list(self.probes):
-                self._call(probe, "start_deep", self._step)
-        # The advisor's own work at this boundary (the deep probes' teardown and set-up, the
-        # one-off device micro-benchmark, an apply) is not the next step's data wait.
-        self._step_start = self._t_phase = time.perf_counter()
+        if deep:
+            self._deep_active = self._deep_extra > 0 or self.is_deep(self._step)
+            if self._deep_extra > 0:
+                self._deep_extra -= 1
+            if self._deep_active:
+                self._deep_count += 1
+                for probe in list(self.probes):
+                    self._call(probe, "start_deep", self._step)
         self.flush(sync=False)
+
+    def _bound_deep_cost(self, sample: StepSample) -> None:
+        """Deep probes cost a few light steps; a deep step far slower (a Python-loop RNN under
+        the dispatch modes) ends scheduled deep sampling, said in one event and a warning."""
+        if not sample.deep:
+            self._light_times = [*self._light_times[-31:], sample.time_s]
+            return
+        if self._deep_limited or not self._light_times:
+            return
+        steady = self._light_times[1:] or self._light_times  # step 0 carries one-off costs
+        light = statistics.median(steady)
+        limit = max(self.deep_max_slowdown * light, self.deep_min_s)
+        if sample.time_s <= limit:
+            return
+        self._deep_limited = True
+        self.deep_steps, self.deep_every = set(), 0
+        data = {"step": sample.index, "deep_s": sample.time_s, "light_s": light,
+                "slowdown": sample.time_s / light if light > 0 else None, "limit_s": limit}
+        self.emit(Event(rank=self.rank, step=sample.index, name="deep_sampling_stopped", data=data))
+        self.warn(f"deep step {sample.index} took {sample.time_s:.1f} s, {data['slowdown'] or 0:.0f}x a light "
+                  f"step ({light:.3g} s): no more scheduled deep steps (limit {limit:.1f} s)", **data)
 
     def _send_device_spec(self) -> None:
         """Measure the device's ceilings once, after step 0 and before any deep probe starts:
@@ -393,15 +607,14 @@ class Agent:
         self.emit(Event(rank=self.rank, name="device_spec", data=spec.to_dict()))
 
     # -- loss without an extra device sync ---------------------------------------------
-    def _queue_sample(self, sample: StepSample, losses: list[torch.Tensor]) -> None:
+    def _queue_sample(self, sample: StepSample, losses: list[tuple[torch.Tensor, bool]]) -> None:
         event = None
-        if losses and losses[0].is_cuda:
+        if losses and losses[0][0].is_cuda:
             # Copy to host asynchronously and read when the copy is done, so the
             # agent never adds a device synchronisation to the user's loop.
-            host = [t.to("cpu", non_blocking=True) for t in losses]
+            losses = [(t.to("cpu", non_blocking=True), counted) for t, counted in losses]
             event = torch.cuda.Event()
             event.record()
-            losses = host
         self._pending.append((sample, losses, event))
 
     def flush(self, *, sync: bool) -> None:
@@ -413,18 +626,28 @@ class Agent:
             if event is not None and sync:
                 event.synchronize()
             self._pending.pop(0)
-            loss = None
-            if losses:
-                loss = float(sum(float(t.float().item()) for t in losses) / len(losses))
-            self.emit(StepSample(**{**sample.to_dict(), "loss": loss}))
+            values = [float(t.float().item()) for t, _ in losses]
+            counted = [v for v, (_, c) in zip(values, losses) if c]
+            # The objective whose gradient the step applied: gradients of several backward
+            # calls add up, so the losses do too (nanoGPT divides each micro-batch's by K).
+            loss = float(sum(counted)) if counted else None
+            self.emit(StepSample(**{**sample.to_dict(), "loss": loss, "losses": values or None}))
 
     def close(self) -> None:
-        """At exit: emit what is pending, stop probes."""
+        """At exit: close a loop's last step without optimizer, emit what is pending, stop probes."""
+        if (not self.disabled and not self._optimizer_mode and self._snapshot is not None
+                and not self.optimizers()):  # an optimizer that never stepped: no step ended
+            self._set_boundary_kind(self.boundary_kind or "exit")
+            self._close_at_snapshot("exit", learn=False)
         self.flush(sync=True)
         if self.executor is not None:
             self.executor.close()  # reports a measurement window cut short by the exit
         for probe in reversed(list(self.probes)):
             self._call(probe, "detach")
+        if self._step > 0 and self._deep_count == 0 and self.probes:
+            self.warn(f"no step was deep-sampled ({self._step} step(s) ran; deep steps: "
+                      f"{sorted(self.deep_steps) or 'none'}): memory by category, FLOPs and module "
+                      "figures were not measured")
         self.disabled = True
 
 

@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         agent.close()
     if agent.step == 0 and code == 0:
         agent.emit(Event(rank=rank, name="warning", data={
-            "message": "the script never called an optimizer step: no training steps were recorded"}))
+            "message": "the script never called an optimizer step nor backward(): no training steps were recorded"}))
     agent.emit(ExitInfo(rank=rank, code=code, reason=reason, steps=agent.step, **exc_info))
     channel.close(timeout=5.0)
     sys.stdout.flush()

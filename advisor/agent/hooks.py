@@ -4,13 +4,20 @@ Uses only public global-hook APIs (PYTORCH-NOTES: they fire under runpy and
 torchrun) plus wrappers: ``torch.autograd.backward`` (``Tensor.backward``
 calls it, so one wrapper sees both spellings and the tensor the loss is),
 ``DataLoader``'s iterator ``__next__`` (to time data waits precisely),
-``GradScaler.scale`` (to record the unscaled loss) and the constructors in
-``advisor.agent.capture``.
+``GradScaler.scale`` (to record the unscaled loss), the constructors in ``advisor.agent.capture``
+and the ``zero_grad`` of modules and optimizers (a step boundary in loops without an optimizer).
+
+Every hook returns at once while dynamo traces (``torch.compiler.is_compiling()``): the
+body is then a constant no-op for dynamo, so a compiled model gets no graph break and no
+recompile from us (tests/test_compile_hooks.py counts them against a bare run). Checked on
+torch 2.13: plain hooks gave 3 graphs for 1; ``torch.compiler.disable`` on the hooks makes
+dynamo skip them with a graph break at the hooked call instead.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any, Callable
 
 import torch
@@ -39,28 +46,43 @@ class InstalledHooks:
 def install(agent: Agent) -> InstalledHooks:
     hooks = InstalledHooks()
 
+    compiling = torch.compiler.is_compiling
+
     def fwd_pre(module: torch.nn.Module, args: Any) -> None:
-        agent.forward_pre(module)
+        if not compiling():
+            agent.forward_pre(module)
 
     def fwd_post(module: torch.nn.Module, args: Any, output: Any) -> None:
-        agent.forward_post(module)
+        if not compiling():
+            agent.forward_post(module)
+
+    def opt_pre(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if not compiling():
+            agent.optimizer_pre(optimizer)
+
+    def opt_post(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if not compiling():
+            agent.optimizer_post(optimizer)
 
     for handle in (
         nn_module.register_module_forward_pre_hook(fwd_pre),
         nn_module.register_module_forward_hook(fwd_post, always_call=True),
-        optim_module.register_optimizer_step_pre_hook(lambda opt, a, k: agent.optimizer_pre(opt)),
-        optim_module.register_optimizer_step_post_hook(lambda opt, a, k: agent.optimizer_post(opt)),
+        optim_module.register_optimizer_step_pre_hook(opt_pre),
+        optim_module.register_optimizer_step_post_hook(opt_post),
     ):
         hooks.add(handle.remove)
 
     # Optimizers, LR schedulers and DDP/FSDP wrappers are captured when built (remedies act on them).
     agent.capture.install(agent, hooks.add)
 
+    for owner in (torch.nn.Module, torch.optim.Optimizer):
+        _wrap_zero_grad(owner, agent, hooks)
+
     original_backward = torch.autograd.backward
 
     @functools.wraps(original_backward)
     def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-        if torch._C._current_graph_task_id() != -1:  # a backward inside backward
+        if compiling() or torch._C._current_graph_task_id() != -1:  # a backward inside backward
             return original_backward(tensors, *args, **kwargs)
         agent.backward_start(tensors)
         try:
@@ -85,12 +107,26 @@ def install(agent: Agent) -> InstalledHooks:
     scaler_cls.scale = scale  # type: ignore[method-assign]
     hooks.add(lambda: setattr(scaler_cls, "scale", original_scale))
 
+    # Ctrl-C during a deep step often lands in a storage finalizer or a __del__, where Python
+    # ignores exceptions (sys.unraisablehook) and training would go on: note it, and the agent
+    # raises KeyboardInterrupt at its next hook, in the script's own frames.
+    previous_unraisable = sys.unraisablehook
+
+    def on_unraisable(args: Any) -> None:
+        if args.exc_type is not None and issubclass(args.exc_type, KeyboardInterrupt):
+            agent.interrupt_pending = True
+            return
+        previous_unraisable(args)
+
+    sys.unraisablehook = on_unraisable
+    hooks.add(lambda: setattr(sys, "unraisablehook", previous_unraisable))
+
     iter_cls = dataloader._BaseDataLoaderIter
     original_next = iter_cls.__next__
 
     @functools.wraps(original_next)
     def next_batch(self: Any) -> Any:
-        previous = agent.data_start()
+        previous = agent.data_start(self)
         try:
             return original_next(self)
         finally:
@@ -99,3 +135,17 @@ def install(agent: Agent) -> InstalledHooks:
     iter_cls.__next__ = next_batch  # type: ignore[method-assign]
     hooks.add(lambda: setattr(iter_cls, "__next__", original_next))
     return hooks
+
+
+
+def _wrap_zero_grad(owner: type, agent: Agent, hooks: InstalledHooks) -> None:
+    original = owner.zero_grad  # type: ignore[attr-defined]
+
+    @functools.wraps(original)
+    def zero_grad(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not torch.compiler.is_compiling():
+            agent.zero_grad_called()
+        return original(self, *args, **kwargs)
+
+    owner.zero_grad = zero_grad  # type: ignore[attr-defined]
+    hooks.add(lambda: setattr(owner, "zero_grad", original))

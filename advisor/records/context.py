@@ -13,7 +13,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from advisor.records.samples import Record
 
-PHASE_NAMES: tuple[str, ...] = ("data", "forward", "backward", "optimizer", "other")
+PHASE_NAMES: tuple[str, ...] = ("data", "forward", "backward", "optimizer", "other", "eval")
 
 
 class AgentContext(Protocol):

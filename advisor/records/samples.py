@@ -57,6 +57,10 @@ class ModelInfo(Record):
     rank: int = 0
     name: str  # class name of the unwrapped module
     wrapper: str | None = None  # "DistributedDataParallel", "FullyShardedDataParallel", ...
+    # The model's name in the script (the variable or attribute holding it, else the class name
+    # with _1, _2 ...); with several models it prefixes every module name ("netG.main.3").
+    label: str | None = None
+    label_source: str = ""  # "local", "attribute", "global" (a variable was found) or "class"
     parameter_count: int = 0
     parameter_bytes: int = 0
     trainable_parameter_count: int = 0
@@ -73,22 +77,32 @@ class OptimizerInfo(Record):
     name: str  # class name, e.g. "AdamW"
     parameter_count: int = 0
     param_groups: list[dict[str, Any]] = field(default_factory=list)  # hyperparameters only
+    label: str | None = None  # unique per process: the class name, then _1, _2 ...; keys StepSample.optimizer_s
 
 
 @dataclass(frozen=True, kw_only=True)
 class StepSample(Record):
-    """One optimizer step on one rank. The phases add up to ``time_s`` by construction."""
+    """One training step on one rank: one pass over the optimizers of the loop's period.
+    The phases add up to ``time_s`` by construction."""
 
     KIND: ClassVar[str] = "step"
-    index: int  # 0-based count of optimizer steps on this rank
+    index: int  # 0-based count of steps on this rank
     rank: int = 0
     end_time: float = 0.0  # wall clock at the step boundary
-    time_s: float
-    loss: float | None = None  # mean of the tensors backward() ran on in this step
+    time_s: float  # boundary to boundary, less eval_s
+    # The objective whose gradient the step applied: the sum of the scalars backward() ran on
+    # (a closure optimizer's first evaluation only); None if there were none.
+    loss: float | None = None
     micro_batches: int = 0  # backward() calls in this step
     phases: dict[str, float] = field(default_factory=dict)  # keys: PHASES
     peak_memory_bytes: int | None = None  # allocator peak in this step, where measurable
     deep: bool = False  # whether deep probes ran on this step
+    losses: list[float] | None = None  # each backward()'s scalar, in order
+    eval_s: float = 0.0  # top-level forwards under no_grad outside training (evaluation), not in time_s
+    # What ended the step: "optimizer", or without optimizer steps "update", "zero_grad",
+    # "forward", "data", "exit" (see docs/architecture.md).
+    boundary: str = "optimizer"
+    optimizer_s: dict[str, float] = field(default_factory=dict)  # seconds in each optimizer's step, by label
 
 
 @dataclass(frozen=True, kw_only=True)

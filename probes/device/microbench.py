@@ -3,6 +3,10 @@
 - Matmul peak per dtype: a square matmul timed after a warm-up; FLOP/s = 2 n^3 / time.
 - Bandwidth: a device-to-device copy; bytes/s = (bytes read + bytes written) / time.
 
+The benchmarks draw their operands from private ``torch.Generator`` objects: the
+user's script must see the global random streams (CPU, CUDA) exactly as a bare run
+would, or its losses would differ on the first run on a machine (empty cache).
+
 On CUDA times come from ``torch.cuda.Event`` pairs; on CPU from ``time.perf_counter``
 (best of a few repeats). The CPU run stays well under 2 s (fp32 only: bf16
 matmul on CPU is a hundred times slower and not what training uses there).
@@ -78,7 +82,7 @@ def _best_cpu(fn: Callable[[], object], repeats: int) -> float:
 
 def measure_cpu(*, n: int = 1024, copy_bytes: int = 64 * 2**20) -> Measured:
     """CPU fp32 matmul FLOP/s and copy bandwidth (bytes read + written per second)."""
-    gen = torch.Generator().manual_seed(0)  # never the global RNG: the script's losses must not move
+    gen = torch.Generator().manual_seed(0)  # private: the global CPU stream stays untouched
     a = torch.randn(n, n, generator=gen)
     b = torch.randn(n, n, generator=gen)
     out = torch.empty(n, n)
@@ -110,9 +114,9 @@ def measure_cuda(device: torch.device, *, n: int = 8192, copy_bytes: int = 2**30
     old_tf32 = torch.backends.cuda.matmul.allow_tf32
     try:
         with torch.cuda.device(device):
+            gen = torch.Generator(device=device).manual_seed(0)  # private: see the module docstring
             for key, dtype in CUDA_DTYPES.items():
                 torch.backends.cuda.matmul.allow_tf32 = key == "tf32"
-                gen = torch.Generator(device=device).manual_seed(0)  # never the global RNG
                 a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
                 b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
                 iters = 20 if dtype in (torch.bfloat16, torch.float16) else 5

@@ -1,0 +1,121 @@
+"""Which top-level modules are models, and the names of their modules.
+
+A top-level module (the outermost forward outside backward) is a model once an optimizer
+holds, or a backward reaches, its trainable parameters: loss modules have nothing to train
+and reloaded copies are never trained. Until then it is a candidate, named while the
+script's frame that calls it is on the stack (see ``naming``).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import torch
+
+from advisor.agent.naming import find_variable_name, unique_label
+from advisor.apply.target import unwrap  # the one unwrapping function
+from advisor.records.samples import ModelInfo
+
+MAX_CANDIDATES = 16  # reloaded copies add up over a long run
+
+
+@dataclass
+class _Candidate:
+    model: weakref.ref
+    wrapped: weakref.ref
+    name: str | None
+    source: str
+
+
+class ModelRegistry:
+    """The models found so far, their labels and their modules' names."""
+
+    def __init__(self) -> None:
+        self._roots: list[tuple[weakref.ref, weakref.ref]] = []  # (unwrapped, wrapped)
+        self._candidates: list[_Candidate] = []
+        self._rejected: weakref.WeakSet = weakref.WeakSet()  # top-level modules with nothing to train
+        self._labels: dict[int, str] = {}  # id(model) -> its name in the script
+        self._names: dict[int, str] = {}
+
+    def models(self) -> list[torch.nn.Module]:
+        return [m for ref, _ in self._roots if (m := ref()) is not None]
+
+    def wrapped_models(self) -> list[torch.nn.Module]:
+        return [m for _, ref in self._roots if (m := ref()) is not None]
+
+    def module_name(self, module: torch.nn.Module) -> str | None:
+        return self._names.get(id(module))
+
+    def refresh_names(self) -> None:
+        """With several models every name starts with its model's label (``netG.main.3``)."""
+        self._names = {}
+        models = self.models()
+        for model in models:
+            prefix = self._labels.get(id(model), "") if len(models) > 1 else ""
+            for name, sub in model.named_modules():
+                self._names.setdefault(id(sub), ".".join(part for part in (prefix, name) if part))
+
+    def _known(self, model: torch.nn.Module) -> bool:
+        return (any(ref() is model for ref, _ in self._roots) or self.module_name(model) is not None
+                or any(c.model() is model for c in self._candidates))
+
+    def see(self, module: torch.nn.Module, optimizers: Iterable[Any]) -> list[tuple[torch.nn.Module, ModelInfo]]:
+        """A top-level forward of ``module``: the models it confirms (at most one)."""
+        model, _ = unwrap(module)
+        if model in self._rejected or self._known(model):
+            return []
+        if not any(p.requires_grad for p in model.parameters()):
+            self._rejected.add(model)
+            return []
+        name, source = find_variable_name(module, model)
+        candidate = _Candidate(model=weakref.ref(model), wrapped=weakref.ref(module), name=name, source=source)
+        self._candidates = [*self._candidates[-(MAX_CANDIDATES - 1):], candidate]
+        return self.confirm(optimizers)
+
+    def confirm(self, optimizers: Iterable[Any], *, by_grad: bool = False) -> list[tuple[torch.nn.Module, ModelInfo]]:
+        """Candidates whose parameters ``optimizers`` hold (or, ``by_grad``, that have a gradient)."""
+        if not self._candidates:
+            return []
+        held = {id(p) for o in optimizers for g in getattr(o, "param_groups", []) for p in g["params"]}
+        found = []
+        for candidate in list(self._candidates):
+            model = candidate.model()
+            if model is None:
+                self._candidates.remove(candidate)
+                continue
+            params = [p for p in model.parameters() if p.requires_grad]
+            if any(id(p) in held for p in params) or (by_grad and any(p.grad is not None for p in params)):
+                self._candidates.remove(candidate)
+                found.append((model, self._add(model, candidate)))
+        return found
+
+    def _add(self, model: torch.nn.Module, candidate: _Candidate) -> ModelInfo:
+        wrapped = candidate.wrapped() or model
+        _, wrapper = unwrap(wrapped)
+        label = unique_label(candidate.name, type(model).__name__, self._labels.values())
+        self._labels[id(model)] = label
+        self._roots.append((weakref.ref(model), weakref.ref(wrapped)))
+        self.refresh_names()
+        params = list(model.parameters())
+        modules = []
+        for name, sub in model.named_modules():
+            if len(modules) >= 2000:
+                break
+            modules.append({
+                "name": name,
+                "type": type(sub).__name__,
+                "depth": 0 if not name else name.count(".") + 1,
+                "parameter_bytes": sum(p.numel() * p.element_size() for p in sub.parameters(recurse=False)),
+            })
+        return ModelInfo(
+            name=type(model).__name__,
+            label=label,
+            label_source=candidate.source or "class",
+            wrapper=wrapper,
+            parameter_count=sum(p.numel() for p in params),
+            parameter_bytes=sum(p.numel() * p.element_size() for p in params),
+            trainable_parameter_count=sum(p.numel() for p in params if p.requires_grad),
+            modules=modules,
+        )
