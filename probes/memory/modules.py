@@ -28,9 +28,10 @@ from typing import Any, Callable
 import torch
 
 from advisor.probes.memory.categories import storage_key, tensors_in
+from advisor.probes.module_nodes import TAG, input_nodes, node_module, running_module, tag_created_nodes
 from advisor.records.samples import ModuleStat
 
-TAG = "advisor.module"
+__all__ = ["TAG", "ModuleAttributor"]
 
 
 @dataclass
@@ -112,13 +113,7 @@ class ModuleAttributor:
         for name, _, _ in reversed(self.stack):
             if name is not None:
                 return name
-        node = torch._C._current_autograd_node()
-        if node is not None:
-            try:
-                return node.metadata.get(TAG)
-            except Exception:
-                return None
-        return None
+        return running_module()
 
     # -- hooks -----------------------------------------------------------------------------
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
@@ -133,7 +128,7 @@ class ModuleAttributor:
                 acc = _Acc(type(module).__name__, depth, _parameter_bytes(module))
                 self.acc[name] = acc
             acc.input_bytes += _bytes_of(args, self.device_type)
-            stop_nodes = {t.grad_fn for t in tensors_in(args) if t.grad_fn is not None}
+            stop_nodes = input_nodes(args)
         self.stack.append((name, time.perf_counter(), stop_nodes))
 
     def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
@@ -145,31 +140,7 @@ class ModuleAttributor:
         acc = self.acc[name]
         acc.forward_s += time.perf_counter() - started
         acc.output_bytes += _bytes_of(output, self.device_type)
-        self._tag(output, name, stop_nodes)
-
-    def _tag(self, output: Any, name: str, stop_nodes: set[Any]) -> None:
-        """Tag the autograd nodes this module's forward created with its name (innermost wins:
-        submodules tagged theirs first). Stops at the inputs' nodes and at nodes of modules that
-        are not inside this one."""
-        prefix = name + "."
-        todo = [t.grad_fn for t in tensors_in(output) if t.grad_fn is not None]
-        seen: list[Any] = []  # keeps the Python wrappers alive so ids stay unique
-        seen_ids: set[int] = set()
-        while todo:
-            node = todo.pop()
-            if node is None or id(node) in seen_ids or node in stop_nodes:
-                continue
-            seen.append(node)
-            seen_ids.add(id(node))
-            if type(node).__name__ == "AccumulateGrad":
-                continue
-            meta = node.metadata
-            tag = meta.get(TAG)
-            if tag is None:
-                meta[TAG] = name
-            elif name and tag != name and not tag.startswith(prefix):
-                continue  # another module's graph: everything upstream is outside this one
-            todo.extend(next_node for next_node, _ in node.next_functions)
+        tag_created_nodes(output, name, stop_nodes)
 
     def on_saved(self, key: int, nbytes: int, is_role: bool) -> None:
         """A storage was saved for backward (called by the tracker's pack hook)."""
@@ -189,10 +160,7 @@ class ModuleAttributor:
                 acc.inclusive_bytes += nbytes
 
     def on_backward_op(self, node: Any, seconds: float) -> None:
-        try:
-            tag = node.metadata.get(TAG)
-        except Exception:  # nodes without metadata support
-            return
+        tag = node_module(node)
         if tag is not None:
             self.backward_own[tag] = self.backward_own.get(tag, 0.0) + seconds
 
