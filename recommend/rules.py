@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from advisor.recommend.checkpoint import Plan, solve_chain, tradeoff_curve, greedy_tree
-from advisor.recommend.memory_model import COST_MODEL, Chain, chain_from_profile, measured_peak
+from advisor.recommend.memory_model import COST_MODEL, Chain, accumulates, chain_from_profile, measured_peak
 from advisor.recommend.profile import Profile
 from advisor.records.advice import Prediction, Recommendation
 
@@ -23,6 +23,8 @@ NOT_BUILT = (
     "a smaller micro-batch with gradient accumulation",
     "a pipeline split across devices",
 )
+NOT_BUILT_IDS = ("cpu_offload", "zero", "micro_batch", "pipeline")
+_MICRO_BATCH = NOT_BUILT_IDS.index("micro_batch")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,12 +148,14 @@ def _checkpointing(profile: Profile, budget: int, evidence: list[dict[str, objec
 
 
 def _not_built(profile: Profile, budget: int | None, best_peak: int | None, why: str) -> Recommendation:
-    """Says plainly that nothing built fits, and which remedies would (not built yet)."""
+    """Says plainly that nothing built fits, and which remedies would (not built yet). A script
+    that already accumulates gradients is not told to accumulate them."""
+    keep = [i for i in range(len(NOT_BUILT)) if not (i == _MICRO_BATCH and accumulates(profile))]
     return Recommendation(
         id="memory-not-built",
         remedy="not_built",
-        title=f"No built remedy fits the memory budget ({why}); consider: " + "; ".join(NOT_BUILT),
-        params={"remedies": ["cpu_offload", "zero", "micro_batch", "pipeline"]},
+        title=f"No built remedy fits the memory budget ({why}); consider: " + "; ".join(NOT_BUILT[i] for i in keep),
+        params={"remedies": [NOT_BUILT_IDS[i] for i in keep]},
         predicted=Prediction(peak_memory_bytes=best_peak, step_time_s=None),
         baseline=Prediction(peak_memory_bytes=measured_peak(profile), step_time_s=profile.step_time_s),
         cost_model="none",

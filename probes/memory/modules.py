@@ -5,12 +5,19 @@ What each ``ModuleStat`` field measures:
 - ``parameter_bytes``: storage bytes of the module's parameters, its submodules' included
   (``Module.parameters()``, each storage once).
 - ``activation_bytes``: storage bytes autograd saved for backward (``saved_tensors_hooks`` pack)
-  while this module was the innermost one running, each storage once per module, parameters
-  excluded. A storage saved by two modules (the same input to q, k and v projections) counts in
+  while this module was the innermost one running, each storage once per call, summed over
+  the step's calls, parameters excluded. A storage saved by two modules (the same input to q, k and v projections) counts in
   each. The inclusive figure (submodules included, each storage once) goes out as an
   ``Event(name="module_activations")``: it is what checkpointing the module would drop.
 - ``input_bytes`` / ``output_bytes``: storage bytes of the tensors passed positionally to / returned
   by ``forward``, each storage once per call, summed over calls.
+- ``calls``: forward calls in the step that ran with gradients enabled (the ones that can save
+  for backward); ``live_calls``: the most of those that ran with no backward between them, so
+  whose saved tensors can be alive together (1 under gradient accumulation, where each
+  micro-batch's backward frees its activations before the next forward; T for a cell unrolled
+  T times before one backward). A backward is seen as an op run by an autograd node.
+- ``call_activation_bytes`` / ``call_input_bytes`` / ``call_output_bytes``: the largest figure
+  of one grad-enabled call (the totals above sum every call of the step).
 - ``forward_s``: wall time from the forward pre-hook to the forward hook (``time.perf_counter``),
   submodules included, summed over calls; recomputation during backward is ignored.
 - ``backward_s``: wall time of the backward ops run by autograd nodes created inside this module's
@@ -44,8 +51,26 @@ class _Acc:
     forward_s: float = 0.0
     activation_bytes: int = 0
     inclusive_bytes: int = 0
+    calls: int = 0
+    live_calls: int = 0
+    epoch: int = -1  # the backward-free stretch its last call ran in
+    epoch_calls: int = 0
+    call_activation_bytes: int = 0
+    call_input_bytes: int = 0
+    call_output_bytes: int = 0
     own_keys: set[int] = field(default_factory=set)
     inclusive_keys: set[int] = field(default_factory=set)
+
+
+@dataclass
+class _Frame:
+    """One running forward call on the module stack."""
+
+    name: str | None
+    started: float
+    stop_nodes: set[Any] = field(default_factory=set)
+    own_start: int = 0  # the module's own activation bytes when the call began
+    grad: bool = False
 
 
 def _bytes_of(value: Any, device_type: str) -> int:
@@ -81,7 +106,9 @@ class ModuleAttributor:
         self._name_of = name_of
         self._in_backward = in_backward
         self.device_type = device_type
-        self.stack: list[tuple[str | None, float, set[Any]]] = []
+        self.stack: list[_Frame] = []
+        self._epoch = 0  # counts stretches of forward calls separated by a backward
+        self._backward_seen = False
         self.acc: dict[str, _Acc] = {}
         self.backward_own: dict[str, float] = {}
         self._handles: list[Any] = []
@@ -104,15 +131,16 @@ class ModuleAttributor:
         self.acc.clear()
         self.backward_own.clear()
         self.stack.clear()
+        self._epoch, self._backward_seen = 0, False
 
     def current(self) -> str | None:
         """Qualified name of the innermost running module with a name, or None.
 
         In backward the module is the one whose forward created the running autograd node.
         """
-        for name, _, _ in reversed(self.stack):
-            if name is not None:
-                return name
+        for frame in reversed(self.stack):
+            if frame.name is not None:
+                return frame.name
         return running_module()
 
     # -- hooks -----------------------------------------------------------------------------
@@ -120,34 +148,60 @@ class ModuleAttributor:
         if self._in_backward():  # recomputation under checkpointing: not this step's forward
             return
         name = self._name_of(module)
-        stop_nodes: set[Any] = set()
+        frame = _Frame(name=name, started=time.perf_counter())
         if name is not None:
             acc = self.acc.get(name)
             if acc is None:
                 depth = 0 if name == "" else name.count(".") + 1
                 acc = _Acc(type(module).__name__, depth, _parameter_bytes(module))
                 self.acc[name] = acc
-            acc.input_bytes += _bytes_of(args, self.device_type)
-            stop_nodes = input_nodes(args)
-        self.stack.append((name, time.perf_counter(), stop_nodes))
+            nbytes = _bytes_of(args, self.device_type)
+            acc.input_bytes += nbytes
+            frame.stop_nodes = input_nodes(args)
+            # Storage keys are allocator addresses, reused once a micro-batch's backward frees
+            # its activations: a storage is counted once per call, not once per step.
+            acc.own_keys.clear()
+            acc.inclusive_keys.clear()
+            frame.own_start = acc.activation_bytes
+            frame.grad = torch.is_grad_enabled()
+            if frame.grad:
+                self._count_call(acc)
+                acc.call_input_bytes = max(acc.call_input_bytes, nbytes)
+        self.stack.append(frame)
+
+    def _count_call(self, acc: _Acc) -> None:
+        if self._backward_seen:  # a backward ran since the last forward call: a new stretch
+            self._epoch += 1
+            self._backward_seen = False
+        if acc.epoch != self._epoch:
+            acc.epoch, acc.epoch_calls = self._epoch, 0
+        acc.calls += 1
+        acc.epoch_calls += 1
+        acc.live_calls = max(acc.live_calls, acc.epoch_calls)
 
     def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if self._in_backward() or not self.stack:
             return
-        name, started, stop_nodes = self.stack.pop()
+        frame = self.stack.pop()
+        name = frame.name
         if name is None:
             return
         acc = self.acc[name]
-        acc.forward_s += time.perf_counter() - started
-        acc.output_bytes += _bytes_of(output, self.device_type)
-        tag_created_nodes(output, name, stop_nodes)
+        acc.forward_s += time.perf_counter() - frame.started
+        nbytes = _bytes_of(output, self.device_type)
+        acc.output_bytes += nbytes
+        if frame.grad:
+            acc.call_output_bytes = max(acc.call_output_bytes, nbytes)
+            acc.call_activation_bytes = max(acc.call_activation_bytes, acc.activation_bytes - frame.own_start)
+        tag_created_nodes(output, name, frame.stop_nodes)
 
     def on_saved(self, key: int, nbytes: int, is_role: bool) -> None:
         """A storage was saved for backward (called by the tracker's pack hook)."""
         if is_role or self._in_backward():
             return
         innermost = True
-        for name, _, _ in reversed(self.stack):
+        for frame in reversed(self.stack):
+            name = frame.name
             if name is None:
                 continue
             acc = self.acc[name]
@@ -160,6 +214,7 @@ class ModuleAttributor:
                 acc.inclusive_bytes += nbytes
 
     def on_backward_op(self, node: Any, seconds: float) -> None:
+        self._backward_seen = True
         tag = node_module(node)
         if tag is not None:
             self.backward_own[tag] = self.backward_own.get(tag, 0.0) + seconds
@@ -185,6 +240,11 @@ class ModuleAttributor:
                 output_bytes=acc.output_bytes,
                 forward_s=acc.forward_s,
                 backward_s=self.backward_inclusive(name),
+                calls=acc.calls,
+                live_calls=acc.live_calls,
+                call_activation_bytes=acc.call_activation_bytes,
+                call_input_bytes=acc.call_input_bytes,
+                call_output_bytes=acc.call_output_bytes,
             )
             for name, acc in self.acc.items()
         ]
