@@ -171,3 +171,54 @@ def test_a_script_that_accumulates_is_not_told_to_accumulate(plain) -> None:
     assert not accumulates(single)
     lone = Profile(**{**{f: getattr(single, f) for f in single.__dataclass_fields__}, "budget_bytes": tracked // 4})
     assert "micro_batch" in next(r for r in memory_rule(lone).recommendations if r.remedy == "not_built").params["remedies"]
+
+
+class Unrolled(nn.Module):
+    """An LSTMCell unrolled in Python over the sequence, in float64, as the LBFGS scripts do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = nn.LSTMCell(1, 16).double()
+        self.head = nn.Linear(16, 1).double()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = c = torch.zeros(x.shape[0], 16, dtype=torch.float64)
+        outs = []
+        for t in range(x.shape[1]):
+            h, c = self.cell(x[:, t : t + 1], (h, c))
+            outs.append(self.head(h))
+        return torch.cat(outs, dim=1)
+
+
+def test_lbfgs_closure_over_an_unrolled_cell_keeps_each_evaluation_apart() -> None:
+    torch.manual_seed(0)
+    model, steps = Unrolled(), 12
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=3)
+    ctx = FakeContext([model], [opt])
+    probe = MemoryProbe(scan_gc=False)
+    probe.attach(ctx)
+    x = torch.sin(torch.linspace(0, 6, 4 * (steps + 1), dtype=torch.float64)).view(4, steps + 1)
+    evaluations = 0
+
+    def closure() -> torch.Tensor:
+        nonlocal evaluations
+        evaluations += 1
+        opt.zero_grad()
+        loss = F.mse_loss(model(x[:, :-1]), x[:, 1:])
+        loss.backward()
+        return loss
+
+    try:
+        probe.start_deep(ctx, 0)
+        ctx.phase = "optimizer"  # the forward runs inside LBFGS.step
+        opt.step(closure)
+        probe.stop_deep(ctx, 0)
+    finally:
+        probe.detach(ctx)
+    stats = {s.name: s for s in ctx.emitted if isinstance(s, ModuleStat)}
+    assert evaluations > 1
+    assert (stats[""].calls, stats[""].live_calls) == (evaluations, 1)
+    # The cell's calls of one evaluation are all alive until its backward.
+    assert (stats["cell"].calls, stats["cell"].live_calls) == (evaluations * steps, steps)
+    profile = profile_of(ctx)
+    assert accumulates(profile)
