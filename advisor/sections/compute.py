@@ -14,7 +14,9 @@ from typing import Any, Mapping
 
 from advisor.state import SessionState
 from advisor.records.samples import OpStat
-from advisor.recommend.roofline import OpFigures, op_verdict, step_summary
+from advisor.recommend.roofline import OpFigures, dtype_key, op_verdict, step_summary
+
+SIGNIFICANT_DTYPE_SHARE = 0.01  # FLOPs of a dtype below this share do not decide whether MFU is known
 
 DEVICE_FIELDS: tuple[str, ...] = (
     "peak_flops", "memory_bandwidth", "memory_capacity", "source", "part",
@@ -94,7 +96,8 @@ def build_compute_section(state: SessionState, spec: Mapping[str, Any] | None) -
     """Step-level roofline figures, averaged over the deep steps.
 
     ``mfu`` and ``achieved_flops_per_s`` divide the deep step's FLOPs by the median
-    light (non-deep) step time, undisturbed by probes (the deep step's own time when
+    light (non-deep) step time (``mfu`` takes each dtype's FLOPs against that dtype's peak:
+    ``mfu_by_dtype``), undisturbed by probes (the deep step's own time when
     no light step exists); ``memory_bound_share`` and ``unaccounted_share`` are
     fractions of the timed deep step's own time (``StepSample.time_s``).
     """
@@ -111,6 +114,7 @@ def build_compute_section(state: SessionState, spec: Mapping[str, Any] | None) -
     samples = {s.index: s for s in (state.steps.get(min(state.steps)) if state.steps else [])}
     light = _light_step_time(state, set(steps))
     summaries = []
+    mfus: list[float | None] = []
     for step in steps:
         figures = [OpFigures(flops=o.flops, bytes=o.bytes, time_s=o.time_s, dtype=o.dtype)
                    for o in ops if o.step == step]
@@ -118,20 +122,46 @@ def build_compute_section(state: SessionState, spec: Mapping[str, Any] | None) -
         step_time = sample.time_s if sample and sample.time_s > 0 else sum(f.time_s for f in figures)
         summaries.append(step_summary(figures, step_time_s=step_time, peak_flops=peaks,
                                       bandwidth=bandwidth, mfu_step_time_s=light))
+        mfus.append(mfu_by_dtype(figures, light or step_time, peaks))
 
     def mean(name: str) -> float | None:
         values = [getattr(s, name) for s in summaries if getattr(s, name) is not None]
         return sum(values) / len(values) if values else None
 
     out = dict(empty)
+    known = [m for m in mfus if m is not None]
     out.update({
-        "mfu": mean("mfu"), "achieved_flops_per_s": mean("achieved_flops_per_s"),
+        "mfu": sum(known) / len(known) if known and len(known) == len(mfus) else None, "achieved_flops_per_s": mean("achieved_flops_per_s"),
         "memory_bound_share": mean("memory_bound_share"), "unaccounted_share": mean("unaccounted_share"),
         "dominant_dtype": summaries[-1].dominant_dtype, "flops_per_step": mean("flops"),
         "op_time_s": mean("op_time_s"), "step_time_s": mean("step_time_s"), "light_step_time_s": light,
         "per_module": _per_module(ops, len(steps)),
     })
     return out
+
+
+def mfu_by_dtype(figures: list[OpFigures], time_s: float, peak_flops: Mapping[str, float]) -> float | None:
+    """Model FLOPs utilisation with each dtype's FLOPs against that dtype's own peak:
+    sum over dtypes of FLOPs / peak[dtype], over the step time (the share of the step the
+    device would need at its peaks). None when the time is unknown or a dtype carrying at
+    least ``SIGNIFICANT_DTYPE_SHARE`` of the FLOPs has no peak of its own: fp16 or fp64 work
+    is never judged against the fp32 peak (issue 21, item 13)."""
+    totals: dict[str, float] = defaultdict(float)
+    for f in figures:
+        if f.flops > 0:
+            totals[dtype_key(f.dtype)] += f.flops
+    everything = sum(totals.values())
+    if time_s <= 0 or everything <= 0:
+        return None
+    needed = 0.0
+    for key, flops in totals.items():
+        peak = peak_flops.get(key)
+        if not peak:
+            if flops >= SIGNIFICANT_DTYPE_SHARE * everything:
+                return None
+            continue
+        needed += flops / float(peak)
+    return needed / time_s
 
 
 def _per_module(ops: list[OpStat], n_steps: int) -> list[dict[str, Any]]:
