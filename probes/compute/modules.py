@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import torch
 
+from advisor.probes.module_events import Unsubscribe, subscribe_module_events
 from advisor.probes.module_nodes import input_nodes, running_module, tag_created_nodes
 
 
@@ -28,7 +29,7 @@ class ModuleTracker:
         self._name_of = name_of
         self._names: dict[int, str | None] = {}
         self._forward: list[tuple[str, set[Any]]] = []
-        self._handles: list[Any] = []
+        self._unsubscribe: Unsubscribe | None = None
 
     def _name(self, module: torch.nn.Module) -> str | None:
         key = id(module)
@@ -36,17 +37,15 @@ class ModuleTracker:
             self._names[key] = self._name_of(module)
         return self._names[key]
 
-    def start(self) -> None:
-        hooks = torch.nn.modules.module
-        self._handles = [
-            hooks.register_module_forward_pre_hook(self._pre),
-            hooks.register_module_forward_hook(self._post),
-        ]
+    def start(self, ctx: Any = None) -> None:
+        """Follow module forwards through ``ctx``'s module events (the agent's one hook set),
+        or through global hooks of our own when it has none."""
+        self._unsubscribe = subscribe_module_events(ctx, self._pre, self._post)
 
     def stop(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
         self._forward.clear()
         self._names.clear()
 

@@ -35,6 +35,7 @@ from typing import Any, Callable
 import torch
 
 from advisor.probes.memory.categories import storage_key, tensors_in
+from advisor.probes.module_events import Unsubscribe, subscribe_module_events
 from advisor.probes.module_nodes import TAG, input_nodes, node_module, running_module, tag_created_nodes
 from advisor.records.samples import ModuleStat
 
@@ -111,20 +112,17 @@ class ModuleAttributor:
         self._backward_seen = False
         self.acc: dict[str, _Acc] = {}
         self.backward_own: dict[str, float] = {}
-        self._handles: list[Any] = []
+        self._unsubscribe: Unsubscribe | None = None
 
-    def start(self) -> None:
-        from torch.nn.modules import module as module_mod
-
-        self._handles = [
-            module_mod.register_module_forward_pre_hook(self._pre),
-            module_mod.register_module_forward_hook(self._post),
-        ]
+    def start(self, ctx: Any = None) -> None:
+        """Follow module forwards through ``ctx``'s module events (the agent's one hook set),
+        or through global hooks of our own when it has none."""
+        self._unsubscribe = subscribe_module_events(ctx, self._pre, self._post)
 
     def stop(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
         self.stack.clear()
 
     def reset(self) -> None:
