@@ -22,12 +22,13 @@ from fakes import FakeContext
 from advisor.probes.compute import ComputeProbe
 from advisor.probes.compute.counter import OpCall
 from advisor.probes.compute.timing import match_events
-from advisor.probes.device.microbench import measure_cpu
+from advisor.probes.device.cpu_ceilings import matmul_flops
 from advisor.probes.memory import MemoryProbe
 from advisor.records.samples import OpStat
 
 SIGNIFICANT = 0.01  # an op with this share of the step's FLOPs must have a time
-PEAK_MARGIN = 4.0  # the peak is measured beside the test on a shared machine: allow noise, not 50x
+PEAK_MARGIN = 10.0  # the peak is measured beside the test on a shared machine: allow noise; a
+# mis-joined op (a large conv timed by a detach's event) reads hundreds of times the peak
 
 
 @dataclass
@@ -98,7 +99,7 @@ def _assert_timed_within_peak(ops: list[OpStat]) -> None:
     total = sum(o.flops for o in ops)
     untimed = [(o.name, o.module, o.phase) for o in ops if o.flops >= SIGNIFICANT * total and o.time_s <= 0]
     assert untimed == []
-    peak = measure_cpu(n=512).peak_flops["fp32"]
+    peak = matmul_flops(torch.float32)
     too_fast = [(o.name, o.module, o.phase, o.flops / o.time_s) for o in ops
                 if o.time_s > 0 and o.flops / o.time_s > PEAK_MARGIN * peak]
     assert too_fast == []
