@@ -19,9 +19,9 @@ memory of the layer being differentiated. For a list of candidate units
   so one call's worth is live, not the step's sum (issue 21, item 2); a cell
   unrolled T times before one backward keeps T calls' worth. Sessions that
   predate per-call figures read the step's total as one call.
-- x_i, y_i: the unit's input and output bytes, the largest of one call, times the live calls. In a contiguous chain y_i is
-  x_{i+1}, so a run of checkpointed blocks [l..r] keeps x_l..x_r and y_r, each
-  boundary once. For units that are not a chain, next(i) is "none", so both
+- x_i, y_i: the unit's input and output bytes, the largest of one call, times
+  the live calls. In a contiguous chain y_i is x_{i+1}, so a run of
+  checkpointed blocks [l..r] keeps x_l..x_r and y_r, each boundary once. For units that are not a chain, next(i) is "none", so both
   x_i and y_i are counted.
 - Conservative on purpose: x_l may already be inside a_{l-1} (the previous
   block produced it and the next one saved it), and y_r may be inside a_{r+1}

@@ -9,7 +9,6 @@ peak with and without checkpointing, checkpointing lowering it.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import pytest
 import torch

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 import torch
 import torch.nn as nn
 from fakes import FakeContext

@@ -6,9 +6,10 @@ What each ``ModuleStat`` field measures:
   (``Module.parameters()``, each storage once).
 - ``activation_bytes``: storage bytes autograd saved for backward (``saved_tensors_hooks`` pack)
   while this module was the innermost one running, each storage once per call, summed over
-  the step's calls, parameters excluded. A storage saved by two modules (the same input to q, k and v projections) counts in
-  each. The inclusive figure (submodules included, each storage once) goes out as an
-  ``Event(name="module_activations")``: it is what checkpointing the module would drop.
+  the step's calls, parameters excluded. A storage saved by two modules (the same input to q,
+  k and v projections) counts in each. The inclusive figure (submodules included, each
+  storage once per call) goes out as an ``Event(name="module_activations")``: it is what
+  checkpointing the module would drop.
 - ``input_bytes`` / ``output_bytes``: storage bytes of the tensors passed positionally to / returned
   by ``forward``, each storage once per call, summed over calls.
 - ``calls``: forward calls in the step that ran with gradients enabled (the ones that can save
