@@ -162,16 +162,19 @@ def _calibration(profile: Profile) -> tuple[int, int]:
 
     After an OOM the failed step never reached its peak: its activations are
     at least what was live plus the failed request, and at least every
-    module's measured activations (from an earlier deep step, if any).
+    module's measured activations alive together (from an earlier deep step,
+    if any: one micro-batch's worth under accumulation).
     """
-    activation = profile.activation_at_peak
+    measured = "activation" in profile.categories_at_peak or "activation" in profile.categories_max
+    # Without measured categories, the modules' activations alive together (not their step sum).
+    activation = profile.activation_at_peak if measured else live_activation_total(profile)
     fixed = max(0, profile.peak_bytes - activation) if profile.peak_bytes else 0
     oom = profile.oom
     if oom:
         cats = {k: int(v) for k, v in (oom.get("categories") or {}).items()}
         at_failure = cats.get("activation", 0)
         fixed = max(fixed, sum(cats.values()) - at_failure)
-        activation = max(activation, at_failure + int(oom.get("requested_bytes") or 0), profile.module_activation_total)
+        activation = max(activation, at_failure + int(oom.get("requested_bytes") or 0), live_activation_total(profile))
     return fixed, activation
 
 
@@ -216,6 +219,16 @@ def live_block(profile: Profile, module: ModuleProfile) -> Block:
         output_bytes=live * module.call_output_bytes if per_call else module.output_bytes,
         forward_s=module.forward_s * profile.time_scale,
     )
+
+
+def live_activation_total(profile: Profile) -> int:
+    """Module activation bytes alive together: each module's own bytes per call times its live
+    calls (the step's sum for sessions that predate per-call figures)."""
+    total = 0
+    for m in profile.modules:
+        calls, live = live_calls(m)
+        total += m.activation_bytes * live // calls
+    return total
 
 
 def accumulates(profile: Profile) -> bool:

@@ -18,8 +18,9 @@ from fakes import FakeContext
 
 from advisor.apply.activation_checkpoint import apply_activation_checkpointing
 from advisor.probes.memory import MemoryProbe
-from advisor.recommend.memory_model import accumulates, chain_from_profile, predicted_peak
-from advisor.recommend.profile import Profile, profile_from_memory
+from advisor.recommend.memory_model import (accumulates, chain_from_profile, live_activation_total, measured_peak,
+                                             predicted_peak)
+from advisor.recommend.profile import ModuleProfile, Profile, profile_from_memory
 from advisor.recommend.rules import memory_rule
 from advisor.records.samples import ModuleStat
 from advisor.sections.memory import build_memory_section
@@ -221,3 +222,20 @@ def test_lbfgs_closure_over_an_unrolled_cell_keeps_each_evaluation_apart() -> No
     assert (stats["cell"].calls, stats["cell"].live_calls) == (evaluations * steps, steps)
     profile = profile_of(ctx)
     assert accumulates(profile)
+
+
+def test_after_an_oom_the_activations_alive_together_calibrate_not_the_steps_sum() -> None:
+    """An OOM in a later step of an accumulating job: the earlier deep step's modules say one
+    micro-batch's worth (1 MiB of 4 MiB summed) is alive at a time."""
+    mib = 2**20
+    modules = tuple(
+        ModuleProfile(name=f"h.{i}", depth=2, activation_bytes=4 * mib, calls=4, live_calls=1,
+                      call_activation_bytes=mib, call_input_bytes=mib // 8, call_output_bytes=mib // 8)
+        for i in range(2)
+    )
+    oom = {"op": "aten.mm", "requested_bytes": mib // 2,
+           "categories": {"parameter": 8 * mib, "gradient": 8 * mib, "activation": mib // 4}}
+    profile = Profile(peak_bytes=0, modules=modules, oom=oom)
+    assert live_activation_total(profile) == 2 * mib
+    # Model states at the failure plus the two blocks' live activations (above live + request).
+    assert measured_peak(profile) == 16 * mib + 2 * mib
