@@ -12,10 +12,16 @@ memory of the layer being differentiated. For a list of candidate units
             + sum_{i in S, next(i) not in S} y_i                 (and the output leaving a run)
 
 - a_i: activation bytes produced inside unit i and its descendants (probes
-  attribute saved tensors to the innermost producing module).
-- x_i, y_i: the unit's input and output bytes. In a contiguous chain y_i is
-  x_{i+1}, so a run of checkpointed blocks [l..r] keeps x_l..x_r and y_r, each
-  boundary once. For units that are not a chain, next(i) is "none", so both
+  attribute saved tensors to the innermost producing module) that are alive
+  together: one forward call's worth (the step's total over the unit's calls)
+  times the calls live at once (``live_calls``). Under gradient accumulation
+  each micro-batch's backward frees its activations before the next forward,
+  so one call's worth is live, not the step's sum (issue 21, item 2); a cell
+  unrolled T times before one backward keeps T calls' worth. Sessions that
+  predate per-call figures read the step's total as one call.
+- x_i, y_i: the unit's input and output bytes, the largest of one call, times
+  the live calls. In a contiguous chain y_i is x_{i+1}, so a run of
+  checkpointed blocks [l..r] keeps x_l..x_r and y_r, each boundary once. For units that are not a chain, next(i) is "none", so both
   x_i and y_i are counted.
 - Conservative on purpose: x_l may already be inside a_{l-1} (the previous
   block produced it and the next one saved it), and y_r may be inside a_{r+1}
@@ -156,16 +162,19 @@ def _calibration(profile: Profile) -> tuple[int, int]:
 
     After an OOM the failed step never reached its peak: its activations are
     at least what was live plus the failed request, and at least every
-    module's measured activations (from an earlier deep step, if any).
+    module's measured activations alive together (from an earlier deep step,
+    if any: one micro-batch's worth under accumulation).
     """
-    activation = profile.activation_at_peak
+    measured = "activation" in profile.categories_at_peak or "activation" in profile.categories_max
+    # Without measured categories, the modules' activations alive together (not their step sum).
+    activation = profile.activation_at_peak if measured else live_activation_total(profile)
     fixed = max(0, profile.peak_bytes - activation) if profile.peak_bytes else 0
     oom = profile.oom
     if oom:
         cats = {k: int(v) for k, v in (oom.get("categories") or {}).items()}
         at_failure = cats.get("activation", 0)
         fixed = max(fixed, sum(cats.values()) - at_failure)
-        activation = max(activation, at_failure + int(oom.get("requested_bytes") or 0), profile.module_activation_total)
+        activation = max(activation, at_failure + int(oom.get("requested_bytes") or 0), live_activation_total(profile))
     return fixed, activation
 
 
@@ -190,18 +199,48 @@ def find_chain(profile: Profile) -> list[ModuleProfile]:
     return sorted(best, key=lambda m: int(m.name.rpartition(".")[2]))
 
 
+def live_calls(module: ModuleProfile) -> tuple[int, int]:
+    """(forward calls in the step, calls whose activations are alive together); (1, 1) when
+    the session predates per-call figures."""
+    if module.calls <= 0:
+        return 1, 1
+    return module.calls, max(1, min(module.live_calls or module.calls, module.calls))
+
+
+def live_block(profile: Profile, module: ModuleProfile) -> Block:
+    """One module as a checkpointing unit: the bytes it keeps alive together at the peak, and
+    the forward seconds of every call in an ordinary step (each call is recomputed once)."""
+    calls, live = live_calls(module)
+    per_call = module.calls > 0
+    return Block(
+        name=module.name,
+        activation_bytes=profile.subtree_activation(module.name) * live // calls,
+        input_bytes=live * module.call_input_bytes if per_call else module.input_bytes,
+        output_bytes=live * module.call_output_bytes if per_call else module.output_bytes,
+        forward_s=module.forward_s * profile.time_scale,
+    )
+
+
+def live_activation_total(profile: Profile) -> int:
+    """Module activation bytes alive together: each module's own bytes per call times its live
+    calls (the step's sum for sessions that predate per-call figures)."""
+    total = 0
+    for m in profile.modules:
+        calls, live = live_calls(m)
+        total += m.activation_bytes * live // calls
+    return total
+
+
+def accumulates(profile: Profile) -> bool:
+    """Whether the step already runs several forward-backward passes (gradient accumulation, a
+    closure evaluated several times): a module called more than once in the step whose calls
+    were never all alive together (a backward ran between them)."""
+    return any(m.calls > 1 and 0 < m.live_calls < m.calls for m in profile.modules)
+
+
 def units_from_modules(profile: Profile, modules: Sequence[ModuleProfile], *, contiguous: bool | None = None) -> Chain:
     """Calibrate a ``Chain`` over the given non-overlapping modules (see module docstring)."""
-    blocks = tuple(
-        Block(
-            name=m.name,
-            activation_bytes=profile.subtree_activation(m.name),
-            input_bytes=m.input_bytes,
-            output_bytes=m.output_bytes,
-            forward_s=m.forward_s * profile.time_scale,
-        )
-        for m in modules
-    )
+    blocks = tuple(live_block(profile, m) for m in modules)
     if contiguous is None:
         # Consecutive numbered siblings feed each other when each output has the next input's size.
         contiguous = len(blocks) > 1 and all(

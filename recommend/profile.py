@@ -46,6 +46,13 @@ class ModuleProfile:
     output_bytes: int = 0
     forward_s: float = 0.0
     backward_s: float = 0.0
+    # Per forward call (``ModuleStat``): the byte and time figures above sum every call of the
+    # step. calls == 0 means not recorded: read the totals as one call.
+    calls: int = 0
+    live_calls: int = 0
+    call_activation_bytes: int = 0
+    call_input_bytes: int = 0
+    call_output_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__dataclass_fields__}
@@ -347,6 +354,9 @@ def profile_from_memory(
     )
 
 
+_PER_CALL = ("calls", "live_calls", "call_activation_bytes", "call_input_bytes", "call_output_bytes")
+
+
 def _aggregate_modules(rows: Sequence[Any]) -> tuple[ModuleProfile, ...]:
     """One entry per module name (lowest rank): largest byte counts, median times over deep steps."""
     dicts = [_as_dict(r) for r in rows]
@@ -370,6 +380,7 @@ def _aggregate_modules(rows: Sequence[Any]) -> tuple[ModuleProfile, ...]:
                 output_bytes=max(int(g.get("output_bytes") or 0) for g in group),
                 forward_s=_median([g.get("forward_s") for g in group]) or 0.0,
                 backward_s=_median([g.get("backward_s") for g in group]) or 0.0,
+                **{k: max(int(g.get(k) or 0) for g in group) for k in _PER_CALL},
             )
         )
     return tuple(out)

@@ -126,3 +126,28 @@ def test_two_byte_matmul_intensity_on_meta() -> None:
     op = _only(count_ops(lambda: a @ b), "aten.mm")
     assert op.dtype == "float16"
     assert op.flops / op.bytes == pytest.approx(m * n * k / (m * k + k * n + m * n), rel=0.01)
+
+
+def test_cpu_lstm_kernel_counts_what_the_same_cell_unrolled_counts() -> None:
+    """``nn.LSTM`` on CPU runs one fused oneDNN op per layer (``aten.mkldnn_rnn_layer``); its
+    FLOPs must equal those of the same LSTM written as an ``LSTMCell`` loop, whose matmuls and
+    gates the counter sees one by one."""
+    torch.manual_seed(0)
+    lstm, cell = torch.nn.LSTM(32, 64), torch.nn.LSTMCell(32, 64)
+    x = torch.randn(10, 4, 32)
+
+    def fused() -> None:
+        out, _ = lstm(x)
+        out.sum().backward()
+
+    calls = count_ops(fused)
+    forward = [c for c in calls if c.name == "aten.mkldnn_rnn_layer"]
+    backward = [c for c in calls if c.name == "aten.mkldnn_rnn_layer_backward"]
+    if not forward:
+        pytest.skip("this build runs CPU LSTMs without oneDNN")
+    unrolled = count_ops(lambda: [cell(x[t]) for t in range(10)])
+    assert sum(c.flops for c in forward) == sum(c.flops for c in unrolled) > 0
+    cell_backward = count_ops(lambda: torch.stack([cell(x[t])[0] for t in range(10)]).sum().backward(),
+                              phase="backward")
+    matmuls = sum(c.flops for c in cell_backward if c.name == "aten.mm")
+    assert backward and 0 < matmuls <= sum(c.flops for c in backward) <= 2 * sum(c.flops for c in forward)

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from advisor.probes.device import microbench
+from advisor.probes.device import cpu_ceilings, microbench
 from advisor.probes.device.microbench import Measured
 from advisor.probes.device.spec import DeviceSpec, combine, detect_device_spec
 from advisor.probes.device.spec_table import lookup
@@ -46,12 +46,17 @@ def test_overrides() -> None:
         combine(type="cpu", name="cpu", part=None, measured=None, peak_flops=-1.0)
 
 
-def test_cpu_spec_is_measured_and_cached(tmp_path, monkeypatch) -> None:
+def test_cpu_spec_is_measured_per_dtype_and_cached(tmp_path, monkeypatch) -> None:
     spec = detect_device_spec("cpu")
     assert spec.type == "cpu" and spec.source == "measured"
     assert spec.peak_flops["fp32"] > 1e8 and spec.memory_bandwidth > 1e8
+    assert {"fp64", "bf16", "fp16"} <= set(spec.peak_flops)  # float64 and low-precision work: own peaks
     cache = json.loads(microbench.cache_path().read_text())
-    assert len(cache) == 1
+    assert len(cache) == 1 and next(iter(cache.values()))["samples"] == 1
+
+    # Once enough runs have measured, the cache is read (after a quick plausibility check).
+    monkeypatch.setattr(cpu_ceilings, "SAMPLES", 1)
+    monkeypatch.setattr(cpu_ceilings, "quick_fp32_flops", lambda: 0.0)
 
     def boom(**_):
         raise AssertionError("measured again instead of reading the cache")
@@ -60,6 +65,41 @@ def test_cpu_spec_is_measured_and_cached(tmp_path, monkeypatch) -> None:
     again = detect_device_spec("cpu", peak_bandwidth=1e9)
     assert again.peak_flops == spec.peak_flops and again.memory_bandwidth == 1e9
     assert DeviceSpec.from_dict(json.loads(json.dumps(again.to_dict()))) == again
+
+
+def _measured(fp32: float, bandwidth: float) -> Measured:
+    return Measured(peak_flops={"fp32": fp32, "fp64": fp32 / 2}, memory_bandwidth=bandwidth)
+
+
+def test_a_figure_measured_under_load_does_not_stay_cached() -> None:
+    """The first runs each measure and the best of each ceiling is kept; afterwards a quick
+    check that beats the cached peak by far sends it back to the bench."""
+    runs = iter([_measured(24e9, 5e9), _measured(48e9, 4e9), _measured(40e9, 6e9)])
+    for _ in range(cpu_ceilings.SAMPLES):
+        best = cpu_ceilings.cached_best("cpu|test", lambda: next(runs), check=lambda: 1e12)
+    assert best.peak_flops == {"fp32": 48e9, "fp64": 24e9} and best.memory_bandwidth == 6e9
+
+    def boom() -> Measured:
+        raise AssertionError("measured again although the cache is plausible")
+
+    plausible = cpu_ceilings.cached_best("cpu|test", boom, check=lambda: 50e9)  # within 25%
+    assert plausible.peak_flops["fp32"] == 48e9
+    faster = cpu_ceilings.cached_best("cpu|test", lambda: _measured(96e9, 6e9), check=lambda: 90e9)
+    assert faster.peak_flops["fp32"] == 96e9
+    stored = json.loads(microbench.cache_path().read_text())["cpu|test"]
+    assert stored["peak_flops"]["fp32"] == 96e9 and stored["samples"] == cpu_ceilings.SAMPLES + 1
+
+
+def test_matmul_peak_touches_no_global_random_state() -> None:
+    before = torch.get_rng_state()
+    assert cpu_ceilings.matmul_flops(torch.float64, target_s=0.0, max_n=128) > 0
+    assert torch.equal(before, torch.get_rng_state())
+
+
+def test_datasheet_lists_fp64_only_where_sure() -> None:
+    assert lookup("NVIDIA H100 80GB HBM3").peak_flops["fp64"] == 67e12
+    assert lookup("NVIDIA A100-SXM4-80GB").peak_flops["fp64"] == 19.5e12
+    assert "fp64" not in lookup("NVIDIA L4").peak_flops  # no guess: MFU of fp64 work stays unknown
 
 
 def test_unknown_device_type_names_valid_options() -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Callable
+
     import torch
 
     from advisor.records.samples import Record
@@ -56,3 +58,14 @@ class AgentContext(Protocol):
 
     def request_deep(self, steps: int) -> None:
         """Ask for the next ``steps`` steps to be deep-sampled (used to verify a remedy)."""
+
+    def subscribe_module_events(
+        self,
+        pre: "Callable[[torch.nn.Module, Any], None]",
+        post: "Callable[[torch.nn.Module, Any, Any], None]",
+    ) -> "Callable[[], None]":
+        """Call ``pre(module, args)`` / ``post(module, args, output)`` from the agent's own
+        global module forward hooks, after the agent's work (so ``module_name`` knows the
+        module); returns the function that unsubscribes. One hook set serves every probe
+        (advisor.probes.module_events). Optional: a probe falls back to hooks of its own when a
+        context lacks it."""

@@ -141,6 +141,13 @@ class ModuleStat(Record):
     backward_s: float = 0.0
     forward_flops: int = 0
     backward_flops: int = 0
+    # Per forward call (the figures above sum every call of the step): grad-enabled calls, the
+    # most of them live together (no backward between), and the largest figure of one call.
+    calls: int = 0  # 0: not recorded (older sessions); read the totals as one call
+    live_calls: int = 0
+    call_activation_bytes: int = 0
+    call_input_bytes: int = 0
+    call_output_bytes: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)

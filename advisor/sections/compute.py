@@ -15,7 +15,9 @@ from advisor.records.units import fmt_seconds
 from advisor.sections.timebase import light_step_time, scale
 from advisor.state import SessionState
 from advisor.records.samples import OpStat
-from advisor.recommend.roofline import OpFigures, op_verdict, step_summary
+from advisor.recommend.roofline import OpFigures, dtype_key, op_verdict, step_summary
+
+SIGNIFICANT_DTYPE_SHARE = 0.01  # FLOPs of a dtype below this share do not decide whether MFU is known
 
 DEVICE_FIELDS: tuple[str, ...] = (
     "peak_flops", "memory_bandwidth", "memory_capacity", "source", "part",
@@ -129,12 +131,14 @@ def build_compute_section(state: SessionState, spec: Mapping[str, Any] | None) -
         return empty
     scales, profiled, light = _step_scales(state, ops)
     summaries = []
+    mfus: list[float | None] = []
     for step in steps:
         k = scales[step]
         figures = [OpFigures(flops=o.flops, bytes=o.bytes, time_s=o.time_s * k, dtype=o.dtype)
                    for o in ops if o.step == step]
         summaries.append(step_summary(figures, step_time_s=profiled[step] * k, peak_flops=peaks,
                                       bandwidth=bandwidth, mfu_step_time_s=light))
+        mfus.append(mfu_by_dtype(figures, light or profiled[step] * k, peaks))
 
     def mean(name: str) -> float | None:
         values = [getattr(s, name) for s in summaries if getattr(s, name) is not None]
@@ -144,8 +148,9 @@ def build_compute_section(state: SessionState, spec: Mapping[str, Any] | None) -
         return sum(values) / len(values)
 
     out = dict(empty)
+    known = [m for m in mfus if m is not None]
     out.update({
-        "mfu": mean("mfu"), "achieved_flops_per_s": mean("achieved_flops_per_s"),
+        "mfu": sum(known) / len(known) if known and len(known) == len(mfus) else None, "achieved_flops_per_s": mean("achieved_flops_per_s"),
         "memory_bound_share": mean("memory_bound_share"), "unaccounted_share": mean("unaccounted_share"),
         "dominant_dtype": summaries[-1].dominant_dtype, "flops_per_step": mean("flops"),
         "op_time_s": mean("op_time_s"), "step_time_s": mean("step_time_s"), "light_step_time_s": light,
@@ -156,6 +161,30 @@ def build_compute_section(state: SessionState, spec: Mapping[str, Any] | None) -
         "profiled_step_time_s": mean_of([profiled[s] for s in steps]),
     })
     return out
+
+
+def mfu_by_dtype(figures: list[OpFigures], time_s: float, peak_flops: Mapping[str, float]) -> float | None:
+    """Model FLOPs utilisation with each dtype's FLOPs against that dtype's own peak:
+    sum over dtypes of FLOPs / peak[dtype], over the step time (the share of the step the
+    device would need at its peaks). None when the time is unknown or a dtype carrying at
+    least ``SIGNIFICANT_DTYPE_SHARE`` of the FLOPs has no peak of its own: fp16 or fp64 work
+    is never judged against the fp32 peak (issue 21, item 13)."""
+    totals: dict[str, float] = defaultdict(float)
+    for f in figures:
+        if f.flops > 0:
+            totals[dtype_key(f.dtype)] += f.flops
+    everything = sum(totals.values())
+    if time_s <= 0 or everything <= 0:
+        return None
+    needed = 0.0
+    for key, flops in totals.items():
+        peak = peak_flops.get(key)
+        if not peak:
+            if flops >= SIGNIFICANT_DTYPE_SHARE * everything:
+                return None
+            continue
+        needed += flops / float(peak)
+    return needed / time_s
 
 
 def _per_module(ops: list[OpStat], n_steps: int, scales: Mapping[int, float]) -> list[dict[str, Any]]:

@@ -120,6 +120,11 @@ def _modules(state: SessionState, rank: int | None) -> list[dict[str, Any]]:
             "output_bytes": s.output_bytes,
             "forward_s": s.forward_s,
             "backward_s": s.backward_s,
+            "calls": s.calls,
+            "live_calls": s.live_calls,
+            "call_activation_bytes": s.call_activation_bytes,
+            "call_input_bytes": s.call_input_bytes,
+            "call_output_bytes": s.call_output_bytes,
         }
         for s in latest.values()
     ]

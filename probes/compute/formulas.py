@@ -6,7 +6,8 @@ Matmuls, convolutions and attention use ``torch.utils.flop_counter.flop_registry
 (2 FLOPs per multiply-add). Its registry lacks the CPU attention kernel
 ``aten._scaled_dot_product_flash_attention_for_cpu`` and its backward, so we add
 both with the registry's own ``sdpa_flop_count`` / ``sdpa_backward_flop_count``
-(full, non-causal count, as the registry does for the CUDA kernels).
+(full, non-causal count, as the registry does for the CUDA kernels), and the
+CPU LSTM kernel ``aten.mkldnn_rnn_layer`` and its backward (``rnn_layer_flops``).
 
 The registry counts every other op as zero. We count them per element with the
 costs in ``PER_ELEMENT`` below (elements of the op's largest output, or of its
@@ -54,6 +55,56 @@ def _register_missing_formulas() -> None:
 
 
 _register_missing_formulas()
+
+# Elementwise FLOPs per hidden unit per time step of one LSTM cell: three sigmoid gates (4
+# each), tanh of the cell input (1), c = f*c + i*g (3), tanh(c) (1), h = o*tanh(c) (1).
+LSTM_CELL_POINTWISE = 18
+_LSTM_MODE = 2  # the cuDNN/oneDNN mode numbering: RNN_RELU 0, RNN_TANH 1, LSTM 2, GRU 3
+
+
+def rnn_layer_flops(input_shape: Any, w_ih_shape: Any, w_hh_shape: Any, *, mode: int, has_biases: bool) -> int:
+    """Forward FLOPs of one RNN layer in one direction over the whole sequence.
+
+    Rows N = time steps x batch (packed sequences included: the input's leading elements over
+    its feature size); gates G = rows of the input weight (4H for an LSTM). Per row: the input
+    and hidden matmuls 2G(I + H), their sum G, the biases 2G, and for an LSTM the cell's
+    ``LSTM_CELL_POINTWISE`` FLOPs per hidden unit.
+    """
+    gates, in_features = int(w_ih_shape[0]), int(w_ih_shape[1])
+    hidden = int(w_hh_shape[1])
+    rows = 1
+    for d in input_shape[:-1]:
+        rows *= int(d)
+    per_row = 2 * gates * (in_features + hidden) + gates + (2 * gates if has_biases else 0)
+    if mode == _LSTM_MODE:
+        per_row += LSTM_CELL_POINTWISE * hidden
+    return rows * per_row
+
+
+def _register_rnn_formulas() -> None:
+    """The oneDNN LSTM kernel CPU ``nn.LSTM`` runs (``aten.mkldnn_rnn_layer``) and its
+    backward have no formula in the registry (torch 2.13); without them a word-level LSTM
+    model loses half its FLOPs and reads as memory-bound (issue 21, item 13)."""
+    fwd = getattr(aten, "mkldnn_rnn_layer", None)
+    bwd = getattr(aten, "mkldnn_rnn_layer_backward", None)
+    if fwd is not None and fwd not in flop_counter.flop_registry:
+
+        @flop_counter.register_flop_formula(fwd)
+        def _rnn_layer(input, weight0, weight1, weight2, weight3, hx, cx, reverse, batch_sizes, mode,
+                       hidden_size, num_layers, has_biases, *args: Any, out_shape=None, **kwargs: Any) -> int:
+            return rnn_layer_flops(input, weight0, weight1, mode=int(mode), has_biases=bool(has_biases))
+
+    if bwd is not None and bwd not in flop_counter.flop_registry:
+
+        @flop_counter.register_flop_formula(bwd)
+        def _rnn_layer_backward(input, weight1, weight2, weight3, weight4, hx, cx, output, hy, cy,
+                                grad_output, grad_hy, grad_cy, reverse, mode, hidden_size, num_layers,
+                                has_biases, *args: Any, out_shape=None, **kwargs: Any) -> int:
+            # Gradients of the input and hidden state plus of both weights: twice the forward.
+            return 2 * rnn_layer_flops(input, weight1, weight2, mode=int(mode), has_biases=bool(has_biases))
+
+
+_register_rnn_formulas()
 
 
 # FLOPs per element, by aten overload packet name. The figures count the

@@ -1,11 +1,15 @@
 """Which module is running, forward and backward, during a counted step.
 
 Forward: global module forward pre/post hooks keep a stack of names.
-Backward: on each module's outputs a multi-grad hook (mode "any") marks the
-start of its backward, and on its inputs one marks the end, the way
-``torch.utils.module_tracker.ModuleTracker`` does. A module whose inputs need no
-gradient (the first layer) stays open until the backward ends; the innermost
-(deepest) open module wins, so this only affects ops of no other module.
+Backward: by autograd node. After a module's forward its post hook tags the
+autograd nodes that forward created with the module's name
+(advisor.probes.module_nodes); in backward an op belongs to the module that
+created the node running it (``torch._C._current_autograd_node()``). Hooks on
+tensors cannot do this: a module that returns its input unchanged
+(``Dropout(p=0)``, an in-place activation) shares a tensor with its
+neighbour, and the neighbour's backward would be credited to it (issue 21,
+item 3). Ops of nodes no module created (a loss computed in the script,
+gradient accumulation into ``.grad``) go to "".
 """
 
 from __future__ import annotations
@@ -13,13 +17,9 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-from torch.autograd.graph import register_multi_grad_hook
-from torch.utils._pytree import tree_flatten
 
-
-def _grad_tensors(value: Any) -> list[torch.Tensor]:
-    leaves, _ = tree_flatten(value)
-    return [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
+from advisor.probes.module_events import Unsubscribe, subscribe_module_events
+from advisor.probes.module_nodes import input_nodes, running_module, tag_created_nodes
 
 
 class ModuleTracker:
@@ -28,9 +28,8 @@ class ModuleTracker:
     def __init__(self, name_of: Callable[[torch.nn.Module], str | None]) -> None:
         self._name_of = name_of
         self._names: dict[int, str | None] = {}
-        self._forward: list[str] = []
-        self._backward: dict[str, int] = {}  # open module name -> open count
-        self._handles: list[Any] = []
+        self._forward: list[tuple[str, set[Any]]] = []
+        self._unsubscribe: Unsubscribe | None = None
 
     def _name(self, module: torch.nn.Module) -> str | None:
         key = id(module)
@@ -38,55 +37,39 @@ class ModuleTracker:
             self._names[key] = self._name_of(module)
         return self._names[key]
 
-    def start(self) -> None:
-        hooks = torch.nn.modules.module
-        self._handles = [
-            hooks.register_module_forward_pre_hook(self._pre),
-            hooks.register_module_forward_hook(self._post),
-        ]
+    def start(self, ctx: Any = None) -> None:
+        """Follow module forwards through ``ctx``'s module events (the agent's one hook set),
+        or through global hooks of our own when it has none."""
+        self._unsubscribe = subscribe_module_events(ctx, self._pre, self._post)
 
     def stop(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
         self._forward.clear()
-        self._backward.clear()
         self._names.clear()
 
     def end_backward(self) -> None:
-        """Close modules whose input-gradient hooks never fired."""
-        self._backward.clear()
+        """Kept for callers of the tensor-hook tracker; nothing stays open between phases now."""
 
     def current(self, backward: bool) -> str:
-        if backward and self._backward:
-            return max(self._backward, key=lambda n: (0 if n == "" else n.count(".") + 1))
-        return self._forward[-1] if self._forward else ""
+        if backward:
+            running = running_module()
+            if running is not None:
+                return running
+            # Recomputation under checkpointing runs forward hooks inside backward.
+            return self._forward[-1][0] if self._forward else ""
+        return self._forward[-1][0] if self._forward else ""
 
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
         name = self._name(module)
         if name is None:
             return
-        self._forward.append(name)
-        inputs = _grad_tensors(args)
-        if inputs:
-            register_multi_grad_hook(inputs, lambda _g, n=name: self._close(n), mode="any")
+        self._forward.append((name, input_nodes(args)))
 
     def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         name = self._name(module)
-        if name is None:
+        if name is None or not self._forward or self._forward[-1][0] != name:
             return
-        if self._forward and self._forward[-1] == name:
-            self._forward.pop()
-        outputs = _grad_tensors(output)
-        if outputs:
-            register_multi_grad_hook(outputs, lambda _g, n=name: self._open(n), mode="any")
-
-    def _open(self, name: str) -> None:
-        self._backward[name] = self._backward.get(name, 0) + 1
-
-    def _close(self, name: str) -> None:
-        count = self._backward.get(name, 0) - 1
-        if count > 0:
-            self._backward[name] = count
-        else:
-            self._backward.pop(name, None)
+        _, stop_nodes = self._forward.pop()
+        tag_created_nodes(output, name, stop_nodes)

@@ -91,7 +91,7 @@ class ComputeProbe(Probe):
                 tracker.end_backward()
             return tracker.current(phase == "backward"), phase
 
-        tracker.start()
+        tracker.start(ctx)
         self._tracker = tracker
         self._counter = OpCounter(where)
         self._counter.__enter__()

@@ -4,7 +4,8 @@ Sources, per value: the datasheet table (spec_table), the micro-benchmarks
 (microbench) and the user's overrides (``--peak-flops``, ``--peak-bandwidth``).
 On a GPU both spec and measured are kept; the measured value is used where it
 differs from the datasheet by more than ``DISAGREE`` (a throttled or
-misidentified part). On a CPU only measurements exist.
+misidentified part). On a CPU only measurements exist: fp32, fp64, bf16 and fp16
+matmul peaks and copy bandwidth (cpu_ceilings), the best of several runs.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any, Mapping
 
 import torch
 
-from advisor.probes.device import microbench, nvml, spec_table
+from advisor.probes.device import cpu_ceilings, microbench, nvml, spec_table
 
 DISAGREE = 0.25  # relative difference beyond which the measured ceiling wins
 
@@ -25,8 +26,9 @@ SOURCES: tuple[str, ...] = ("spec", "measured", "override")
 
 @dataclass(frozen=True, kw_only=True)
 class DeviceSpec:
-    """Ceilings of one device. FLOP/s per dtype key ("fp32", "tf32", "bf16", "fp16",
-    "fp8"), bandwidth in bytes/s, capacity in bytes."""
+    """Ceilings of one device. FLOP/s per dtype key ("fp64", "fp32", "tf32", "bf16", "fp16",
+    "fp8"; an op is judged against the peak of its own dtype), bandwidth in bytes/s, capacity
+    in bytes."""
 
     type: str  # "cpu" | "cuda"
     name: str
@@ -132,7 +134,9 @@ def detect_device_spec(device: torch.device | str, *, peak_flops: float | None =
         measured = None
         if measure:
             key = f"cpu|{name}|threads={threads}|torch={torch.__version__}"
-            measured = microbench.cached_measure(key, microbench.measure_cpu)
+            # Best of several runs, re-measured when a quick check says the cache is low: a
+            # figure taken while other processes shared the cores must not stay (cpu_ceilings).
+            measured = cpu_ceilings.cached_best(key, cpu_ceilings.measure_cpu_ceilings)
         return combine(type="cpu", name=f"{name} ({threads} threads)", part=None, measured=measured,
                        peak_flops=peak_flops, peak_bandwidth=peak_bandwidth, memory_capacity=_cpu_memory())
     if device.type != "cuda":

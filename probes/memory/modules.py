@@ -5,12 +5,20 @@ What each ``ModuleStat`` field measures:
 - ``parameter_bytes``: storage bytes of the module's parameters, its submodules' included
   (``Module.parameters()``, each storage once).
 - ``activation_bytes``: storage bytes autograd saved for backward (``saved_tensors_hooks`` pack)
-  while this module was the innermost one running, each storage once per module, parameters
-  excluded. A storage saved by two modules (the same input to q, k and v projections) counts in
-  each. The inclusive figure (submodules included, each storage once) goes out as an
-  ``Event(name="module_activations")``: it is what checkpointing the module would drop.
+  while this module was the innermost one running, each storage once per call, summed over
+  the step's calls, parameters excluded. A storage saved by two modules (the same input to q,
+  k and v projections) counts in each. The inclusive figure (submodules included, each
+  storage once per call) goes out as an ``Event(name="module_activations")``: it is what
+  checkpointing the module would drop.
 - ``input_bytes`` / ``output_bytes``: storage bytes of the tensors passed positionally to / returned
   by ``forward``, each storage once per call, summed over calls.
+- ``calls``: forward calls in the step that ran with gradients enabled (the ones that can save
+  for backward); ``live_calls``: the most of those that ran with no backward between them, so
+  whose saved tensors can be alive together (1 under gradient accumulation, where each
+  micro-batch's backward frees its activations before the next forward; T for a cell unrolled
+  T times before one backward). A backward is seen as an op run by an autograd node.
+- ``call_activation_bytes`` / ``call_input_bytes`` / ``call_output_bytes``: the largest figure
+  of one grad-enabled call (the totals above sum every call of the step).
 - ``forward_s``: wall time from the forward pre-hook to the forward hook (``time.perf_counter``),
   submodules included, summed over calls; recomputation during backward is ignored.
 - ``backward_s``: wall time of the backward ops run by autograd nodes created inside this module's
@@ -28,9 +36,11 @@ from typing import Any, Callable
 import torch
 
 from advisor.probes.memory.categories import storage_key, tensors_in
+from advisor.probes.module_events import Unsubscribe, subscribe_module_events
+from advisor.probes.module_nodes import TAG, input_nodes, node_module, running_module, tag_created_nodes
 from advisor.records.samples import ModuleStat
 
-TAG = "advisor.module"
+__all__ = ["TAG", "ModuleAttributor"]
 
 
 @dataclass
@@ -43,8 +53,26 @@ class _Acc:
     forward_s: float = 0.0
     activation_bytes: int = 0
     inclusive_bytes: int = 0
+    calls: int = 0
+    live_calls: int = 0
+    epoch: int = -1  # the backward-free stretch its last call ran in
+    epoch_calls: int = 0
+    call_activation_bytes: int = 0
+    call_input_bytes: int = 0
+    call_output_bytes: int = 0
     own_keys: set[int] = field(default_factory=set)
     inclusive_keys: set[int] = field(default_factory=set)
+
+
+@dataclass
+class _Frame:
+    """One running forward call on the module stack."""
+
+    name: str | None
+    started: float
+    stop_nodes: set[Any] = field(default_factory=set)
+    own_start: int = 0  # the module's own activation bytes when the call began
+    grad: bool = False
 
 
 def _bytes_of(value: Any, device_type: str) -> int:
@@ -80,103 +108,99 @@ class ModuleAttributor:
         self._name_of = name_of
         self._in_backward = in_backward
         self.device_type = device_type
-        self.stack: list[tuple[str | None, float, set[Any]]] = []
+        self.stack: list[_Frame] = []
+        self._epoch = 0  # counts stretches of forward calls separated by a backward
+        self._backward_seen = False
         self.acc: dict[str, _Acc] = {}
         self.backward_own: dict[str, float] = {}
-        self._handles: list[Any] = []
+        self._unsubscribe: Unsubscribe | None = None
 
-    def start(self) -> None:
-        from torch.nn.modules import module as module_mod
-
-        self._handles = [
-            module_mod.register_module_forward_pre_hook(self._pre),
-            module_mod.register_module_forward_hook(self._post),
-        ]
+    def start(self, ctx: Any = None) -> None:
+        """Follow module forwards through ``ctx``'s module events (the agent's one hook set),
+        or through global hooks of our own when it has none."""
+        self._unsubscribe = subscribe_module_events(ctx, self._pre, self._post)
 
     def stop(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
         self.stack.clear()
 
     def reset(self) -> None:
         self.acc.clear()
         self.backward_own.clear()
         self.stack.clear()
+        self._epoch, self._backward_seen = 0, False
 
     def current(self) -> str | None:
         """Qualified name of the innermost running module with a name, or None.
 
         In backward the module is the one whose forward created the running autograd node.
         """
-        for name, _, _ in reversed(self.stack):
-            if name is not None:
-                return name
-        node = torch._C._current_autograd_node()
-        if node is not None:
-            try:
-                return node.metadata.get(TAG)
-            except Exception:
-                return None
-        return None
+        for frame in reversed(self.stack):
+            if frame.name is not None:
+                return frame.name
+        return running_module()
 
     # -- hooks -----------------------------------------------------------------------------
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
         if self._in_backward():  # recomputation under checkpointing: not this step's forward
             return
         name = self._name_of(module)
-        stop_nodes: set[Any] = set()
+        frame = _Frame(name=name, started=time.perf_counter())
         if name is not None:
             acc = self.acc.get(name)
             if acc is None:
                 depth = 0 if name == "" else name.count(".") + 1
                 acc = _Acc(type(module).__name__, depth, _parameter_bytes(module))
                 self.acc[name] = acc
-            acc.input_bytes += _bytes_of(args, self.device_type)
-            stop_nodes = {t.grad_fn for t in tensors_in(args) if t.grad_fn is not None}
-        self.stack.append((name, time.perf_counter(), stop_nodes))
+            nbytes = _bytes_of(args, self.device_type)
+            acc.input_bytes += nbytes
+            frame.stop_nodes = input_nodes(args)
+            # Storage keys are allocator addresses, reused once a micro-batch's backward frees
+            # its activations: a storage is counted once per call, not once per step.
+            acc.own_keys.clear()
+            acc.inclusive_keys.clear()
+            frame.own_start = acc.activation_bytes
+            frame.grad = torch.is_grad_enabled()
+            if frame.grad:
+                self._count_call(acc)
+                acc.call_input_bytes = max(acc.call_input_bytes, nbytes)
+        self.stack.append(frame)
+
+    def _count_call(self, acc: _Acc) -> None:
+        if self._backward_seen:  # a backward ran since the last forward call: a new stretch
+            self._epoch += 1
+            self._backward_seen = False
+        if acc.epoch != self._epoch:
+            acc.epoch, acc.epoch_calls = self._epoch, 0
+        acc.calls += 1
+        acc.epoch_calls += 1
+        acc.live_calls = max(acc.live_calls, acc.epoch_calls)
 
     def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if self._in_backward() or not self.stack:
             return
-        name, started, stop_nodes = self.stack.pop()
+        frame = self.stack.pop()
+        name = frame.name
         if name is None:
             return
         acc = self.acc[name]
-        acc.forward_s += time.perf_counter() - started
-        acc.output_bytes += _bytes_of(output, self.device_type)
-        self._tag(output, name, stop_nodes)
-
-    def _tag(self, output: Any, name: str, stop_nodes: set[Any]) -> None:
-        """Tag the autograd nodes this module's forward created with its name (innermost wins:
-        submodules tagged theirs first). Stops at the inputs' nodes and at nodes of modules that
-        are not inside this one."""
-        prefix = name + "."
-        todo = [t.grad_fn for t in tensors_in(output) if t.grad_fn is not None]
-        seen: list[Any] = []  # keeps the Python wrappers alive so ids stay unique
-        seen_ids: set[int] = set()
-        while todo:
-            node = todo.pop()
-            if node is None or id(node) in seen_ids or node in stop_nodes:
-                continue
-            seen.append(node)
-            seen_ids.add(id(node))
-            if type(node).__name__ == "AccumulateGrad":
-                continue
-            meta = node.metadata
-            tag = meta.get(TAG)
-            if tag is None:
-                meta[TAG] = name
-            elif name and tag != name and not tag.startswith(prefix):
-                continue  # another module's graph: everything upstream is outside this one
-            todo.extend(next_node for next_node, _ in node.next_functions)
+        acc.forward_s += time.perf_counter() - frame.started
+        nbytes = _bytes_of(output, self.device_type)
+        acc.output_bytes += nbytes
+        if frame.grad:
+            acc.call_output_bytes = max(acc.call_output_bytes, nbytes)
+            acc.call_activation_bytes = max(acc.call_activation_bytes, acc.activation_bytes - frame.own_start)
+        tag_created_nodes(output, name, frame.stop_nodes)
 
     def on_saved(self, key: int, nbytes: int, is_role: bool) -> None:
         """A storage was saved for backward (called by the tracker's pack hook)."""
         if is_role or self._in_backward():
             return
         innermost = True
-        for name, _, _ in reversed(self.stack):
+        for frame in reversed(self.stack):
+            name = frame.name
             if name is None:
                 continue
             acc = self.acc[name]
@@ -189,10 +213,8 @@ class ModuleAttributor:
                 acc.inclusive_bytes += nbytes
 
     def on_backward_op(self, node: Any, seconds: float) -> None:
-        try:
-            tag = node.metadata.get(TAG)
-        except Exception:  # nodes without metadata support
-            return
+        self._backward_seen = True
+        tag = node_module(node)
         if tag is not None:
             self.backward_own[tag] = self.backward_own.get(tag, 0.0) + seconds
 
@@ -217,6 +239,11 @@ class ModuleAttributor:
                 output_bytes=acc.output_bytes,
                 forward_s=acc.forward_s,
                 backward_s=self.backward_inclusive(name),
+                calls=acc.calls,
+                live_calls=acc.live_calls,
+                call_activation_bytes=acc.call_activation_bytes,
+                call_input_bytes=acc.call_input_bytes,
+                call_output_bytes=acc.call_output_bytes,
             )
             for name, acc in self.acc.items()
         ]

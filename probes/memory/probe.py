@@ -229,7 +229,7 @@ class MemoryProbe(Probe):
         tracker.step = step
         tracker.phase = ctx.phase
         tracker.start()
-        attributor.start()
+        attributor.start(ctx)
         self.tracker, self.attributor = tracker, attributor
         tracker.refresh_roles(ctx.models(), ctx.optimizers())
         if self.scan_gc:

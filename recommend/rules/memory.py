@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from advisor.recommend import remedies
 from advisor.recommend.finding import Finding, gib
-from advisor.recommend.memory_model import measured_peak
+from advisor.recommend.memory_model import accumulates, measured_peak
 from advisor.recommend.profile import Profile
 from advisor.records.advice import Prediction, Recommendation
 
@@ -21,6 +21,8 @@ NOT_BUILT = (
     "a smaller micro-batch with gradient accumulation",
     "a pipeline split across devices",
 )
+NOT_BUILT_IDS = ("cpu_offload", "zero", "micro_batch", "pipeline")
+_MICRO_BATCH = NOT_BUILT_IDS.index("micro_batch")
 
 
 def memory_rule(profile: Profile) -> Finding | None:
@@ -76,12 +78,14 @@ def _fits_already(evidence: list[dict[str, object]]) -> bool:
 
 
 def _not_built(profile: Profile, budget: int | None, best_peak: int | None, why: str) -> Recommendation:
-    """Says plainly that nothing built fits, and which remedies would (not built yet)."""
+    """Says plainly that nothing built fits, and which remedies would (not built yet). A script
+    that already accumulates gradients is not told to accumulate them."""
+    keep = [i for i in range(len(NOT_BUILT)) if not (i == _MICRO_BATCH and accumulates(profile))]
     return Recommendation(
         id="memory-not-built",
         remedy="not_built",
-        title=f"No built remedy fits the memory budget ({why}); consider: " + "; ".join(NOT_BUILT),
-        params={"remedies": ["cpu_offload", "zero", "micro_batch", "pipeline"]},
+        title=f"No built remedy fits the memory budget ({why}); consider: " + "; ".join(NOT_BUILT[i] for i in keep),
+        params={"remedies": [NOT_BUILT_IDS[i] for i in keep]},
         predicted=Prediction(peak_memory_bytes=best_peak, step_time_s=None),
         baseline=Prediction(peak_memory_bytes=measured_peak(profile), step_time_s=profile.step_time_s),
         cost_model="none",

@@ -1,0 +1,69 @@
+"""One set of global module forward hooks for every probe.
+
+Each global module hook is Python work on every module call of the user's model, so the agent
+installs one pair and fans its events out (issue 9, item 6; issue 14, item 3). A probe
+subscribes through its context (``AgentContext.subscribe_module_events``) for the deep steps
+only; a context without that method (a test's hand-driven context, an older agent) gets the
+probe's own pair of global hooks instead, with the same behaviour.
+
+The agent's side, in its global hooks: ``events.pre(module, args)`` after its own forward
+pre-hook work and ``events.post(module, args, output)`` after its own forward hook work (so
+module names are known before a probe asks), with ``subscribe_module_events`` returning
+``events.subscribe(pre, post)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+PreHook = Callable[[torch.nn.Module, Any], None]
+PostHook = Callable[[torch.nn.Module, Any, Any], None]
+Unsubscribe = Callable[[], None]
+
+
+class ModuleEvents:
+    """Subscribers to module forward events, called in subscription order."""
+
+    def __init__(self) -> None:
+        self._subscribers: list[tuple[PreHook, PostHook]] = []
+
+    def subscribe(self, pre: PreHook, post: PostHook) -> Unsubscribe:
+        entry = (pre, post)
+        self._subscribers.append(entry)
+
+        def unsubscribe() -> None:
+            try:
+                self._subscribers.remove(entry)
+            except ValueError:  # already removed
+                pass
+
+        return unsubscribe
+
+    def __bool__(self) -> bool:
+        return bool(self._subscribers)
+
+    def pre(self, module: torch.nn.Module, args: Any) -> None:
+        for pre, _ in tuple(self._subscribers):
+            pre(module, args)
+
+    def post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        for _, post in tuple(self._subscribers):
+            post(module, args, output)
+
+
+def subscribe_module_events(ctx: Any, pre: PreHook, post: PostHook) -> Unsubscribe:
+    """Receive module forward events through ``ctx`` when it offers them, else through a pair
+    of global hooks of our own; returns the function that stops them."""
+    subscribe = getattr(ctx, "subscribe_module_events", None) if ctx is not None else None
+    if callable(subscribe):
+        return subscribe(pre, post)
+    hooks = torch.nn.modules.module
+    handles = [hooks.register_module_forward_pre_hook(pre), hooks.register_module_forward_hook(post)]
+
+    def remove() -> None:
+        for handle in handles:
+            handle.remove()
+
+    return remove
