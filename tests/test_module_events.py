@@ -66,3 +66,39 @@ def test_probes_use_the_contexts_module_events_and_install_no_hooks(monkeypatch)
     assert stats["3"].calls == 1 and stats["3"].backward_s > 0 and stats["1"].backward_s == 0.0
     backward = {(o.module, o.name) for o in ctx.emitted if isinstance(o, OpStat) and o.phase == "backward"}
     assert ("3", "aten.mm") in backward and not any(module == "1" for module, _ in backward)
+
+
+def test_the_real_agent_serves_every_probe_from_its_one_hook_pair() -> None:
+    """Under the agent, a deep step runs with exactly the agent's global forward hooks: the memory
+    and compute probes subscribe to its events instead of adding their own pairs."""
+    from torch.nn.modules import module as nn_module
+
+    from advisor.agent.agent import Agent
+    from advisor.agent.hooks import install
+    from advisor.agent.probe_registry import build_probes
+    from advisor.records.samples import ModuleStat
+
+    counts: list[tuple[int, int]] = []
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    records: list = []
+    config = {"probes": ["memory", "compute"], "deep_steps": [1]}
+    probes, warnings = build_probes(config)
+    assert not warnings
+    agent = Agent(emit=records.append, config=config, probes=probes)
+    before = (len(nn_module._global_forward_pre_hooks), len(nn_module._global_forward_hooks))
+    hooks = install(agent)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        for _ in range(3):
+            loss = model(torch.randn(4, 8, generator=gen)).pow(2).mean()
+            counts.append((len(nn_module._global_forward_pre_hooks), len(nn_module._global_forward_hooks)))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        agent.flush(sync=True)
+    finally:
+        hooks.remove()
+        agent.close()
+    assert counts == [(before[0] + 1, before[1] + 1)] * 3  # deep step 1 included
+    assert any(isinstance(r, ModuleStat) and r.step == 1 for r in records)  # the probes did see modules

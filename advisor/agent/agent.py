@@ -50,6 +50,7 @@ from advisor.apply.executor import Executor
 from advisor.apply.plan import apply_plan_before_first_step, load_plan
 from advisor.apply.target import Target, unwrap  # noqa: F401  (unwrap: re-exported)
 from advisor.probes.device.spec import detect_device_spec
+from advisor.probes.module_events import ModuleEvents
 from advisor.probes.probe import Probe
 from advisor.records.samples import Event, ModelInfo, OptimizerInfo, Record, StepSample
 
@@ -112,6 +113,7 @@ class Agent:
         self.device = torch.device("cpu")
         self.executor: Any = None  # advisor.apply.executor.Executor, created on first command
         self.capture = Capture()  # what the script built, for remedies (installed by hooks.install)
+        self.module_events = ModuleEvents()  # probes' module hooks, fanned out from the agent's one pair
         self.max_steps: int | None = self.config.get("max_steps")
         self.deep_steps: set[int] = set(self.config.get("deep_steps", [1, 2, 3]))
         self.deep_every: int = int(self.config.get("deep_every", 0) or 0)
@@ -175,6 +177,11 @@ class Agent:
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
         return [o for ref in self._optimizers if (o := ref()) is not None]
+
+    def subscribe_module_events(self, pre: Any, post: Any) -> Callable[[], None]:
+        """Receive every module forward pre/post event from the agent's global hooks
+        (``AgentContext.subscribe_module_events``); returns the unsubscribe function."""
+        return self.module_events.subscribe(pre, post)
 
     def target(self) -> Target:
         """What remedies act on (models, optimizers, schedulers, wrappers, group, device)."""

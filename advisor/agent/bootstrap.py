@@ -72,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     from advisor.agent.agent import Agent, StopTraining, env_rank
     from advisor.agent.channel import AgentChannel
     from advisor.agent.hooks import install
-    from advisor.records.samples import Event, ExitInfo, RunInfo
     from advisor.agent.probe_registry import build_probes, device_info
+    from advisor.records.samples import Event, ExitInfo, RunInfo
     from advisor.records.wire import SECRET_ENV, SOCKET_ENV, read_secret_file
 
     rank, local_rank, world_size = env_rank()

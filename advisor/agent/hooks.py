@@ -48,13 +48,19 @@ def install(agent: Agent) -> InstalledHooks:
 
     compiling = torch.compiler.is_compiling
 
+    events = agent.module_events  # the probes' deep-step subscribers: one hook pair serves all
+
     def fwd_pre(module: torch.nn.Module, args: Any) -> None:
         if not compiling():
             agent.forward_pre(module)
+            if events:
+                events.pre(module, args)
 
     def fwd_post(module: torch.nn.Module, args: Any, output: Any) -> None:
         if not compiling():
             agent.forward_post(module)
+            if events:
+                events.post(module, args, output)
 
     def opt_pre(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not compiling():
