@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from advisor.probes.device import cpu_ceilings, microbench, nvml, spec_table
 
@@ -126,8 +127,21 @@ def _cpu_memory() -> int | None:
 
 def detect_device_spec(device: torch.device | str, *, peak_flops: float | None = None,
                        peak_bandwidth: float | None = None, measure: bool = True) -> DeviceSpec:
-    """Ceilings of ``device`` ("cpu" or "cuda[:i]"): spec table, micro-benchmarks, overrides."""
-    device = torch.device(device)
+    """Ceilings of ``device`` ("cpu" or "cuda[:i]"): spec table, micro-benchmarks, overrides.
+
+    The micro-benchmarks are the advisor's own work: they run outside every dispatch mode in
+    force (the memory tracker, and the budget it enforces under ``--enforce-budget``), so their
+    allocations are neither counted in the script's step nor able to raise its out-of-memory
+    error. (``_disable_current_modes`` is private, but the only way to step outside a mode the
+    caller did not enter; it has been stable since torch 2.0.)
+    """
+    with _disable_current_modes():
+        return _detect(torch.device(device), peak_flops=peak_flops, peak_bandwidth=peak_bandwidth,
+                       measure=measure)
+
+
+def _detect(device: torch.device, *, peak_flops: float | None, peak_bandwidth: float | None,
+            measure: bool) -> DeviceSpec:
     if device.type == "cpu":
         name = cpu_name()
         threads = torch.get_num_threads()
