@@ -34,13 +34,14 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from advisor.apply.remedies._host_copies import HostSlab, Streams, dense_span, view_as
+from advisor.apply.remedies._host_copies import HostSlab, Streams
 from advisor.apply.remedies.activation_checkpointing import is_checkpointed, resolve_modules
 from advisor.apply.target import Target, as_target, unwrap_model
 
 logger = logging.getLogger("advisor.apply")
 
 PHASE = "saved-tensors"  # advisor.records.remedy.PHASES
+SPAN = 4  # a view is offloaded with its whole storage when that storage is at most this many times the view
 MIN_BYTES = 1 << 20  # smaller saved tensors stay on the device: their copies cost more in launches than they free
 _MARK = "__advisor_offload__"
 _MISSING = object()
@@ -51,26 +52,43 @@ def is_offloaded(module: nn.Module) -> bool:
     return bool(getattr(module.__dict__.get("forward"), _MARK, False))
 
 
-class _Saved:
-    """One offloaded tensor: its host copy and, once fetched, its device copy."""
+class _Storage:
+    """One offloaded storage: its bytes in the slab and, once fetched, on the device again.
 
-    __slots__ = ("host", "like", "device", "event", "group", "__weakref__")
+    Views saved by the same call (q, k and v split from one projection) share it, so each
+    storage crosses the link once and comes back as one allocation, as it was.
+    """
 
-    def __init__(self, host: torch.Tensor, like: torch.Tensor, event: Any, group: "_Group") -> None:
+    __slots__ = ("host", "nbytes", "device", "event", "__weakref__")
+
+    def __init__(self, host: torch.Tensor, nbytes: int, event: Any) -> None:
         self.host = host
-        self.like = (like.shape, like.stride(), like.dtype, like.device)  # metadata only: the device copy is freed
-        self.device: torch.Tensor | None = None
+        self.nbytes = nbytes
+        self.device: torch.Tensor | None = None  # uint8 on the device
         self.event = event
+
+
+class _Saved:
+    """One offloaded tensor: its storage and the view metadata to rebuild it bit for bit."""
+
+    __slots__ = ("storage", "offset", "shape", "stride", "dtype", "group", "__weakref__")
+
+    def __init__(self, storage: _Storage, t: torch.Tensor, group: "_Group") -> None:
+        self.storage = storage
+        self.offset, self.shape, self.stride, self.dtype = t.storage_offset(), t.shape, t.stride(), t.dtype
         self.group = group
 
 
 class _Group:
-    """The tensors one call of one module offloaded, in forward order."""
+    """The storages one call of one module offloaded, and the call before it (prefetched next)."""
 
-    __slots__ = ("items", "previous", "fetched")
+    __slots__ = ("storages", "open", "previous", "fetched")
 
     def __init__(self, previous: "_Group | None") -> None:
-        self.items: list[weakref.ref[_Saved]] = []
+        self.storages: list[weakref.ref[_Storage]] = []
+        # While the call's forward runs: source storage key -> (the source, its copy). Holding the
+        # source keeps its key from being reused by a new allocation before the call ends.
+        self.open: dict[int, tuple[Any, _Storage]] = {}
         self.previous = previous
         self.fetched = False
 
@@ -95,23 +113,30 @@ class OffloadHandle:
     # -- hooks ----------------------------------------------------------------------------
     def _pack(self, group: _Group, t: torch.Tensor) -> Any:
         nbytes = t.numel() * t.element_size()
+        source = t.untyped_storage()
+        key = source._cdata
         if (nbytes < self.min_bytes or isinstance(t, nn.Parameter) or (t.is_leaf and t.requires_grad)
-                or t.untyped_storage()._cdata in self._param_keys or not dense_span(t) or t.device != self.device):
-            self.kept_bytes += nbytes
+                or key in self._param_keys or t.device != self.device
+                or source.nbytes() > SPAN * nbytes and key not in group.open):
+            self.kept_bytes += nbytes  # small, a weight, or a small view of a large storage
             return t
         assert self.slab is not None and self.streams is not None
-        host = view_as(self.slab.take(nbytes), t)
-        self.streams.side_waits_compute()
-        with self.streams.on_side():
-            host.copy_(t, non_blocking=self.streams.side is not None)
-        if self.streams.side is not None:
-            t.record_stream(self.streams.side)  # the allocator must not reuse t before the copy ends
-        saved = _Saved(host, t, self.streams.record(), group)
-        group.items.append(weakref.ref(saved))
-        self.live += 1
-        self.offloaded_bytes += nbytes
-        weakref.finalize(saved, self._released)
-        return saved
+        storage = group.open[key][1] if key in group.open else None
+        if storage is None:
+            whole = torch.empty(0, dtype=torch.uint8, device=t.device).set_(source)
+            host = self.slab.take(source.nbytes())
+            self.streams.side_waits_compute()
+            with self.streams.on_side():
+                host.copy_(whole, non_blocking=self.streams.side is not None)
+            if self.streams.side is not None:
+                whole.record_stream(self.streams.side)  # the allocator must not reuse it before the copy ends
+            storage = _Storage(host, source.nbytes(), self.streams.record())
+            group.open[key] = (source, storage)
+            group.storages.append(weakref.ref(storage))
+            self.live += 1
+            self.offloaded_bytes += source.nbytes()
+            weakref.finalize(storage, self._released)
+        return _Saved(storage, t, group)
 
     def _unpack(self, packed: Any) -> torch.Tensor:
         if not isinstance(packed, _Saved):
@@ -122,12 +147,22 @@ class OffloadHandle:
             self._fetch(group)
             if group.previous is not None:
                 self._fetch(group.previous)
-        self.streams.compute_waits(packed.event)
-        out = packed.device
-        assert out is not None
+        storage = packed.storage
+        if storage.device is None:  # released from the group's table before the fetch: fetch alone
+            self._fetch_one(storage)
+        self.streams.compute_waits(storage.event)
+        buf = storage.device
+        assert buf is not None
         if self.streams.side is not None:
-            out.record_stream(self.streams.compute or torch.cuda.current_stream(self.device))
-        return out
+            buf.record_stream(self.streams.compute or torch.cuda.current_stream(self.device))
+        return torch.empty(0, dtype=packed.dtype, device=buf.device).set_(
+            buf.untyped_storage(), packed.offset, packed.shape, packed.stride)
+
+    def _fetch_one(self, storage: _Storage) -> None:
+        assert self.streams is not None
+        with self.streams.on_side():
+            storage.device = torch.empty(storage.nbytes, dtype=torch.uint8, device=self.device)
+            storage.device.copy_(storage.host, non_blocking=self.streams.side is not None)
 
     def _fetch(self, group: _Group) -> None:
         if group.fetched:
@@ -135,19 +170,12 @@ class OffloadHandle:
         group.fetched = True
         assert self.streams is not None
         self.streams.side_waits_compute()
-        with self.streams.on_side():
-            for ref in group.items:
-                saved = ref()
-                if saved is None or saved.device is not None:
-                    continue
-                shape, stride, dtype, device = saved.like
-                saved.device = torch.empty_strided(shape, stride, dtype=dtype, device=device)
-                saved.device.copy_(saved.host, non_blocking=self.streams.side is not None)
-            event = self.streams.record()
-        for ref in group.items:
-            saved = ref()
-            if saved is not None:
-                saved.event = event
+        alive = [s for s in (ref() for ref in group.storages) if s is not None and s.device is None]
+        for storage in alive:
+            self._fetch_one(storage)
+        event = self.streams.record()
+        for storage in alive:
+            storage.event = event
 
     def _released(self) -> None:
         self.live -= 1
@@ -167,8 +195,11 @@ class OffloadHandle:
             self.streams.capture()
             group = _Group(self._last)
             self._last = group
-            with torch.autograd.graph.saved_tensors_hooks(functools.partial(self._pack, group), self._unpack):
-                return inner(*args, **kwargs)
+            try:
+                with torch.autograd.graph.saved_tensors_hooks(functools.partial(self._pack, group), self._unpack):
+                    return inner(*args, **kwargs)
+            finally:
+                group.open.clear()  # the sources may be freed now
 
         setattr(forward, _MARK, True)
         return forward
