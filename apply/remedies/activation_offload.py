@@ -35,7 +35,9 @@ import torch
 from torch import nn
 
 from advisor.apply.remedies._host_copies import HostSlab, Streams
-from advisor.apply.remedies.activation_checkpointing import is_checkpointed, resolve_modules
+from advisor.apply.remedies.activation_checkpointing import (
+    apply_activation_checkpointing, is_checkpointed, resolve_modules,
+)
 from advisor.apply.target import Target, as_target, unwrap_model
 
 logger = logging.getLogger("advisor.apply")
@@ -109,6 +111,7 @@ class OffloadHandle:
     reverted: bool = False
     _param_keys: set[int] = field(default_factory=set, repr=False)
     _last: _Group | None = field(default=None, repr=False)
+    checkpoint: Any = None  # the CheckpointHandle of a mixed plan's recomputed modules
 
     # -- hooks ----------------------------------------------------------------------------
     def _pack(self, group: _Group, t: torch.Tensor) -> Any:
@@ -219,6 +222,8 @@ class OffloadHandle:
             else:
                 module.__dict__["forward"] = previous
         self.reverted = True
+        if self.checkpoint is not None:
+            self.checkpoint.revert()
         if self.live == 0 and self.slab is not None:
             self.slab.free()
         logger.info("Reverted activation offload of %d modules", len(self.modules))
@@ -239,8 +244,11 @@ def _last_of_run(root: nn.Module, name: str) -> bool:
 
 
 def apply_activation_offload(target: Target | nn.Module, *, modules: Sequence[str],
-                             min_bytes: int | None = None) -> OffloadHandle:
+                             checkpoint: Sequence[str] = (), min_bytes: int | None = None) -> OffloadHandle:
     """Offload what the named submodules save for backward to host memory, in place.
+
+    ``checkpoint``: modules to checkpoint in the same apply (the joint solver's mixed plan);
+    the handle's ``revert()`` undoes both.
 
     ``ValueError`` and nothing changed on bad names, on a module already checkpointed or
     offloaded (or inside / around one), or on the last block of a numbered run.
@@ -264,9 +272,13 @@ def apply_activation_offload(target: Target | nn.Module, *, modules: Sequence[st
             raise ValueError(f"module {other_name!r} is already offloaded or checkpointed and contains a named module")
     params = list(root.parameters())
     device = params[0].device if params else torch.device("cpu")
+    if isinstance(checkpoint, str) or set(checkpoint) & set(found):
+        raise ValueError(f"checkpoint must be a list of names none of which is offloaded, got {checkpoint!r}")
     handle = OffloadHandle(modules=tuple(found), min_bytes=MIN_BYTES if min_bytes is None else min_bytes,
                            device=device, slab=HostSlab(device), streams=Streams(device),
                            _param_keys={p.untyped_storage()._cdata for p in params})
+    if checkpoint:  # atomic on its own: raises with nothing changed
+        handle.checkpoint = apply_activation_checkpointing(target, modules=list(checkpoint))
     try:
         for name, module in found.items():
             handle._saved[name] = (module, module.__dict__.get("forward", _MISSING))
@@ -274,5 +286,7 @@ def apply_activation_offload(target: Target | nn.Module, *, modules: Sequence[st
     except BaseException:
         handle.revert()
         raise
+    if handle.checkpoint is not None:
+        logger.info("... together with checkpointing of %s", ", ".join(checkpoint))
     logger.info("Applied activation offload to %d modules: %s", len(found), ", ".join(found))
     return handle

@@ -39,7 +39,10 @@ from advisor.records.advice import CurvePoint
 KEEP, RECOMPUTE, OFFLOAD = "keep", "recompute", "offload"
 CHOICES = (KEEP, RECOMPUTE, OFFLOAD)
 BACKWARD_FACTOR = 2.0  # backward of a block ~ twice its forward (two matmuls per forward one)
-LABEL_CAP = 4096  # Pareto labels per state; above it the answer is flagged not exact
+LABEL_CAP = 4096  # Pareto labels per state on short chains; above it the answer is flagged not exact
+EXACT_BLOCKS = 16  # longer chains: LONG_CAP labels and LONG_LEVELS max-term levels (flagged not exact)
+LONG_CAP = 128
+LONG_LEVELS = 8
 BRUTE_FORCE_MAX = 10
 
 
@@ -122,16 +125,17 @@ def evaluate(chain: Chain, model: Model, choices: Sequence[str], offload_optimiz
     return peak, time
 
 
-def _pareto(labels: list[tuple[int, float, tuple[str, ...]]]) -> tuple[list[tuple[int, float, tuple[str, ...]]], bool]:
+def _pareto(labels: list[tuple[int, float, tuple[str, ...]]], cap: int = LABEL_CAP
+            ) -> tuple[list[tuple[int, float, tuple[str, ...]]], bool]:
     labels.sort(key=lambda l: (l[0], l[1]))
     out: list[tuple[int, float, tuple[str, ...]]] = []
     for label in labels:
         if not out or label[1] < out[-1][1]:
             out.append(label)
-    if len(out) <= LABEL_CAP:
+    if len(out) <= cap:
         return out, False
-    step = len(out) / LABEL_CAP  # thin evenly, keeping the leanest and the fastest
-    keep = sorted({0, len(out) - 1} | {int(k * step) for k in range(LABEL_CAP)})
+    step = len(out) / cap  # thin evenly, keeping the leanest and the fastest
+    keep = sorted({0, len(out) - 1} | {int(k * step) for k in range(cap)})
     return [out[k] for k in keep], True
 
 
@@ -161,7 +165,7 @@ def _dp(chain: Chain, model: Model, allowed: frozenset[str], level: int, capacit
                         new.setdefault(c, []).append((kept + add, time + dt, path + (c,)))
         states = {}
         for c, labels in new.items():
-            states[c], cut = _pareto(labels)
+            states[c], cut = _pareto(labels, LABEL_CAP if chain.n <= EXACT_BLOCKS else LONG_CAP)
             thinned |= cut
         if not states:
             return None
@@ -184,6 +188,9 @@ def solve(chain: Chain, model: Model, budget: int, *, allowed: Sequence[str] = C
         return _unchanged(chain, budget)
     a = [b.activation_bytes for b in chain.blocks]
     levels = sorted({0, *a, *(x + y for x, y in zip(a, a[1:]))})
+    coarse = chain.n > EXACT_BLOCKS and len(levels) > LONG_LEVELS
+    if coarse:  # a plan found under level M is still valid; only optimality can suffer
+        levels = sorted({levels[round(k * (len(levels) - 1) / (LONG_LEVELS - 1))] for k in range(LONG_LEVELS)})
     best: JointPlan | None = None
     lowest: JointPlan | None = None
     opts = (False, True) if optimizer is None else (optimizer,)
@@ -200,7 +207,7 @@ def solve(chain: Chain, model: Model, budget: int, *, allowed: Sequence[str] = C
                 continue
             peak, time = evaluate(chain, model, found[0], opt)
             plan = JointPlan(choices=found[0], offload_optimizer=opt, peak_bytes=peak, overhead_s=time,
-                             feasible=peak <= budget, exact=not found[2])
+                             feasible=peak <= budget, exact=not (found[2] or coarse))
             if plan.feasible and (best is None or (plan.overhead_s, plan.peak_bytes) < (best.overhead_s, best.peak_bytes)):
                 best = plan
     if best is not None:
@@ -288,4 +295,53 @@ def tradeoff_curve(chain: Chain, model: Model, points: int = 12, *, allowed: Seq
         plan = solve(chain, model, budget, allowed=allowed)
         out.append(CurvePoint(budget_bytes=budget, overhead_s=plan.overhead_s, peak_memory_bytes=plan.peak_bytes,
                               modules_count=sum(c != KEEP for c in plan.choices)))
+    return out
+
+
+# ---------------------------------------------------------------- from a measured profile ---
+DEFAULT_BANDWIDTH = 16e9  # bytes/s: PCIe 3.0 x16 nominal (REFERENCE.md), when no measurement reached us
+HEADROOM = 0.90  # as checkpointing: plan for this share of the budget first
+
+
+def bandwidth_of(profile: object) -> tuple[float, str]:
+    """(host-link bytes/s, where it came from): the measured ``host_link_bandwidth`` the profile
+    carries (probes/device/hostlink.py, or the agent's override), else the nominal assumption."""
+    value = getattr(profile, "host_link_bandwidth", None)
+    if isinstance(value, (int, float)) and value > 0:
+        return float(value), "measured"
+    return DEFAULT_BANDWIDTH, "assumed PCIe 3.0 x16 (no host-link measurement)"
+
+
+def model_for(profile: object) -> Model:
+    """The joint model's extras from the categories at the peak (bytes)."""
+    cats = dict(getattr(profile, "categories_at_peak", None) or getattr(profile, "categories_max", None) or {})
+    state = int(cats.get("optimizer_state", 0))
+    step_peak = int(cats.get("parameter", 0)) + int(cats.get("gradient", 0)) + state
+    return Model(bandwidth=bandwidth_of(profile)[0], optimizer_state_bytes=state, step_peak_bytes=step_peak)
+
+
+def fitting(chain: Chain, model: Model, budget: int, **kw: object) -> JointPlan:
+    """The least-time plan under ``HEADROOM`` of the budget, else under the budget itself."""
+    plan = solve(chain, model, int(HEADROOM * budget), **kw)  # type: ignore[arg-type]
+    return plan if plan.feasible else solve(chain, model, budget, **kw)  # type: ignore[arg-type]
+
+
+def why(chain: Chain, model: Model, plan: JointPlan) -> list[str]:
+    """One line per changed block: why its option beat the others."""
+    out = []
+    for i, c in enumerate(plan.choices):
+        if c == KEEP:
+            continue
+        b = chain.blocks[i]
+        copy = b.activation_bytes / model.bandwidth
+        recompute = f"recompute would cost {b.forward_s * 1e3:.1f} ms"
+        if c == OFFLOAD:
+            out.append(f"{b.name}: offload ({copy * 1e3:.1f} ms each way) hides behind "
+                       f"{hidden_behind(chain, i) * 1e3:.1f} ms of the next block's forward and backward, "
+                       f"exposing {offload_cost(chain, model, i) * 1e3:.1f} ms; {recompute}")
+        elif i + 1 < chain.n:
+            out.append(f"{b.name}: recompute costs {b.forward_s * 1e3:.1f} ms; offload would expose "
+                       f"{offload_cost(chain, model, i) * 1e3:.1f} ms ({copy * 1e3:.1f} ms copies)")
+        else:
+            out.append(f"{b.name}: recompute costs {b.forward_s * 1e3:.1f} ms (the last block is never offloaded)")
     return out

@@ -1,9 +1,11 @@
 """Memory rule: peak over 90% of the budget, or an OOM. It asks every memory remedy for a plan.
 
 Memory remedies are the ``recommend/remedies`` modules whose spec says ``addresses="memory"``;
-each proposes what fits (activation checkpointing when activations dominate). When none does,
-a not-built note names the remedies that would. Thresholds: REFERENCE.md ("Other remedies and
-their signals").
+each proposes what fits: activation checkpointing, activation offload or a keep/recompute/offload
+mix when activations dominate (the joint solver in ``remedies/offload.py``), optimizer-state
+offload when model states do. When no live plan fits, the CPU-optimizer-step plan (a restart)
+and a not-built note name what would. Thresholds: REFERENCE.md ("Other remedies and their
+signals").
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ from advisor.recommend import remedies
 from advisor.recommend.finding import Finding, gib
 from advisor.recommend.memory_model import measured_peak
 from advisor.recommend.profile import Profile
+from advisor.recommend.remedies.optimizer_offload import cpu_step_plan
 from advisor.records.advice import Prediction, Recommendation
 
+STATE_REMEDY = "optimizer_offload"  # the memory remedy asked when model states dominate
 MEMORY_PRESSURE = 0.90  # peak above this share of the budget deserves advice
 NOT_BUILT = (
-    "CPU offload of activations or optimizer state",
     "ZeRO / FSDP sharding of model states",
     "a smaller micro-batch with gradient accumulation",
     "a pipeline split across devices",
@@ -52,14 +55,25 @@ def memory_rule(profile: Profile) -> Finding | None:
         for spec in remedies.specs().values():
             if spec.addresses == "memory" and spec.propose is not None:
                 recs += spec.propose(profile, budget, evidence)
-        if not recs and not _fits_already(evidence):
+        if not any(r.fits for r in recs) and not _fits_already(evidence):
             best = _lowest_peak(evidence)
-            recs = [_not_built(profile, budget, best, "no set of checkpointed modules fits the budget")]
+            recs += _nothing_live_fits(profile, budget, best, "no set of checkpointed or offloaded modules fits the budget")
     else:
         evidence.append({"what": "activation checkpointing", "value": "not proposed: activations are not the largest category"})
-        recs = [_not_built(profile, budget, None, "model states or other memory dominate, which checkpointing cannot reduce")]
+        spec = remedies.specs().get(STATE_REMEDY)
+        if budget and spec is not None and spec.propose is not None:
+            recs += spec.propose(profile, budget, evidence)
+        if not any(r.fits for r in recs):
+            recs += _nothing_live_fits(profile, budget, None,
+                                       "model states or other memory dominate, which checkpointing cannot reduce")
     severity = 2.0 if profile.oom else 1.0 + (peak / budget if budget else 0.0)
     return Finding(bottleneck="memory", summary=summary, severity=severity, evidence=evidence, recommendations=recs)
+
+
+def _nothing_live_fits(profile: Profile, budget: int | None, best: int | None, why: str) -> list[Recommendation]:
+    """The CPU-optimizer-step plan (a restart) when it exists, then the not-built note."""
+    plan = cpu_step_plan(profile, budget) if budget else None
+    return ([plan] if plan is not None else []) + [_not_built(profile, budget, best, why)]
 
 
 def _lowest_peak(evidence: list[dict[str, object]]) -> int | None:
@@ -81,7 +95,7 @@ def _not_built(profile: Profile, budget: int | None, best_peak: int | None, why:
         id="memory-not-built",
         remedy="not_built",
         title=f"No built remedy fits the memory budget ({why}); consider: " + "; ".join(NOT_BUILT),
-        params={"remedies": ["cpu_offload", "zero", "micro_batch", "pipeline"]},
+        params={"remedies": ["zero", "micro_batch", "pipeline"]},
         predicted=Prediction(peak_memory_bytes=best_peak, step_time_s=None),
         baseline=Prediction(peak_memory_bytes=measured_peak(profile), step_time_s=profile.step_time_s),
         cost_model="none",
