@@ -74,6 +74,9 @@ class Profile:
     # (not serialised by ``to_dict``: the report has its own ops and collectives sections).
     ops: tuple[OpStat, ...] = ()
     collectives: tuple[CollectiveStat, ...] = ()
+    # Pinned host<->device copy bytes/s from the ``device_spec`` event when it measured a real
+    # link or was overridden (None: unknown, or a CPU-only device's same-device copy).
+    host_link_bandwidth: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -251,7 +254,8 @@ def profile_from_records(
     op_rank = min((o.rank for o in ops), default=0)
     comm_rank = min((c.rank for c in collectives), default=0)
     return replace(profile, ops=tuple(o for o in ops if o.rank == op_rank),
-                   collectives=tuple(c for c in collectives if c.rank == comm_rank))
+                   collectives=tuple(c for c in collectives if c.rank == comm_rank),
+                   host_link_bandwidth=_host_link(events))
 
 
 def _rank_of_interest(ranks: set[int]) -> int | None:
@@ -277,6 +281,18 @@ def _oom(events: Sequence[Event], rank: int | None) -> dict[str, Any] | None:
         return None
     event = ([e for e in ooms if e.rank == rank] or ooms)[-1]
     return {"rank": event.rank, "step": event.step, **event.data}
+
+
+def _host_link(events: Sequence[Event]) -> float | None:
+    """The lowest rank's ``device_spec`` host-link figure, when it is a real link's."""
+    specs = [e for e in events if e.name == "device_spec"]
+    if not specs:
+        return None
+    data = [e for e in specs if e.rank == min(s.rank for s in specs)][-1].data
+    value = data.get("host_link_bandwidth")
+    if data.get("host_link_source") in ("measured", "override") and isinstance(value, (int, float)) and value > 0:
+        return float(value)
+    return None
 
 
 def _record_capacity(runs: Sequence[RunInfo], events: Sequence[Event]) -> int | None:

@@ -31,6 +31,7 @@ from advisor.agent.capture import Capture
 from advisor.apply.executor import Executor
 from advisor.apply.target import Target, unwrap
 from advisor.apply.plan import apply_plan_before_first_step, load_plan
+from advisor.probes.device.hostlink import host_link
 from advisor.probes.device.spec import detect_device_spec
 from advisor.probes.probe import Probe
 from advisor.records.samples import Event, ModelInfo, OptimizerInfo, Record, StepSample
@@ -390,7 +391,11 @@ class Agent:
             self.emit(Event(rank=self.rank, name="warning",
                             data={"message": f"device ceilings unknown: {type(exc).__name__}: {exc}"}))
             return
-        self.emit(Event(rank=self.rank, name="device_spec", data=spec.to_dict()))
+        try:  # host-link copy bandwidth for the offload remedies (additive fields)
+            link = host_link(self.device, override=self.config.get("host_link_bandwidth"))
+        except Exception as exc:  # noqa: BLE001 - an unknown link leaves the offload cost assumed
+            link = {"host_link_bandwidth": None, "host_link_source": f"unknown: {type(exc).__name__}: {exc}"}
+        self.emit(Event(rank=self.rank, name="device_spec", data={**spec.to_dict(), **link}))
 
     # -- loss without an extra device sync ---------------------------------------------
     def _queue_sample(self, sample: StepSample, losses: list[torch.Tensor]) -> None:

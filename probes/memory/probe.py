@@ -292,7 +292,7 @@ class MemoryProbe(Probe):
                 event=event,
                 module=module,
                 categories=dict(tracker.totals),
-                total_bytes=tracker.total,
+                total_bytes=tracker.device_total(),  # host copies of offload remedies are not device bytes
                 allocated_bytes=allocated,
                 reserved_bytes=reserved,
             )
