@@ -78,11 +78,15 @@ def test_activation_offload_live_at_step_5_is_bit_exact_and_reverts(baseline) ->
             handles.append(apply_activation_offload(Target.of(model, [opt]), modules=["blocks.0", "blocks.2"],
                                                     min_bytes=0))
             assert is_offloaded(model.blocks[0]) and not is_offloaded(model.blocks[1])
+        if i in (8, 14):  # steady state: one slab chunk, the same one, no allocation per tensor
+            slabs.append(list(handles[0].slab.chunks))
         if i == 15:
             assert handles[0].offloaded_bytes > 0 and host_memory.held_bytes() >= handles[0].slab.nbytes > 0
             handles[0].revert()
 
+    slabs: list = []
     losses, model, _ = train(at)
+    assert len(slabs[0]) == len(slabs[1]) == 1 and slabs[0][0] is slabs[1][0]
     assert losses == baseline[0]  # all 20, bit for bit
     assert all("forward" not in b.__dict__ for b in model.blocks)
     assert all(torch.equal(v, baseline[1][k]) for k, v in model.state_dict().items())
