@@ -33,11 +33,11 @@ def test_failure_mid_apply_reverts_and_training_goes_on(monkeypatch) -> None:
     real = activation_offload.OffloadHandle.wrap
     calls = {"n": 0}
 
-    def flaky(self, inner):
+    def flaky(self, inner, name=""):
         calls["n"] += 1
         if calls["n"] == 2:  # the first module is already wrapped, and blocks.1 checkpointed
             raise RuntimeError("injected failure mid-apply")
-        return real(self, inner)
+        return real(self, inner, name)
 
     monkeypatch.setattr(activation_offload.OffloadHandle, "wrap", flaky)
     model, opt, ctx, ex = setup()

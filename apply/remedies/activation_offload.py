@@ -14,9 +14,9 @@ run (``blocks.N``): its backward starts as soon as forward ends, so its copy cou
 
 On CUDA the device-to-host copy runs on a side stream after the captured compute stream, the
 device tensor is kept alive for that stream (``record_stream``) and an event marks the copy's end;
-the first unpack of one module's call also queues the host-to-device copies of the call before it
-(the next one backward needs) on the side stream, and compute waits on its event only when a
-tensor is used. On a CPU-only build the "device" is the host: the copies are synchronous
+the first unpack of one module's call also queues, on the side stream, the host-to-device copies
+of the call before it when that is the block just before (the next one backward needs), and
+compute waits on an event only when a tensor is used. On a CPU-only build the "device" is the host: the copies are synchronous
 same-device copies through the same code.
 
 Interplay: the memory tracker's own saved-tensor hooks are outer, ours inner, so offloaded tensors
@@ -84,9 +84,10 @@ class _Saved:
 class _Group:
     """The storages one call of one module offloaded, and the call before it (prefetched next)."""
 
-    __slots__ = ("storages", "open", "previous", "fetched")
+    __slots__ = ("storages", "open", "previous", "fetched", "name")
 
-    def __init__(self, previous: "_Group | None") -> None:
+    def __init__(self, previous: "_Group | None", name: str = "") -> None:
+        self.name = name
         self.storages: list[weakref.ref[_Storage]] = []
         # While the call's forward runs: source storage key -> (the source, its copy). Holding the
         # source keeps its key from being reused by a new allocation before the call ends.
@@ -146,9 +147,9 @@ class OffloadHandle:
             return packed
         assert self.streams is not None
         group = packed.group
-        if not group.fetched:  # first use of this call: fetch it, and prefetch the call before it
+        if not group.fetched:  # first use of this call: fetch it, and prefetch the block just before it
             self._fetch(group)
-            if group.previous is not None:
+            if group.previous is not None and _adjacent(group.previous.name, group.name):
                 self._fetch(group.previous)
         storage = packed.storage
         if storage.device is None:  # released from the group's table before the fetch: fetch alone
@@ -189,14 +190,14 @@ class OffloadHandle:
                 self.slab.reset()
             self._last = None
 
-    def wrap(self, inner: Callable[..., Any]) -> Callable[..., Any]:
+    def wrap(self, inner: Callable[..., Any], name: str = "") -> Callable[..., Any]:
         @functools.wraps(inner)
         def forward(*args: Any, **kwargs: Any) -> Any:
             if not torch.is_grad_enabled():
                 return inner(*args, **kwargs)
             assert self.streams is not None
             self.streams.capture()
-            group = _Group(self._last)
+            group = _Group(self._last, name)
             self._last = group
             try:
                 with torch.autograd.graph.saved_tensors_hooks(functools.partial(self._pack, group), self._unpack):
@@ -231,6 +232,15 @@ class OffloadHandle:
     def describe(self) -> dict[str, Any]:
         return {"remedy": "activation_offload", "modules": list(self.modules), "min_bytes": self.min_bytes,
                 "offloaded_bytes": self.offloaded_bytes, "host_bytes": self.slab.nbytes if self.slab else 0}
+
+
+def _adjacent(before: str, after: str) -> bool:
+    """``before`` is the sibling just before ``after`` in a numbered run (``blocks.2``, ``blocks.3``).
+    Only then is ``before`` prefetched at ``after``'s first use in backward: a block in between
+    would hold it on the device through its own backward (the joint model's memory term)."""
+    h1, _, n1 = before.rpartition(".")
+    h2, _, n2 = after.rpartition(".")
+    return h1 == h2 and n1.isdigit() and n2.isdigit() and int(n1) + 1 == int(n2)
 
 
 def _last_of_run(root: nn.Module, name: str) -> bool:
@@ -282,7 +292,7 @@ def apply_activation_offload(target: Target | nn.Module, *, modules: Sequence[st
     try:
         for name, module in found.items():
             handle._saved[name] = (module, module.__dict__.get("forward", _MISSING))
-            module.__dict__["forward"] = handle.wrap(module.forward)
+            module.__dict__["forward"] = handle.wrap(module.forward, name)
     except BaseException:
         handle.revert()
         raise

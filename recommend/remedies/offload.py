@@ -15,9 +15,12 @@ Memory (extends ``memory_model``'s conservative peak; c_i in {K, R, O}, last blo
 Time (seconds added to the step; bandwidth ``bw`` in bytes/s per direction, pinned copies):
 
     R:   f_i                                              (one more forward)
-    O:   max(0, a_i/bw - f_{i+1}) + max(0, a_i/bw - B f_{i+1})
-         (the device-to-host copy hides behind the next block's forward, the prefetch behind
-          its backward, taken as ``B`` = BACKWARD_FACTOR times its forward)
+    O:   max(0, a_i/bw - f_{i+1})                         (the device-to-host copy hides behind
+                                                           the next block's forward)
+       + max(0, a_i/bw - B f_{i+1})  when block i+1 is offloaded too: its first use in backward
+                                     prefetches block i, hidden behind its backward (``B`` =
+                                     BACKWARD_FACTOR times its forward)
+       + a_i/bw                      otherwise (fetched when first used: exposed)
     opt: 2 S / bw                                         (state up before the step, down after;
                                                            the applier does not overlap it)
 
@@ -75,23 +78,34 @@ class JointPlan:
             if c == RECOMPUTE:
                 out[RECOMPUTE] += chain.blocks[i].forward_s
             elif c == OFFLOAD:
-                out[OFFLOAD] += offload_cost(chain, model, i)
+                out[OFFLOAD] += offload_cost(chain, model, i, i + 1 < chain.n and self.choices[i + 1] == OFFLOAD)
         if self.offload_optimizer:
             out["optimizer"] = optimizer_cost(model)
         return out
 
 
-def offload_cost(chain: Chain, model: Model, i: int) -> float:
+def offload_cost(chain: Chain, model: Model, i: int, next_offloaded: bool = True) -> float:
     """Exposed copy seconds of offloading block i (see the module docstring)."""
+    return _forward_part(chain, model, i) + _backward_part(chain, model, i, next_offloaded)
+
+
+def _forward_part(chain: Chain, model: Model, i: int) -> float:
+    nxt = chain.blocks[i + 1].forward_s if i + 1 < chain.n else 0.0
+    return max(0.0, chain.blocks[i].activation_bytes / model.bandwidth - nxt)
+
+
+def _backward_part(chain: Chain, model: Model, i: int, next_offloaded: bool) -> float:
     copy = chain.blocks[i].activation_bytes / model.bandwidth
-    nxt = chain.blocks[i + 1].forward_s if i + 1 < chain.n else 0.0
-    return max(0.0, copy - nxt) + max(0.0, copy - BACKWARD_FACTOR * nxt)
+    if not next_offloaded or i + 1 >= chain.n:
+        return copy
+    return max(0.0, copy - BACKWARD_FACTOR * chain.blocks[i + 1].forward_s)
 
 
-def hidden_behind(chain: Chain, i: int) -> float:
-    """Compute seconds block i's copies overlap (the next block's forward and backward)."""
+def hidden_behind(chain: Chain, i: int, next_offloaded: bool) -> float:
+    """Compute seconds block i's copies overlap: the next block's forward, and its backward
+    when that block is offloaded too (its first use prefetches block i)."""
     nxt = chain.blocks[i + 1].forward_s if i + 1 < chain.n else 0.0
-    return nxt * (1.0 + BACKWARD_FACTOR)
+    return nxt * (1.0 + (BACKWARD_FACTOR if next_offloaded else 0.0))
 
 
 def optimizer_cost(model: Model) -> float:
@@ -116,7 +130,7 @@ def evaluate(chain: Chain, model: Model, choices: Sequence[str], offload_optimiz
         else:
             prev = chain.blocks[i - 1].activation_bytes if i and choices[i - 1] == OFFLOAD else 0
             top = max(top, b.activation_bytes + prev)
-            time += offload_cost(chain, model, i)
+            time += offload_cost(chain, model, i, i + 1 < chain.n and choices[i + 1] == OFFLOAD)
     base = chain.base_bytes - (model.optimizer_state_bytes if offload_optimizer else 0)
     peak = base + kept + top
     if offload_optimizer:
@@ -142,7 +156,8 @@ def _pareto(labels: list[tuple[int, float, tuple[str, ...]]], cap: int = LABEL_C
 def _dp(chain: Chain, model: Model, allowed: frozenset[str], level: int, capacity: int
         ) -> tuple[tuple[str, ...], float, bool] | None:
     """Least-time plan with kept <= capacity and every max-term entry <= level."""
-    cost = [offload_cost(chain, model, i) for i in range(chain.n)]
+    fwd = [_forward_part(chain, model, i) for i in range(chain.n)]
+    bwd = [(_backward_part(chain, model, i, False), _backward_part(chain, model, i, True)) for i in range(chain.n)]
     a = [b.activation_bytes for b in chain.blocks]
     states: dict[str, list[tuple[int, float, tuple[str, ...]]]] = {"start": [(0, 0.0, ())]}
     thinned = False
@@ -159,7 +174,9 @@ def _dp(chain: Chain, model: Model, allowed: frozenset[str], level: int, capacit
                 # the output of a run of recomputed blocks is paid when the run ends (here or at the end)
                 exit_y = chain.blocks[i - 1].output_bytes if prev == RECOMPUTE and (c != RECOMPUTE or not chain.contiguous) else 0
                 add = exit_y + (a[i] if c == KEEP else b.input_bytes if c == RECOMPUTE else 0)
-                dt = b.forward_s if c == RECOMPUTE else cost[i] if c == OFFLOAD else 0.0
+                dt = b.forward_s if c == RECOMPUTE else fwd[i] if c == OFFLOAD else 0.0
+                if prev == OFFLOAD:  # block i-1's fetch: prefetched behind this block's backward only if it is offloaded
+                    dt += bwd[i - 1][c == OFFLOAD]
                 for kept, time, path in labels:
                     if kept + add <= capacity:
                         new.setdefault(c, []).append((kept + add, time + dt, path + (c,)))
@@ -335,13 +352,15 @@ def why(chain: Chain, model: Model, plan: JointPlan) -> list[str]:
         b = chain.blocks[i]
         copy = b.activation_bytes / model.bandwidth
         recompute = f"recompute would cost {b.forward_s * 1e3:.1f} ms"
+        nxt_o = i + 1 < chain.n and plan.choices[i + 1] == OFFLOAD
         if c == OFFLOAD:
             out.append(f"{b.name}: offload ({copy * 1e3:.1f} ms each way) hides behind "
-                       f"{hidden_behind(chain, i) * 1e3:.1f} ms of the next block's forward and backward, "
-                       f"exposing {offload_cost(chain, model, i) * 1e3:.1f} ms; {recompute}")
+                       f"{hidden_behind(chain, i, nxt_o) * 1e3:.1f} ms of the next block's forward"
+                       f"{' and backward' if nxt_o else ''}, exposing {offload_cost(chain, model, i, nxt_o) * 1e3:.1f} ms; "
+                       f"{recompute}")
         elif i + 1 < chain.n:
-            out.append(f"{b.name}: recompute costs {b.forward_s * 1e3:.1f} ms; offload would expose "
-                       f"{offload_cost(chain, model, i) * 1e3:.1f} ms ({copy * 1e3:.1f} ms copies)")
+            out.append(f"{b.name}: recompute costs {b.forward_s * 1e3:.1f} ms; offload would expose at least "
+                       f"{offload_cost(chain, model, i, True) * 1e3:.1f} ms ({copy * 1e3:.1f} ms copies)")
         else:
             out.append(f"{b.name}: recompute costs {b.forward_s * 1e3:.1f} ms (the last block is never offloaded)")
     return out
