@@ -8,16 +8,16 @@ CUDA) and drops the device tensor; ``unpack`` copies it back. The module tree, p
 state-dict keys are untouched and values are copied bit for bit: ``live-exact``.
 
 What stays on the device: parameters (saved weights; copying them would move every weight twice
-a step for nothing, the weight stays alive anyway), tensors below ``min_bytes``, tensors whose
-strides leave gaps or overlap (an expanded view), and, by refusal, the last block of a numbered
+a step for nothing, the weight stays alive anyway), tensors below ``min_bytes``, small views of
+a storage more than ``SPAN`` times their size (the whole storage would cross), and, by refusal, the last block of a numbered
 run (``blocks.N``): its backward starts as soon as forward ends, so its copy could never hide.
 
 On CUDA the device-to-host copy runs on a side stream after the captured compute stream, the
 device tensor is kept alive for that stream (``record_stream``) and an event marks the copy's end;
 the first unpack of one module's call also queues, on the side stream, the host-to-device copies
 of the call before it when that is the block just before (the next one backward needs), and
-compute waits on an event only when a tensor is used. On a CPU-only build the "device" is the host: the copies are synchronous
-same-device copies through the same code.
+compute waits on an event only when a tensor is used. On a CPU-only build the "device" is the
+host: the copies are synchronous same-device copies through the same code.
 
 Interplay: the memory tracker's own saved-tensor hooks are outer, ours inner, so offloaded tensors
 are not counted as activations; the slab is ``offloaded_host`` (``advisor.records.host_memory``).

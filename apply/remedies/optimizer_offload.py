@@ -8,9 +8,10 @@ values into the same host buffers and drops the device copies. Scalar ``step`` c
 where they are: moving them would synchronise on every step. Values are copied bit for bit:
 ``live-exact``.
 
-On CUDA the copies run on a side stream in chunks of ``CHUNK_BYTES``; compute waits on the last
-chunk's event before the step (the step itself is one foreach/fused call, so it cannot start on
-a partial state), and the post-hook's copies wait on the compute stream captured at the hook.
+On CUDA the copies run on a side stream, an event every ``CHUNK_BYTES``; compute waits on the
+last event before the step (the step itself is one foreach/fused call, so it cannot start on a
+partial state: the chunks overlap nothing yet), and the post-hook's copies wait on the compute
+stream captured at the hook; ``state_dict()`` first waits for them (the CPU reads the buffers).
 The host buffers are allocated once, at the first offload, and reused. On a CPU-only build the
 same code runs with same-device copies.
 
@@ -50,6 +51,7 @@ class _Placement:
     host: dict[_Key, torch.Tensor] = field(default_factory=dict)
     raw: list[torch.Tensor] = field(default_factory=list)  # the uint8 buffers, to unregister
     hooks: list[Any] = field(default_factory=list)
+    pending: Any = None  # CUDA event after the last device-to-host copy
 
     def to_host(self) -> int:
         """Copy every device state tensor into its host buffer and point the state at it."""
@@ -73,9 +75,14 @@ class _Placement:
                         value.record_stream(self.streams.side)
                     state[key] = buf
                     moved += value.numel() * value.element_size()
-        if self.streams.side is not None:
-            torch.cuda.current_stream(self.device).wait_stream(self.streams.side)  # host values complete
+        self.pending = self.streams.record()  # host values complete once it fires (None off CUDA)
         return moved
+
+    def settle(self) -> None:
+        """Block the host until the last device-to-host copy ended (before the CPU reads the state)."""
+        if self.pending is not None:
+            self.pending.synchronize()
+            self.pending = None
 
     def _is_ours(self, param: torch.Tensor, key: str, value: Any) -> bool:
         return self.host.get((param, key)) is value
@@ -163,6 +170,8 @@ def apply_optimizer_offload(target: Target | torch.nn.Module, *, optimizers: Seq
             placement.to_host()
             placement.hooks.append(opt.register_step_pre_hook(lambda o, a, k, p=placement: p.to_device()))
             placement.hooks.append(opt.register_step_post_hook(lambda o, a, k, p=placement: p.to_host()))
+            # state_dict() hands the host tensors to the CPU (a checkpoint save): they must be complete.
+            placement.hooks.append(opt.register_state_dict_pre_hook(lambda o, p=placement: p.settle()))
             opt._advisor_offloaded = True  # type: ignore[attr-defined]
     except BaseException:
         handle.revert()  # atomic: every optimizer's state back on the device, hooks removed
