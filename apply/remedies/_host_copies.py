@@ -15,6 +15,7 @@ testable there.
 
 from __future__ import annotations
 
+import weakref
 from contextlib import nullcontext
 from typing import Any
 
@@ -32,7 +33,11 @@ def on_cuda(device: torch.device) -> bool:
 def host_empty(nbytes: int, device: torch.device) -> torch.Tensor:
     """A uint8 host buffer (pinned when ``device`` is CUDA), registered as the advisor's."""
     buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=on_cuda(device))
-    host_memory.register(buf.untyped_storage()._cdata, buf.untyped_storage().nbytes())
+    storage = buf.untyped_storage()
+    host_memory.register(storage._cdata, storage.nbytes())
+    # A handle dropped without revert (a kept remedy at exit) must not leave its key behind: a new
+    # storage at the same address would be taken for ours.
+    weakref.finalize(storage, host_memory.unregister, storage._cdata).atexit = False
     return buf
 
 
