@@ -243,3 +243,34 @@ class _Second(torch.optim.SGD):
 
     def __init__(self, first: torch.optim.Optimizer) -> None:
         super().__init__([p for g in first.param_groups for p in g["params"]], lr=0.0)
+
+
+def test_enforced_budget_counts_device_bytes_only() -> None:
+    """Under a CPU budget just above the offloaded run's device peak, the run fits although
+    device + host bytes do not; the unmodified run goes over it (the OOM path still works)."""
+    model, opt = make()
+    x, y = batch(torch.Generator().manual_seed(3))
+
+    def peak(budget: int | None) -> tuple[int, int]:
+        tracker = StorageTracker(device_type="cpu", budget_bytes=budget)
+        tracker.start()
+        try:
+            tracker.refresh_roles([model], [opt])
+            tracker.set_step(1)
+            tracker.phase = "forward"
+            step(model, opt, x, y)
+            return tracker.peak_total - tracker.peak_categories["offloaded_host"], tracker.peak_total
+        finally:
+            tracker.stop()
+
+    step(model, opt, x, y)  # optimizer state exists
+    base_device, _ = peak(None)
+    handle = apply_activation_offload(model, modules=["blocks.0", "blocks.1", "blocks.2"], min_bytes=0)
+    step(model, opt, x, y)  # the slab reaches its steady size
+    device, total = peak(None)
+    assert device < base_device and total > device
+    budget = (device + base_device) // 2
+    assert peak(budget)[0] <= budget  # no OutOfMemoryError: host copies are not counted
+    handle.revert()
+    with pytest.raises(torch.OutOfMemoryError, match="budget exceeded"):
+        peak(budget)

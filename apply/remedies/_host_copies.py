@@ -32,9 +32,17 @@ def on_cuda(device: torch.device) -> bool:
 
 def host_empty(nbytes: int, device: torch.device) -> torch.Tensor:
     """A uint8 host buffer (pinned when ``device`` is CUDA), registered as the advisor's."""
-    buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=on_cuda(device))
-    storage = buf.untyped_storage()
-    host_memory.register(storage._cdata, storage.nbytes())
+    if on_cuda(device):
+        buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        storage = buf.untyped_storage()
+        host_memory.register(storage._cdata, storage.nbytes())
+    else:
+        # Registered before any op sees it: under an enforced budget on CPU the memory tracker
+        # would otherwise count this allocation against the device budget (a storage constructor
+        # is no dispatched op; ``set_`` is, and then finds the key registered).
+        storage = torch.UntypedStorage(nbytes)
+        host_memory.register(storage._cdata, storage.nbytes())
+        buf = torch.empty(0, dtype=torch.uint8).set_(storage)
     # A handle dropped without revert (a kept remedy at exit) must not leave its key behind: a new
     # storage at the same address would be taken for ours.
     weakref.finalize(storage, host_memory.unregister, storage._cdata).atexit = False

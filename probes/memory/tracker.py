@@ -310,7 +310,7 @@ class StorageTracker(TorchDispatchMode):
         if not fresh:
             return
         op = _op_name(func)
-        requested = sum(n for _, _, n in fresh)
+        requested = sum(n for k, _, n in fresh if not host_memory.is_offloaded(k))  # host copies: not the device's
         if self.budget_bytes is not None and self.device_total() + requested > self.budget_bytes:
             self._exceeded(op, requested)
         origin = "input" if self.phase == "data" else "temporary"
