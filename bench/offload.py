@@ -146,7 +146,7 @@ def main() -> None:
     chain = Chain(blocks=blocks, fixed_bytes=max(0, peak - sum(b.activation_bytes for b in blocks)),
                   baseline_step_time_s=base_time)
     link = host_link(device)
-    jm = Model(bandwidth=link["host_link_bandwidth"])
+    jm = Model(bandwidth=link["host_link_bandwidth"], overlap=device.type == "cuda")  # CPU copies run inline
     print(f"device {device}; unconstrained peak {peak / 2**20:.1f} MiB; step {base_time * 1e3:.1f} ms; "
           f"host link {link['host_link_bandwidth'] / 1e9:.1f} GB/s ({link['host_link_source']})")
     print(f"{'budget':>7} {'strategy':>16} {'R/O':>5} {'pred MiB':>9} {'meas MiB':>9} {'ratio':>6} "

@@ -29,7 +29,7 @@ def test_matches_brute_force_on_random_chains(seed: int) -> None:
     chain = random_chain(rng, rng.randint(1, 7))
     state = rng.choice([0, rng.randint(1000, 20000)])
     model = Model(bandwidth=rng.choice([1e5, 1e6, 1e7]), optimizer_state_bytes=state,
-                  step_peak_bytes=rng.randint(0, state + 5000))
+                  step_peak_bytes=rng.randint(0, state + 5000), overlap=rng.random() < 0.8)
     allowed = rng.choice([(KEEP, RECOMPUTE, OFFLOAD), (KEEP, RECOMPUTE), (KEEP, OFFLOAD)])
     low = brute_force(chain, model, 0, allowed=allowed).peak_bytes
     for frac in (0.0, 0.3, 0.6, 0.9, 1.0):
@@ -60,6 +60,8 @@ def test_offload_wins_when_it_hides_and_recompute_when_the_link_is_slow() -> Non
     assert OFFLOAD not in plan.choices and RECOMPUTE in plan.choices
     assert offload_cost(chain, slow, 0, True) == pytest.approx((0.1 - 0.01) + (0.1 - 0.02))
     assert offload_cost(chain, slow, 0, False) == pytest.approx((0.1 - 0.01) + 0.1)  # fetched on first use
+    inline = Model(bandwidth=1e4, overlap=False)  # a CPU-only device: copies hide behind nothing
+    assert offload_cost(chain, inline, 0, True) == pytest.approx(0.2)
 
 
 def test_optimizer_offload_is_chosen_when_model_states_dominate() -> None:

@@ -56,6 +56,7 @@ class Model:
     bandwidth: float  # host link, per direction
     optimizer_state_bytes: int = 0
     step_peak_bytes: int = 0  # resident during step() with the state on the device
+    overlap: bool = True  # False where copies cannot run beside compute (a CPU-only device): all exposed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,13 +91,13 @@ def offload_cost(chain: Chain, model: Model, i: int, next_offloaded: bool = True
 
 
 def _forward_part(chain: Chain, model: Model, i: int) -> float:
-    nxt = chain.blocks[i + 1].forward_s if i + 1 < chain.n else 0.0
+    nxt = chain.blocks[i + 1].forward_s if i + 1 < chain.n and model.overlap else 0.0
     return max(0.0, chain.blocks[i].activation_bytes / model.bandwidth - nxt)
 
 
 def _backward_part(chain: Chain, model: Model, i: int, next_offloaded: bool) -> float:
     copy = chain.blocks[i].activation_bytes / model.bandwidth
-    if not next_offloaded or i + 1 >= chain.n:
+    if not next_offloaded or i + 1 >= chain.n or not model.overlap:
         return copy
     return max(0.0, copy - BACKWARD_FACTOR * chain.blocks[i + 1].forward_s)
 
