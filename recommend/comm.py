@@ -12,7 +12,6 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
-
 # ---------------------------------------------------------------- matching across ranks
 
 

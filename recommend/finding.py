@@ -37,3 +37,12 @@ Rule = Callable[["Profile"], "Finding | None"]
 
 def gib(n: int | float) -> str:
     return fmt_bytes(n)  # the one unit style of every surface (advisor.records.units)
+
+
+def largest_category(profile: "Profile") -> str | None:
+    """The memory category holding the most bytes at the peak (at the failed request after an
+    OOM); None when nothing was measured. Memory remedies use it to judge their own case."""
+    cats = dict(profile.categories_at_peak or profile.categories_max)
+    if profile.oom and profile.oom.get("categories"):
+        cats = {k: int(v) for k, v in profile.oom["categories"].items()}
+    return max(cats, key=lambda k: cats[k]) if cats else None

@@ -150,7 +150,6 @@ def _summarise(step: int, seq: Sequence[Sample], names: Sequence[str], module_in
     for i in range(n):
         start = before_block[i] or fwd[i][0]
         act0 = start.categories.get("activation", 0)
-        tmp0 = start.categories.get("temporary", 0)
         grown = fwd[i][-1].categories.get("activation", 0) - act0
         x = int(module_inputs.get(names[i], 0))
         saving = max(0, grown - x)

@@ -93,6 +93,9 @@ class Profile:
     # The rank of interest's per-op memory timeline of its deep steps (MemorySample records, bytes):
     # the simulated peak of a checkpointed chain replays it (recommend/peak_model.py).
     memory_timeline: tuple[MemorySample, ...] = ()
+    # Pinned host<->device copy bytes/s from the ``device_spec`` event when it measured a real
+    # link or was overridden (None: unknown, or a CPU-only device's same-device copy).
+    host_link_bandwidth: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -277,7 +280,8 @@ def profile_from_records(
                    data_parallel=first[0].wrapper if first else None,
                    optimizer_count=sum(1 for o in optimizers if o.rank == (first[0].rank if first else 0)),
                    visible_devices=int(device.get("count") or 1), device_type=str(device.get("type") or "cpu"),
-                   memory_timeline=tuple(samples))
+                   memory_timeline=tuple(samples),
+                   host_link_bandwidth=_host_link(events))
 
 
 def _rank_of_interest(ranks: set[int]) -> int | None:
@@ -303,6 +307,18 @@ def _oom(events: Sequence[Event], rank: int | None) -> dict[str, Any] | None:
         return None
     event = ([e for e in ooms if e.rank == rank] or ooms)[-1]
     return {"rank": event.rank, "step": event.step, **event.data}
+
+
+def _host_link(events: Sequence[Event]) -> float | None:
+    """The lowest rank's ``device_spec`` host-link figure, when it is a real link's."""
+    specs = [e for e in events if e.name == "device_spec"]
+    if not specs:
+        return None
+    data = [e for e in specs if e.rank == min(s.rank for s in specs)][-1].data
+    value = data.get("host_link_bandwidth")
+    if data.get("host_link_source") in ("measured", "override") and isinstance(value, (int, float)) and value > 0:
+        return float(value)
+    return None
 
 
 def _record_capacity(runs: Sequence[RunInfo], events: Sequence[Event]) -> int | None:

@@ -40,6 +40,7 @@ def test_an_applier_on_sys_path_is_found_without_editing_the_package(tmp_path) -
                          check=True).stdout
     names, phase = json.loads(out)
     assert "faulty_plugin" in names and "activation_checkpointing" in names and phase == "layout"
+    assert {"activation_offload", "optimizer_offload"} <= set(names)
 
 
 def test_a_plan_applies_in_phase_order_and_reports_in_its_own() -> None:

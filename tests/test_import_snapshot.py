@@ -84,7 +84,7 @@ def test_peak_allocator_view_and_categories_from_a_documented_snapshot(tmp_path)
     assert view["end_allocated_bytes"] == 16 * MiB
     cats = view["categories_at_peak"]
     assert cats == {"parameter": 4 * MiB, "gradient": 4 * MiB, "optimizer_state": 8 * MiB, "activation": 6 * MiB,
-                    "temporary": 3 * MiB, "input": 0, "other": 0}
+                    "temporary": 3 * MiB, "input": 0, "other": 0, "offloaded_host": 0}
     assert [(s["site"], s["bytes"]) for s in view["top_sites"]] == [
         ("train.py:30 in step", 8 * MiB), ("train.py:22 in train_step", 7 * MiB),
         ("train.py:20 in train_step", 6 * MiB), ("train.py:5 in build", 4 * MiB)]

@@ -93,18 +93,31 @@ def test_calibrated_model_reproduces_the_measured_peak() -> None:
     assert chain.other_activation_bytes == 4 * MIB + 8 * MIB + 2 * MIB  # embed + head + unowned
 
 
-def test_infeasible_budget_points_to_remedies_not_built() -> None:
-    # Activations not owned by any block (and model states) exceed the budget: no plan can fit.
+def _states_heavy_report(budget_ratio: float) -> dict:
+    # Activations not owned by any block (and model states) exceed the budget: no checkpointing plan fits.
     report = gpt_report(budget_share=0.95, params=3000 * MIB)
     report["memory"]["categories_at_peak"]["activation"] = report["memory"]["categories_at_peak"]["optimizer_state"] + 1
     report["memory"]["peak_bytes"] = sum(report["memory"]["categories_at_peak"].values())
-    report["memory"]["budget_bytes"] = int(report["memory"]["peak_bytes"] / 1.05)  # a --memory-budget below the peak
-    diagnosis, recs = advise(profile_from_report(report))
+    report["memory"]["budget_bytes"] = int(report["memory"]["peak_bytes"] * budget_ratio)  # a --memory-budget below the peak
+    return report
+
+
+def test_infeasible_checkpointing_budget_offloads_the_optimizer_state() -> None:
+    diagnosis, recs = advise(profile_from_report(_states_heavy_report(1 / 1.05)))
     assert diagnosis.bottleneck == "memory"
-    assert [r.remedy for r in recs] == ["not_built"]
-    assert not recs[0].fits and not recs[0].live
-    assert "ZeRO" in recs[0].title and "micro-batch" in recs[0].title
+    assert recs[0].remedy == "optimizer_offload" and recs[0].fits and recs[0].apply_class == "live-exact"
+    assert recs[0].predicted.peak_memory_bytes <= int(diagnosis.evidence[0]["value"] / 1.05)
     assert any("lowest peak" in str(e["what"]) for e in diagnosis.evidence)
+
+
+def test_nothing_live_fits_gives_the_cpu_step_plan_and_remedies_not_built() -> None:
+    diagnosis, recs = advise(profile_from_report(_states_heavy_report(0.5)))
+    assert diagnosis.bottleneck == "memory"
+    assert not any(r.fits for r in recs if r.live)
+    cpu = [r for r in recs if r.remedy == "cpu_offload"]
+    assert cpu and cpu[0].apply_class == "restart" and not cpu[0].live
+    assert recs[-1].remedy == "not_built" and not recs[-1].fits
+    assert "ZeRO" in recs[-1].title and "micro-batch" in recs[-1].title and "CPU offload" not in recs[-1].title
 
 
 def test_model_states_dominating_gives_no_checkpointing() -> None:

@@ -33,7 +33,8 @@ def test_gpt_profile():
     assert profile.peak_bytes == 34407204
     assert profile.budget_bytes == CPU_CAPACITY
     assert profile.categories_at_peak == {"parameter": 3732480, "gradient": 3732480, "optimizer_state": 7465176,
-                                          "activation": 18424320, "temporary": 1048584, "input": 4160, "other": 4}
+                                          "activation": 18424320, "temporary": 1048584, "input": 4160, "other": 4,
+                                          "offloaded_host": 0}
     assert profile.categories_max["activation"] == 18424324
     assert profile.categories_max["temporary"] == 3407880
     # The median of the light steps after the warm-up (5, 6, 7): deep steps 1-4 and step 0 are left out.
@@ -74,7 +75,8 @@ def test_ddp_profile_reads_rank_zero():
     profile = profile_of(state)
     assert profile.peak_bytes == 11287104
     assert profile.categories_at_peak == {"parameter": 2149928, "gradient": 2149928, "optimizer_state": 4299968,
-                                          "activation": 0, "temporary": 2676268, "input": 8452, "other": 2560}
+                                          "activation": 0, "temporary": 2676268, "input": 8452, "other": 2560,
+                                          "offloaded_host": 0}
     assert profile.step_time_s == 0.01480115599997589
     assert profile.time_scale == 0.07461860411637805
     assert len(profile.modules) == 23

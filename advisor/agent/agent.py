@@ -49,6 +49,7 @@ from advisor.agent.period import OptimizerPeriod
 from advisor.apply.executor import Executor
 from advisor.apply.plan import apply_plan_before_first_step, load_plan
 from advisor.apply.target import Target, unwrap  # noqa: F401  (unwrap: re-exported)
+from advisor.probes.device.hostlink import host_link
 from advisor.probes.device.spec import detect_device_spec
 from advisor.probes.module_events import ModuleEvents
 from advisor.probes.probe import Probe
@@ -611,7 +612,11 @@ class Agent:
             self.emit(Event(rank=self.rank, name="warning",
                             data={"message": f"device ceilings unknown: {type(exc).__name__}: {exc}"}))
             return
-        self.emit(Event(rank=self.rank, name="device_spec", data=spec.to_dict()))
+        try:  # host-link copy bandwidth for the offload remedies (additive fields)
+            link = host_link(self.device, override=self.config.get("host_link_bandwidth"))
+        except Exception as exc:  # noqa: BLE001 - an unknown link leaves the offload cost assumed
+            link = {"host_link_bandwidth": None, "host_link_source": f"unknown: {type(exc).__name__}: {exc}"}
+        self.emit(Event(rank=self.rank, name="device_spec", data={**spec.to_dict(), **link}))
 
     # -- loss without an extra device sync ---------------------------------------------
     def _queue_sample(self, sample: StepSample, losses: list[tuple[torch.Tensor, bool]]) -> None:

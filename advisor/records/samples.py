@@ -24,6 +24,7 @@ MEMORY_CATEGORIES: tuple[str, ...] = (
     "temporary",
     "input",
     "other",
+    "offloaded_host",  # host memory an offload remedy holds (advisor.records.host_memory): never a device budget's
 )
 
 PHASES: tuple[str, ...] = ("data_s", "forward_s", "backward_s", "optimizer_s", "other_s")

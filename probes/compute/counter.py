@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from advisor.probes.compute import formulas

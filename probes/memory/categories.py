@@ -81,13 +81,17 @@ def role_tensors(
 
 
 def choose_category(
-    role: str | None, *, saved: bool, created_step: int, step: int, origin: str
+    role: str | None, *, saved: bool, created_step: int, step: int, origin: str, offloaded: bool = False
 ) -> str:
     """The category of one live storage now (see ``PRIORITY``).
 
     ``origin`` is ``"input"`` for storages created in the data phase of ``created_step``,
     ``"temporary"`` for the rest created by an op, ``"other"`` for storages found already alive.
+    ``offloaded``: an offload remedy's host copy (``advisor.records.host_memory``); it wins over a
+    role, because offloaded optimizer state is still in ``optimizer.state``.
     """
+    if offloaded:
+        return "offloaded_host"
     if role is not None:
         return role
     current = created_step == step

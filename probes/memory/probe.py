@@ -42,6 +42,7 @@ from advisor.probes.memory.oom import (
 )
 from advisor.probes.memory.tracker import BudgetExceeded, StorageTracker
 from advisor.probes.probe import AgentContext, Probe
+from advisor.records import host_memory
 from advisor.records.samples import MEMORY_CATEGORIES, Event, MemorySample
 
 LIGHT_REFRESH_STEPS = 100  # re-read parameter and optimizer-state sizes this often on light steps
@@ -292,7 +293,7 @@ class MemoryProbe(Probe):
                 event=event,
                 module=module,
                 categories=dict(tracker.totals),
-                total_bytes=tracker.total,
+                total_bytes=tracker.device_total(),  # host copies of offload remedies are not device bytes
                 allocated_bytes=allocated,
                 reserved_bytes=reserved,
             )
@@ -307,7 +308,8 @@ class MemoryProbe(Probe):
             seen: set[int] = set()
             for role, tensor in role_tensors(ctx.models(), ctx.optimizers()):
                 found = storage_key(tensor)
-                if role in sizes and found is not None and found[0] not in seen:
+                if role in sizes and found is not None and found[0] not in seen \
+                        and not host_memory.is_offloaded(found[0]):  # an offload remedy's host copy
                     seen.add(found[0])
                     sizes[role] += found[1]
             self._light = sizes
@@ -331,6 +333,7 @@ class MemoryProbe(Probe):
             reserved = int(torch.cuda.memory_reserved(index))
             known = sum(categories.values())
             categories["other"] = max(0, allocated - known)  # activations, temporaries, inputs
+            categories["offloaded_host"] = host_memory.held_bytes()  # pinned host copies: not device bytes
         ctx.emit(
             MemorySample(
                 rank=ctx.rank,
@@ -338,7 +341,7 @@ class MemoryProbe(Probe):
                 time=time.perf_counter() - ctx.step_start,
                 event=f"{phase}_start",
                 categories=categories,
-                total_bytes=sum(categories.values()),
+                total_bytes=sum(categories.values()) - categories["offloaded_host"],
                 allocated_bytes=allocated,
                 reserved_bytes=reserved,
             )

@@ -20,7 +20,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from advisor.probes.memory.categories import choose_category, role_tensors, storage_of, tensors_in
+from advisor.records import host_memory
 from advisor.records.samples import MEMORY_CATEGORIES
+
+DEVICE_EXEMPT = ("offloaded_host",)  # categories a device budget never counts (host copies on CPU)
 
 
 def _op_name(func: Any) -> str:
@@ -123,12 +126,15 @@ class StorageTracker(TorchDispatchMode):
         self._hooks.__enter__()
         self.__enter__()
         self.active = True
+        host_memory.listeners.append(self._reclassify)
 
     def stop(self) -> None:
         """Leave the mode and hooks (in reverse order) and forget every storage."""
         if not self.active:
             return
         self.active = False
+        if self._reclassify in host_memory.listeners:
+            host_memory.listeners.remove(self._reclassify)
         self.__exit__(None, None, None)
         self._hooks.__exit__(None, None, None)
         self._hooks = None
@@ -178,6 +184,10 @@ class StorageTracker(TorchDispatchMode):
             for key in list(self.entries):
                 self._reclassify(key)
 
+    def device_total(self) -> int:
+        """Tracked bytes a device budget counts: all but the offload remedies' host copies."""
+        return self.total - sum(self.totals[c] for c in DEVICE_EXEMPT)
+
     def top_modules(self, limit: int = 5) -> list[dict[str, Any]]:
         """Live bytes by the module whose op created them, largest first."""
         by_module: dict[str, int] = {}
@@ -218,6 +228,7 @@ class StorageTracker(TorchDispatchMode):
             created_step=entry.step,
             step=self.step,
             origin=entry.origin,
+            offloaded=host_memory.is_offloaded(key),
         )
 
     def _reclassify(self, key: int) -> None:
@@ -299,8 +310,8 @@ class StorageTracker(TorchDispatchMode):
         if not fresh:
             return
         op = _op_name(func)
-        requested = sum(n for _, _, n in fresh)
-        if self.budget_bytes is not None and self.total + requested > self.budget_bytes:
+        requested = sum(n for k, _, n in fresh if not host_memory.is_offloaded(k))  # host copies: not the device's
+        if self.budget_bytes is not None and self.device_total() + requested > self.budget_bytes:
             self._exceeded(op, requested)
         origin = "input" if self.phase == "data" else "temporary"
         for key, storage, nbytes in fresh:

@@ -10,13 +10,28 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from advisor.recommend.finding import gib
-from advisor.recommend.memory_model import COST_MODEL, Chain, chain_from_profile, measured_peak
+from advisor.recommend.finding import gib, largest_category
+from advisor.recommend.memory_model import (
+    COST_MODEL,
+    Chain,
+    chain_from_profile,
+    measured_peak,
+)
 from advisor.recommend.peak_model import MODEL as PEAK_MODEL
-from advisor.recommend.peak_model import ChainMemory, chain_memory, simulated_peak, solve
+from advisor.recommend.peak_model import (
+    ChainMemory,
+    chain_memory,
+    simulated_peak,
+    solve,
+)
 from advisor.recommend.profile import Profile
 from advisor.recommend.remedies import RemedySpec
-from advisor.recommend.remedies.checkpoint_solver import Plan, greedy_tree, solve_chain, tradeoff_curve
+from advisor.recommend.remedies.checkpoint_solver import (
+    Plan,
+    greedy_tree,
+    solve_chain,
+    tradeoff_curve,
+)
 from advisor.records.advice import CurvePoint, Prediction, Recommendation
 from advisor.records.units import fmt_seconds
 
@@ -109,10 +124,7 @@ def fitting_plan(profile: Profile, budget: int) -> tuple[Chain | None, Plan | No
 def propose(profile: Profile, budget: int, evidence: list[dict[str, object]]) -> list[Recommendation]:
     """One recommendation when a plan fits ``budget``; none when nothing fits (``evidence`` says so)
     or when activations are not the largest category at the peak (checkpointing cannot help)."""
-    cats = dict(profile.categories_at_peak or profile.categories_max)
-    if profile.oom and profile.oom.get("categories"):
-        cats = {k: int(v) for k, v in profile.oom["categories"].items()}
-    if cats and max(cats, key=lambda k: cats[k]) != "activation":
+    if largest_category(profile) not in (None, "activation"):
         evidence.append({"what": "activation checkpointing",
                          "value": "not proposed: activations are not the largest category"})
         return []

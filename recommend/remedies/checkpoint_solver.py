@@ -26,7 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from advisor.recommend.memory_model import Chain, predicted_peak, recompute_s, units_from_modules, chain_from_profile
+from advisor.recommend.memory_model import (
+    Chain,
+    chain_from_profile,
+    predicted_peak,
+    recompute_s,
+    units_from_modules,
+)
 from advisor.recommend.profile import Profile
 from advisor.records.advice import CurvePoint
 

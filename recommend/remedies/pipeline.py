@@ -39,8 +39,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from advisor.recommend.memory_model import find_chain, measured_peak
-from advisor.recommend.remedies import RemedySpec
 from advisor.recommend.profile import Profile
+from advisor.recommend.remedies import RemedySpec
 from advisor.records.advice import Prediction, Recommendation
 
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b")

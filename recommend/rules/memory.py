@@ -1,9 +1,11 @@
 """Memory rule: peak over 90% of the budget, or an OOM. It asks every memory remedy for a plan.
 
 Memory remedies are the ``recommend/remedies`` modules whose spec says ``addresses="memory"``;
-each proposes what fits (activation checkpointing when activations dominate). When none does,
-a not-built note names the remedies that would. Thresholds: REFERENCE.md ("Other remedies and
-their signals").
+each proposes what fits: activation checkpointing, activation offload or a keep/recompute/offload
+mix when activations dominate (the joint solver in ``remedies/offload.py``), optimizer-state
+offload when model states do. When no live plan fits, the CPU-optimizer-step plan (a restart)
+and a not-built note name what would. Thresholds: REFERENCE.md ("Other remedies and their
+signals").
 """
 
 from __future__ import annotations
@@ -12,16 +14,16 @@ from advisor.recommend import remedies
 from advisor.recommend.finding import Finding, gib
 from advisor.recommend.memory_model import accumulates, measured_peak
 from advisor.recommend.profile import Profile
+from advisor.recommend.remedies.optimizer_offload import cpu_step_plan
 from advisor.records.advice import Prediction, Recommendation
 
 MEMORY_PRESSURE = 0.90  # peak above this share of the budget deserves advice
 NOT_BUILT = (
-    "CPU offload of activations or optimizer state",
-    "ZeRO / FSDP sharding of model states",
+    "ZeRO-2/3 (FSDP2) sharding of model states",
     "a smaller micro-batch with gradient accumulation",
-    "a pipeline split across devices",
+    "more devices, to split the model into a pipeline",
 )
-NOT_BUILT_IDS = ("cpu_offload", "zero", "micro_batch", "pipeline")
+NOT_BUILT_IDS = ("zero", "micro_batch", "pipeline")
 _MICRO_BATCH = NOT_BUILT_IDS.index("micro_batch")
 
 
@@ -56,12 +58,20 @@ def memory_rule(profile: Profile) -> Finding | None:
         for spec in remedies.specs().values():
             if spec.addresses == "memory" and spec.propose is not None:
                 recs += spec.propose(profile, budget, evidence)
-    if not any(r.fits for r in recs) and not _fits_already(evidence):
-        why = ("no set of checkpointed modules fits the budget" if largest == "activation"
+    # Nothing live fits: the CPU-optimizer-step plan (a restart) and a note on what would. When
+    # activations dominate, a remedy that found nothing to change leaves no "lowest peak".
+    if not any(r.fits for r in recs) and (largest != "activation" or not _fits_already(evidence)):
+        why = ("no set of checkpointed or offloaded modules fits the budget" if largest == "activation"
                else "model states or other memory dominate, which checkpointing cannot reduce")
-        recs.append(_not_built(profile, budget, _lowest_peak(evidence), why))
+        recs += _nothing_live_fits(profile, budget, _lowest_peak(evidence) if largest == "activation" else None, why)
     severity = 2.0 if profile.oom else 1.0 + (peak / budget if budget else 0.0)
     return Finding(bottleneck="memory", summary=summary, severity=severity, evidence=evidence, recommendations=recs)
+
+
+def _nothing_live_fits(profile: Profile, budget: int | None, best: int | None, why: str) -> list[Recommendation]:
+    """The CPU-optimizer-step plan (a restart) when it exists, then the not-built note."""
+    plan = cpu_step_plan(profile, budget) if budget else None
+    return ([plan] if plan is not None else []) + [_not_built(profile, budget, best, why)]
 
 
 def _lowest_peak(evidence: list[dict[str, object]]) -> int | None:

@@ -1,0 +1,114 @@
+"""Activation offload (alone or mixed with checkpointing), the predictor half.
+
+Proposed when the joint solver (``offload.py``) finds a plan that offloads at least one block and
+beats checkpointing alone at the same budget: checkpointing does not fit, or the plan costs less
+time. The applier is ``apply/remedies/activation_offload.py``: saved tensors are copied bit for
+bit to host memory and back, so ``live-exact``; a mixed plan's recomputed blocks are passed as
+``checkpoint`` and applied (and reverted) by the same handle.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from advisor.recommend.finding import gib, largest_category
+from advisor.recommend.memory_model import chain_from_profile, measured_peak
+from advisor.recommend.profile import Profile
+from advisor.recommend.remedies import RemedySpec
+from advisor.recommend.remedies.offload import (
+    KEEP,
+    OFFLOAD,
+    RECOMPUTE,
+    bandwidth_of,
+    fitting,
+    model_for,
+    tradeoff_curve,
+    why,
+)
+from advisor.records.advice import Prediction, Recommendation
+
+
+def _names(value: Any, key: str, *, empty_ok: bool) -> None:
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise ValueError(f"{key} must be a list of module names, not {value!r}")
+    if not value and not empty_ok:
+        raise ValueError(f"{key} is empty: name at least one submodule")
+    if not all(isinstance(m, str) and m for m in value) or len(set(value)) != len(value):
+        raise ValueError(f"{key} must be distinct non-empty names, got {list(value)!r}")
+
+
+def validate(params: Mapping[str, Any]) -> None:
+    """``modules``: names to offload; ``checkpoint``: names to recompute (optional, disjoint);
+    ``min_bytes``: an integer >= 0 (optional)."""
+    _names(params.get("modules"), "modules", empty_ok=False)
+    if "checkpoint" in params:
+        _names(params["checkpoint"], "checkpoint", empty_ok=True)
+        if set(params["checkpoint"]) & set(params["modules"]):
+            raise ValueError("a module cannot be both offloaded and checkpointed")
+    value = params.get("min_bytes")
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise ValueError(f"min_bytes must be an integer >= 0, not {value!r}")
+
+
+def propose(profile: Profile, budget: int, evidence: list[dict[str, object]]) -> list[Recommendation]:
+    if largest_category(profile) not in (None, "activation"):
+        return []  # offloading activations cannot help when model states or others dominate
+    chain = chain_from_profile(profile)
+    if chain is None:
+        return []
+    model = model_for(profile)
+    joint = fitting(chain, model, budget, optimizer=False)
+    alone = fitting(chain, model, budget, allowed=(KEEP, RECOMPUTE), optimizer=False)
+    evidence.append({"what": "lowest peak with activation offload and checkpointing",
+                     "value": joint.peak_bytes, "unit": "bytes", "threshold": budget})
+    if not joint.feasible or OFFLOAD not in joint.choices:
+        return []
+    bandwidth, source = bandwidth_of(profile)
+    if alone.feasible and (alone.overhead_s <= joint.overhead_s or source != "measured"):
+        # Checkpointing alone fits: its own recommendation covers it, unless offload beats it on a
+        # measured link (an assumed link speed is no ground to prefer copies over recompute).
+        return []
+    offloaded = joint.blocks(chain, OFFLOAD)
+    recomputed = joint.blocks(chain, RECOMPUTE)
+    versus = (f"checkpointing alone costs {alone.overhead_s * 1e3:.1f} ms" if alone.feasible
+              else f"checkpointing alone cannot fit (lowest peak {gib(alone.peak_bytes)})")
+    ev = [f"measured peak {gib(measured_peak(profile))} against a budget of {gib(budget)}",
+          f"plan: offload {len(offloaded)}, recompute {len(recomputed)} of {chain.n} blocks, "
+          f"+{joint.overhead_s * 1e3:.1f} ms per step; {versus}",
+          f"host link {bandwidth / 1e9:.1f} GB/s ({source})"] + why(chain, model, joint)
+    step = profile.step_time_s
+    params: dict[str, Any] = {"modules": offloaded}
+    if recomputed:
+        params["checkpoint"] = recomputed
+    return [Recommendation(
+        id=f"offload-{len(offloaded)}" + (f"-checkpoint-{len(recomputed)}" if recomputed else ""),
+        remedy=SPEC.name,
+        title=(f"Offload {len(offloaded)} block(s) to host memory" + (f", checkpoint {len(recomputed)}" if recomputed else "")
+               + f": peak {gib(joint.peak_bytes)}, +{joint.overhead_s * 1e3:.1f} ms/step"),
+        params=params,
+        predicted=Prediction(peak_memory_bytes=joint.peak_bytes, step_time_s=None if step is None else step + joint.overhead_s),
+        baseline=Prediction(peak_memory_bytes=measured_peak(profile), step_time_s=step),
+        cost_model="joint keep/recompute/offload DP: copies hide behind the next block's forward and backward "
+                   "(recommend/remedies/offload.py)",
+        confidence="medium" if source == "measured" and joint.exact else "low",
+        exact=True,
+        live=True,
+        apply_class=SPEC.apply_class,
+        prerequisites=["host memory for the offloaded activations (pinned on CUDA)",
+                       "the offloaded modules' forward saves what backward needs through autograd"],
+        evidence=ev,
+        curve=tradeoff_curve(chain, model),
+        fits=True,
+    )]
+
+
+SPEC = RemedySpec(
+    name="activation_offload",
+    apply_class="live-exact",
+    params=("modules",),
+    optional=("checkpoint", "min_bytes"),
+    validate=validate,
+    phase="saved-tensors",
+    addresses="memory",
+    propose=propose,
+)
