@@ -248,10 +248,14 @@ def test_import_matches_an_attach_session_of_the_same_run(tmp_path):
     steady = [s for s in imported if s.index > 0]
     ratio = sum(s.time_s for s in steady) / sum(live[s.index]["time_s"] for s in steady)
     assert ratio == pytest.approx(1.0, abs=0.05)
-    for phase in ("forward_s", "backward_s", "optimizer_s"):
+    # The agent's backward runs from torch.autograd.backward's entry to its return, the trace's
+    # from the first autograd node to the last: the engine's own start and finish lie between
+    # (about 0.6 ms of a 12 ms backward here, since the agent's step-period bookkeeping landed;
+    # issue 15's closing note), so backward is compared at 10%, the others at 5%.
+    for phase, tolerance in (("forward_s", 0.05), ("backward_s", 0.10), ("optimizer_s", 0.05)):
         mine = sum(s.phases[phase] for s in steady)
         theirs = sum(live[s.index]["phases"][phase] for s in steady)
-        assert mine == pytest.approx(theirs, rel=0.05), phase
+        assert mine == pytest.approx(theirs, rel=tolerance), phase
 
 
 def test_gpu_trace_kernel_times_nccl_exposure_and_memory_peaks(tmp_path):
