@@ -15,7 +15,8 @@ def write_plan_from_session(db_path: Path, output: str, *, budget_bytes: int | N
                             recommendation_id: str | None) -> int:
     # The advice `advisor report` and the live loop give for this session (one path: advise_state).
     diagnosis, recommendations = advise_state(load_state(db_path), budget_bytes=budget_bytes)
-    recs = [r for r in recommendations if r.get("live")]  # applicable remedies only
+    # Applicable remedies only: live ones, and restart ones the plan can carry (an environment).
+    recs = [r for r in recommendations if r.get("live") or _plan_env(r["remedy"])]
     if recommendation_id:
         chosen = next((r for r in recs if r["id"] == recommendation_id), None)
         if chosen is None:
@@ -27,7 +28,18 @@ def write_plan_from_session(db_path: Path, output: str, *, budget_bytes: int | N
         raise AdvisorError(f"nothing to plan: {(diagnosis or {}).get('summary') or 'no recommendation for this session'}",
                            hint="pass --memory-budget to plan against a smaller budget")
     save_plan(Plan(remedies=(PlanEntry(remedy=chosen["remedy"], params=chosen["params"],
-                                       recommendation_id=chosen["id"]),)), output)
+                                       recommendation_id=chosen["id"]),),
+                   env=_plan_env(chosen["remedy"])), output)
     print(f"wrote plan {output}: {chosen.get('title') or chosen['remedy']}; run it with "
           f"`advisor attach --plan {output} ...`", file=sys.stderr)
     return 0
+
+
+def _plan_env(remedy: str) -> dict[str, str]:
+    """The environment a restart remedy needs (its predictor module's ``ENV``), else {}."""
+    from advisor.recommend.remedies import remedy_modules
+
+    for module in remedy_modules():
+        if module.SPEC.name == remedy:
+            return dict(getattr(module, "ENV", None) or {})
+    return {}

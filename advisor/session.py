@@ -90,6 +90,7 @@ class Session:
             "ADVISOR_CONFIG": json.dumps(config),
             "PYTHONUNBUFFERED": "1",
         })
+        env.update(config.get("plan_env") or {})  # a plan's restart remedies (advisor.records.plan)
         return env
 
     def start(self) -> None:

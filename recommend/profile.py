@@ -74,6 +74,21 @@ class Profile:
     # (not serialised by ``to_dict``: the report has its own ops and collectives sections).
     ops: tuple[OpStat, ...] = ()
     collectives: tuple[CollectiveStat, ...] = ()
+    # Read by the bottleneck rules (recommend/rules, recommend/remedies); not serialised either.
+    # ``device``: the lowest rank's ``device_spec`` event data (``peak_flops`` per dtype key in
+    # FLOP/s, ``memory_bandwidth`` in bytes/s, ``type``, ``name``), else the run's device dict.
+    device: dict[str, Any] = field(default_factory=dict)
+    # CUDA caching allocator at the peak sample (bytes; None off CUDA): reserved - allocated is
+    # the cache the allocator holds but no tensor uses (fragmentation's evidence).
+    reserved_at_peak: int | None = None
+    allocated_at_peak: int | None = None
+    world_size: int = 1
+    data_parallel: str | None = None  # the model's wrapper class name ("DistributedDataParallel", ...)
+    # Each rank's median light-step phases in seconds (keys as ``phases`` plus "time_s"): the straggler.
+    rank_phases: dict[int, dict[str, float]] = field(default_factory=dict)
+    # The script's DataLoaders as the agent captured them (``dataloader`` events' data:
+    # num_workers, pin_memory, prefetch_factor, persistent_workers, batch_size, order, cpu_count).
+    loaders: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -251,7 +266,53 @@ def profile_from_records(
     op_rank = min((o.rank for o in ops), default=0)
     comm_rank = min((c.rank for c in collectives), default=0)
     return replace(profile, ops=tuple(o for o in ops if o.rank == op_rank),
-                   collectives=tuple(c for c in collectives if c.rank == comm_rank))
+                   collectives=tuple(c for c in collectives if c.rank == comm_rank),
+                   device=_device(runs, events),
+                   reserved_at_peak=peak.reserved_bytes if peak is not None else None,
+                   allocated_at_peak=peak.allocated_bytes if peak is not None else None,
+                   world_size=max([r.world_size for r in runs] + [1]),
+                   data_parallel=next((m.wrapper for m in models if m.wrapper), None),
+                   rank_phases=_rank_phases(steps),
+                   loaders=_loaders(events))
+
+
+def _device(runs: Sequence[RunInfo], events: Sequence[Event]) -> dict[str, Any]:
+    """The lowest rank's last ``device_spec`` event data, else the lowest rank's run device."""
+    specs = [e for e in events if e.name == "device_spec"]
+    if specs:
+        low = min(e.rank for e in specs)
+        return dict([e for e in specs if e.rank == low][-1].data)
+    for run in sorted(runs, key=lambda r: r.rank):
+        return dict(run.device)
+    return {}
+
+
+def _rank_phases(steps: Sequence[StepSample]) -> dict[int, dict[str, float]]:
+    """Median light-step time and phases per rank (deep steps when a rank has no light one)."""
+    out: dict[int, dict[str, float]] = {}
+    for rank in sorted({s.rank for s in steps}):
+        mine = [s for s in steps if s.rank == rank]
+        light = [s for s in mine if not s.deep] or mine
+        row = {"time_s": statistics.median(s.time_s for s in light)}
+        for key in sorted({k for s in light for k in s.phases}):
+            value = _median([s.phases.get(key) for s in light])
+            if value is not None:
+                row[key] = value
+        out[rank] = row
+    return out
+
+
+def _loaders(events: Sequence[Event]) -> tuple[dict[str, Any], ...]:
+    """The lowest rank's ``dataloader`` events, latest per loader index."""
+    found = [e for e in events if e.name == "dataloader"]
+    if not found:
+        return ()
+    low = min(e.rank for e in found)
+    latest: dict[int, dict[str, Any]] = {}
+    for event in found:
+        if event.rank == low:
+            latest[int(event.data.get("index", 0))] = dict(event.data)
+    return tuple(latest[i] for i in sorted(latest))
 
 
 def _rank_of_interest(ranks: set[int]) -> int | None:
