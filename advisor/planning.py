@@ -7,6 +7,7 @@ from pathlib import Path
 
 from advisor.advice import advise_state
 from advisor.errors import AdvisorError
+from advisor.recommend.remedies import remedy_modules
 from advisor.records.plan import Plan, PlanEntry, save_plan
 from advisor.store import load_state
 
@@ -37,8 +38,6 @@ def write_plan_from_session(db_path: Path, output: str, *, budget_bytes: int | N
 
 def _plan_env(remedy: str) -> dict[str, str]:
     """The environment a restart remedy needs (its predictor module's ``ENV``), else {}."""
-    from advisor.recommend.remedies import remedy_modules
-
     for module in remedy_modules():
         if module.SPEC.name == remedy:
             return dict(getattr(module, "ENV", None) or {})

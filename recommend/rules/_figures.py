@@ -66,12 +66,12 @@ def bus_factor(op: str, n: int) -> float:
 
 
 def bus_bandwidth(collectives: Sequence[CollectiveStat]) -> float | None:
-    """Bytes/s on the bus, from the largest payload's call (the least latency-bound): bytes x
+    """Bytes/s on the bus, from the largest payload's fastest call (the least latency-bound): bytes x
     ``bus_factor`` / ``time_s``; None without a timed multi-rank call."""
     timed = [c for c in collectives if c.time_s > 0 and c.bytes > 0 and c.group_size > 1]
     if not timed:
         return None
-    big = max(timed, key=lambda c: c.bytes / max(c.count, 1))
+    big = max(timed, key=lambda c: (c.bytes / max(c.count, 1), c.bytes / c.time_s))  # then the fastest
     return big.bytes * bus_factor(big.op, big.group_size) / big.time_s
 
 

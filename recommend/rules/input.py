@@ -28,7 +28,7 @@ MAX_WORKERS = 8  # never propose more workers than this (each one is a process w
 
 def workers_for(load_s: float, compute_s: float, cpu_count: int) -> int:
     """Enough workers to hide a batch's load behind compute, within the host's CPUs (at least 2)."""
-    need = math.ceil(load_s / compute_s) if compute_s > 0 else MAX_WORKERS
+    need = math.ceil(load_s / compute_s - 1e-9) if compute_s > 0 else MAX_WORKERS  # 3.0000000004 is 3
     return max(1, min(need, MAX_WORKERS, max(2, cpu_count)))
 
 
