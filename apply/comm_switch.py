@@ -46,6 +46,11 @@ def switch_hook(state: CommSwitch, bucket: dist.GradBucket) -> torch.futures.Fut
     return state.run(bucket)
 
 
+# DDP checks the hook's annotations as objects; this module's are strings (future annotations).
+switch_hook.__annotations__ = {"state": CommSwitch, "bucket": dist.GradBucket,
+                               "return": torch.futures.Future[torch.Tensor]}
+
+
 def install(ddp: Any) -> CommSwitch | None:
     """Register a switch on ``ddp`` (None when it cannot take a hook, e.g. no process group)."""
     group = getattr(ddp, "process_group", None)
