@@ -7,8 +7,8 @@ For each example (``examples/cnn.py``, ``gpt.py``, ``ddp.py`` on 2 ranks, ``slow
 ``python -m advisor attach --headless --apply auto --allow-inexact --apply-at-step 5 --steps S
 --json R examples/X.py --steps S``. The advisor applies its top live recommendation (any apply
 class: ``--allow-inexact``) at step 5, measures it, and keeps or reverts it. Printed as each run
-ends: the diagnosis, the remedy applied and its status, the baseline step time the recommendation
-was made against, the predicted step time, the measured step time before and after (the
+ends: the final diagnosis (advised on the steps after the apply), the remedy applied and its
+status, the predicted step time, the measured step time before and after (the
 executor's windows: ``report["applied"][0]["measured"]``), and the relative error of the
 prediction against the measured after, ``(predicted - after) / after``.
 
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default="", help="comma-separated example file names")
     args = p.parse_args(argv)
     chosen = [s for s in EXAMPLES if not args.only or s in args.only.split(",")]
-    print(f"{'example':<14} {'remedy':<22} {'status':<9} {'baseline':>11} {'predicted':>11} "
+    print(f"{'example':<14} {'remedy':<22} {'status':<9} {'predicted':>11} "
           f"{'before':>11} {'after':>11} {'error':>7}", flush=True)
     with tempfile.TemporaryDirectory(prefix="advisor-bench-") as home:
         for script in chosen:
@@ -76,14 +76,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{script:<14} {'(nothing applied)':<22} {'':<9} diagnosis: {diagnosis.get('summary')}",
                       flush=True)
                 continue
-            rec = next((r for r in report.get("recommendations") or []
-                        if r.get("id") == applied.get("recommendation_id")), {})
             predicted = applied["predicted"]["step_time_s"]
             before = applied["measured"]["before"]["step_time_s"]
             after = applied["measured"]["after"]["step_time_s"]
             err = f"{(predicted - after) / after:+.0%}" if predicted and after else "-"
             print(f"{script:<14} {applied['remedy']:<22} {applied['status']:<9} "
-                  f"{ms((rec.get('baseline') or {}).get('step_time_s')):>11} {ms(predicted):>11} {ms(before):>11} "
+                  f"{ms(predicted):>11} {ms(before):>11} "
                   f"{ms(after):>11} {err:>7}   ({wall:.0f} s; diagnosis: {diagnosis.get('bottleneck')})", flush=True)
     return 0
 

@@ -243,3 +243,16 @@ def test_ranking_names_the_costliest_bottleneck_and_keeps_the_others() -> None:
     also = [e["what"] for e in diagnosis.evidence if str(e["what"]).startswith("also:")]
     assert also == ["also: communication", "also: input"]
     assert recs[0].remedy == "compile_blocks"
+
+
+def test_fused_optimizer_prediction_reads_the_optimizer_ops() -> None:
+    from advisor.recommend.remedies.fused_optimizer import fused_rule
+
+    # 40 ms optimizer phase in a 100 ms step; its ops: 200 calls, 8 ms of kernels per step. The
+    # 32 ms between them goes and the kernels halve (assumed): optimizer 4 ms, step 64 ms.
+    ops = tuple(OpStat(step=s, name="aten._foreach_add_", phase="optimizer", count=100, bytes=2**20,
+                       time_s=0.004) for s in (2, 3) for _ in range(2))
+    finding = fused_rule(Profile(peak_bytes=0, step_time_s=0.1, phases={"optimizer_s": 0.04}, ops=ops))
+    (rec,) = finding.recommendations
+    assert rec.predicted.step_time_s == pytest.approx(0.064)
+    assert "200 optimizer ops per step" in rec.cost_model
