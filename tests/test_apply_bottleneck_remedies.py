@@ -133,3 +133,19 @@ def test_expandable_segments_checks_the_environment(monkeypatch) -> None:
 def test_params_are_checked_without_torch(name, params, message) -> None:
     with pytest.raises(ValueError, match=message):
         check_params(name, params)
+
+
+@pytest.mark.gpu
+def test_on_cuda_tf32_and_autocast_change_the_matmul_and_revert() -> None:
+    torch.manual_seed(0)
+    a, b = torch.randn(256, 256, device="cuda"), torch.randn(256, 256, device="cuda")
+    exact = a @ b
+    handle = apply_tf32_matmul(Target(device=torch.device("cuda")))
+    assert not torch.equal(a @ b, exact)  # inputs rounded to TF32 on tensor cores
+    handle.revert()
+    assert torch.equal(a @ b, exact)
+    model = torch.nn.Linear(256, 256).cuda()
+    handle = apply_autocast_bf16(Target(wrapped_models=[model], device=torch.device("cuda")))
+    assert model(a).dtype == torch.bfloat16
+    handle.revert()
+    assert model(a).dtype == torch.float32

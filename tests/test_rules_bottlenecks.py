@@ -256,3 +256,29 @@ def test_fused_optimizer_prediction_reads_the_optimizer_ops() -> None:
     (rec,) = finding.recommendations
     assert rec.predicted.step_time_s == pytest.approx(0.064)
     assert "200 optimizer ops per step" in rec.cost_model
+
+
+def test_recorded_cpu_sessions_with_a_gpu_spec_are_not_compute_bound() -> None:
+    # The recorded GPT's fp32 matmuls take 34 ms of a 1.93 s step (2%): even on a device with
+    # tensor cores the compute rule stays silent; the same ops scaled to fill the step fire it.
+    import dataclasses
+
+    import recorded
+
+    from advisor.advice import current_regime
+    from advisor.recommend.profile import profile_from_records
+
+    state = recorded.load_state("gpt")
+    regime = current_regime(state)
+    steps = [s for r in sorted(regime.steps) for s in regime.steps[r]]
+    profile = profile_from_records(steps=steps, memory=regime.memory, modules=regime.modules, ops=regime.ops,
+                                   events=regime.events, runs=[regime.runs[r] for r in sorted(regime.runs)])
+    gpu = dataclasses.replace(profile, device=dict(H100))
+    assert compute_rule(gpu) is None
+    mms = [o for o in gpu.ops if o.name in ("aten.mm", "aten.addmm")]
+    flops = sum(o.flops for o in mms) / 2  # per step (2 deep steps)
+    # at 80% of the 60 TFLOP/s fp32 peak these FLOPs take flops / 48e12 s; make that 90% of the step
+    fast = dataclasses.replace(gpu, ops=tuple(dataclasses.replace(o, time_s=o.flops / 48e12) for o in mms),
+                               step_time_s=flops / 48e12 / 0.9)
+    finding = compute_rule(fast)
+    assert finding is not None and finding.severity == pytest.approx(0.9)
