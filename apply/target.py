@@ -71,6 +71,9 @@ class Target:
     # (the one the script's loop holds; None before the first ``iter()``).
     dataloaders: list[Any] = field(default_factory=list)
     dataloader_iterators: list[Any] = field(default_factory=list)
+    # notify(event name, data): report a changed setting to the controller (the agent's emit);
+    # None where nobody listens (tests, bare targets).
+    notify: Any = None
 
     @property
     def models(self) -> list[nn.Module]:

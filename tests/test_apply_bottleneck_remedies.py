@@ -93,11 +93,15 @@ def test_dataloader_applied_between_epochs_takes_effect_at_the_next_iter() -> No
     loader = DataLoader(Indexed(), batch_size=4, shuffle=False)
     it = iter(loader)
     bare = [b.flatten().tolist() for b in it]  # exhausted
-    handle = apply_dataloader(Target(dataloaders=[loader], dataloader_iterators=[it]), num_workers=2)
+    told = []
+    handle = apply_dataloader(Target(dataloaders=[loader], dataloader_iterators=[it],
+                                     notify=lambda name, data: told.append((name, data["num_workers"]))),
+                              num_workers=2)
     assert (loader.num_workers, loader.prefetch_factor) == (2, 2)
     assert [b.flatten().tolist() for b in loader] == bare
     handle.revert()
     assert (loader.num_workers, loader.prefetch_factor) == (0, None)
+    assert told == [("dataloader", 2), ("dataloader", 0)]  # the controller sees the settings in force
 
 
 def test_dataloader_refusals_change_nothing() -> None:

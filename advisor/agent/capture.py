@@ -17,7 +17,6 @@ count: what the input rule reads).
 from __future__ import annotations
 
 import functools
-import os
 import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -25,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from advisor.apply import comm_switch
+from advisor.apply.remedies.dataloader import loader_settings
 from advisor.apply.target import Target
 from advisor.records.samples import Event
 
@@ -82,8 +82,8 @@ class Capture:
         def on_loader(loader: Any) -> None:
             self._add(self._loaders, loader)
             index = next(i for i, ref in enumerate(self._loaders) if ref() is loader)
-            agent.emit(Event(rank=agent.rank, step=agent.step, name="dataloader",
-                             data=loader_settings(loader, index)))
+            # step None: the settings hold in every regime until a remedy reports new ones
+            agent.emit(Event(rank=agent.rank, step=None, name="dataloader", data=loader_settings(loader, index)))
 
         classes: list[tuple[type, Callable[[Any], None]]] = [
             (torch.optim.Optimizer, on_optimizer),
@@ -157,23 +157,8 @@ class Capture:
         return Target(wrapped_models=agent.wrapped_models(), optimizers=optimizers,
                       lr_schedulers=self.lr_schedulers(), wrappers=wrappers, process_group=group,
                       device=agent.device, rank=agent.rank, world_size=agent.world_size,
-                      dataloaders=loaders, dataloader_iterators=[self.running_iterator(d) for d in loaders])
-
-
-def loader_settings(loader: Any, index: int) -> dict[str, Any]:
-    """What the input rule reads of a DataLoader (``Profile.loaders``)."""
-    sampler = getattr(loader, "sampler", None)
-    return {
-        "index": index,
-        "num_workers": int(loader.num_workers),
-        "pin_memory": bool(loader.pin_memory),
-        "prefetch_factor": loader.prefetch_factor,
-        "persistent_workers": bool(loader.persistent_workers),
-        "batch_size": loader.batch_size,
-        "sampler": type(sampler).__name__ if sampler is not None else None,
-        "seeded": loader.generator is not None,
-        "cpu_count": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
-    }
+                      dataloaders=loaders, dataloader_iterators=[self.running_iterator(d) for d in loaders],
+                      notify=lambda name, data: agent.emit(Event(rank=agent.rank, step=None, name=name, data=data)))
 
 
 def _wrap_init(cls: type, callback: Callable[[Any], None], add_undo: Callable[[Callable[[], None]], None]) -> None:

@@ -123,17 +123,43 @@ def _set(loader: DataLoader, values: dict[str, Any]) -> None:
         object.__setattr__(loader, key, value)  # past DataLoader.__setattr__'s persistent_workers guard
 
 
+def loader_settings(loader: DataLoader, index: int) -> dict[str, Any]:
+    """What the input rule reads of a DataLoader (``Profile.loaders``; ``dataloader`` events)."""
+    sampler = getattr(loader, "sampler", None)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return {
+        "index": index,
+        "num_workers": int(loader.num_workers),
+        "pin_memory": bool(loader.pin_memory),
+        "prefetch_factor": loader.prefetch_factor,
+        "persistent_workers": bool(loader.persistent_workers),
+        "batch_size": loader.batch_size,
+        "sampler": type(sampler).__name__ if sampler is not None else None,
+        "seeded": loader.generator is not None,
+        "cpu_count": cpus,
+    }
+
+
+def _notify(target: Any, loader: DataLoader, index: int) -> None:
+    notify = getattr(target, "notify", None)
+    if callable(notify):
+        notify("dataloader", loader_settings(loader, index))
+
+
 @dataclass(eq=False)
 class DataLoaderHandle:
     loader: DataLoader
     previous: dict[str, Any]
     running: Any  # the iterator object the script's loop holds (None: none was running)
+    target: Any = None
+    index: int = 0
     reverted: bool = False
 
     def revert(self) -> None:
         if self.reverted:
             return
         _switch(self.loader, self.previous, self.running)
+        _notify(self.target, self.loader, self.index)
         self.reverted = True
         logger.info("Restored the DataLoader's %s", ", ".join(f"{k}={v}" for k, v in self.previous.items()))
 
@@ -190,4 +216,5 @@ def apply_dataloader(target: Target, *, loader: int = 0, num_workers: int | None
     _switch(obj, values, running)
     logger.info("DataLoader set to %s%s", ", ".join(f"{k}={v}" for k, v in values.items()),
                 "; its running iterator restarted on the remaining batches" if running is not None else "")
-    return DataLoaderHandle(loader=obj, previous=previous, running=running)
+    _notify(target, obj, loader)
+    return DataLoaderHandle(loader=obj, previous=previous, running=running, target=target, index=loader)

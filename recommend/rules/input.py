@@ -79,7 +79,7 @@ def input_rule(profile: Profile) -> Finding | None:
     recs = [r for loader in profile.loaders[:1] if (r := _recommend(profile, loader, data, step))]
     if not profile.loaders:
         evidence.append({"what": "no remedy", "value": "needs a torch DataLoader built under the advisor "
-                                                      "(none was captured: a custom loader cannot be tuned)"})
+                                                      "(none reported: a custom loader cannot be tuned)"})
     return Finding(
         bottleneck="input",
         summary=f"waiting for data takes {share:.0%} of the step",
