@@ -86,6 +86,9 @@ class Profile:
     data_parallel: str | None = None  # the model's wrapper class name ("DistributedDataParallel", ...)
     # Each rank's median light-step phases in seconds (keys as ``phases`` plus "time_s"): the straggler.
     rank_phases: dict[int, dict[str, float]] = field(default_factory=dict)
+    # Every step of the lowest rank with steps: index -> (time_s, data_s), deep and light (rules
+    # that compare deep-step measurements, such as op times, with the steps they came from).
+    step_times: dict[int, tuple[float, float]] = field(default_factory=dict)
     # The script's DataLoaders as the agent captured them (``dataloader`` events' data:
     # num_workers, pin_memory, prefetch_factor, persistent_workers, batch_size, order, cpu_count).
     loaders: tuple[dict[str, Any], ...] = ()
@@ -273,6 +276,7 @@ def profile_from_records(
                    world_size=max([r.world_size for r in runs] + [1]),
                    data_parallel=next((m.wrapper for m in models if m.wrapper), None),
                    rank_phases=_rank_phases(steps),
+                   step_times=_step_times(steps),
                    loaders=_loaders(events))
 
 
@@ -300,6 +304,11 @@ def _rank_phases(steps: Sequence[StepSample]) -> dict[int, dict[str, float]]:
                 row[key] = value
         out[rank] = row
     return out
+
+
+def _step_times(steps: Sequence[StepSample]) -> dict[int, tuple[float, float]]:
+    low = min((s.rank for s in steps), default=0)
+    return {s.index: (s.time_s, float(s.phases.get("data_s", 0.0))) for s in steps if s.rank == low}
 
 
 def _loaders(events: Sequence[Event]) -> tuple[dict[str, Any], ...]:

@@ -1,9 +1,12 @@
 """Host-overhead rule: the device idles between kernels (CUDA), or on CPU the ops cover a small
 share of the step; it proposes ``torch.compile`` of the repeated blocks and, on CUDA, CUDA graphs.
 
-Evidence: op (kernel) time per step (``Profile.ops``, summed per deep step) against the step time
-less the data wait; the rest is the host gap (Python, dispatch, launches). The rule fires when
-the ops cover less than ``OP_COVERAGE`` of that time.
+Evidence: op (kernel) time (``Profile.ops``) against the time of the very steps it was measured
+on, less their data wait (``Profile.step_times``): ops are timed on deep steps, which the probes
+slow down several times over, so they are compared with deep steps, never with light ones. The
+rest is the host gap (Python, dispatch, launches). The rule fires when the ops cover less than
+``OP_COVERAGE`` of that time; the gap of an ordinary step is its time less data wait times
+``1 - coverage``.
 
 Prediction: compile removes ``GAP_RECOVERED`` of the gap (an assumption, labelled as such, low
 confidence); the executor measures the first compiled steps after the warm-up and keeps or
@@ -47,18 +50,23 @@ def host_overhead_rule(profile: Profile) -> Finding | None:
     if not step or not profile.ops:
         return None
     busy = step - (profile.phases.get("data_s") or 0.0)
+    measured = sorted({o.step for o in profile.ops} & set(profile.step_times))
+    deep_busy = sum(profile.step_times[i][0] - profile.step_times[i][1] for i in measured) / max(1, len(measured))
     op_time = op_time_per_step(profile.ops)
-    if busy <= 0 or op_time <= 0 or op_time >= OP_COVERAGE * busy:
+    if busy <= 0 or deep_busy <= 0 or op_time <= 0 or op_time >= OP_COVERAGE * deep_busy:
         return None
-    coverage, gap = op_time / busy, busy - op_time
+    coverage = op_time / deep_busy
+    gap = busy * (1.0 - coverage)
     cuda = profile.device.get("type") == "cuda"
     where = "the device idles between kernels" if cuda else "the ops cover a small share of the step"
     evidence = [
-        {"what": "op time / step time less data wait", "value": round(coverage, 4), "threshold": OP_COVERAGE},
+        {"what": "op time / step time less data wait (deep steps)", "value": round(coverage, 4),
+         "threshold": OP_COVERAGE},
         {"what": "host gap per step", "value": round(gap, 6), "unit": "s"},
-        {"what": "op time per step", "value": round(op_time, 6), "unit": "s"},
+        {"what": "op time per deep step", "value": round(op_time, 6), "unit": "s"},
     ]
-    lines = [f"ops {ms(op_time)} of a {ms(busy)} step less data wait ({coverage:.0%})", f"host gap {ms(gap)}"]
+    lines = [f"ops {ms(op_time)} of a {ms(deep_busy)} deep step less data wait ({coverage:.0%})",
+             f"host gap {ms(gap)} of a {ms(busy)} step"]
     blocks = repeated_blocks(profile)
     recs = [Recommendation(
         id="compile-blocks", remedy=compile_blocks.SPEC.name,
