@@ -123,8 +123,6 @@ class AdviceLoop:
         state = self.session.live.snapshot()
         if state.finished or not state.recommendations:
             return
-        if self.apply_at_step is not None and state.latest_step() + 2 < self.apply_at_step:
-            return  # choose on the latest advice: the command goes out two steps ahead
         rec = self._choose(state.recommendations, self.apply_request)
         if rec is None:
             # A named recommendation may come with later advice (a rule needs light steps to

@@ -8,8 +8,11 @@ references; we keep weak ones, so a remedy can change those very objects in plac
 optimizer, a retargeted scheduler, a DataLoader's workers) and the user's loop steps what was
 changed. ``target()`` hands them to the apply executor as an ``advisor.apply.target.Target``.
 
-Every DDP object built gets the delegating communication hook (``advisor.apply.comm_switch``)
-at construction, because DDP takes one hook per object and a remedy switches it later. Each
+With ``--allow-inexact`` (config ``allow_inexact``, or ``comm_switch``), every DDP object built
+gets the delegating communication hook (``advisor.apply.comm_switch``) at construction, because
+DDP takes one hook per object and gradient compression switches it later; without it DDP keeps
+its built-in C++ all-reduce (a Python hook per bucket is not free, and a job that may not change
+numerics has no use for the switch). Each
 DataLoader built is reported as an ``Event(name="dataloader")`` (its settings and the host's CPU
 count: what the input rule reads).
 """
@@ -40,7 +43,8 @@ class Capture:
         self._schedulers: list[weakref.ref] = []
         self._wrappers: list[weakref.ref] = []
         self._loaders: list[weakref.ref] = []
-        self._iterators: dict[int, weakref.ref] = {}  # id(loader) -> its latest iterator
+        # id(loader) -> (the loader, its latest iterator), both weak: an id is reused once freed
+        self._iterators: dict[int, tuple[weakref.ref, weakref.ref]] = {}
 
     @staticmethod
     def _alive(refs: list[weakref.ref]) -> list[Any]:
@@ -59,8 +63,10 @@ class Capture:
         return self._alive(self._loaders)
 
     def running_iterator(self, loader: Any) -> Any:
-        ref = self._iterators.get(id(loader))
-        return ref() if ref is not None else None
+        refs = self._iterators.get(id(loader))
+        if refs is None or refs[0]() is not loader:
+            return None
+        return refs[1]()
 
     def _add(self, refs: list[weakref.ref], obj: Any) -> None:
         if not any(ref() is obj for ref in refs):
@@ -77,7 +83,8 @@ class Capture:
 
         def on_ddp(wrapper: Any) -> None:
             self._add(self._wrappers, wrapper)
-            comm_switch.install(wrapper)
+            if agent.config.get("allow_inexact") or agent.config.get("comm_switch"):
+                comm_switch.install(wrapper)
 
         def on_loader(loader: Any) -> None:
             self._add(self._loaders, loader)
@@ -112,7 +119,7 @@ class Capture:
         def __iter__(loader: Any) -> Any:
             it = original(loader)
             try:
-                iterators[id(loader)] = weakref.ref(it)
+                iterators[id(loader)] = (weakref.ref(loader), weakref.ref(it))
             except TypeError:  # pragma: no cover - an iterator without weak references
                 pass
             return it

@@ -91,7 +91,8 @@ def communication_rule(profile: Profile) -> Finding | None:
                 predicted=Prediction(peak_memory_bytes=None, step_time_s=step - saved),
                 cost_model=f"half the bytes: transfer {ms(t_bw)} at the measured bus bandwidth halves",
                 confidence="medium", exact=False, live=True, apply_class=grad_compression.SPEC.apply_class,
-                prerequisites=["the DDP wrapper built under the advisor (its delegating hook)",
+                prerequisites=["the job attached with --allow-inexact (the advisor then installs its "
+                               "delegating hook when DDP is built)",
                                "changes numerics: gradients summed in bf16"],
                 evidence=lines))
         k = max(2, math.ceil(share / EXPOSED_SHARE))
