@@ -76,8 +76,8 @@ class AdviceLoop:
 
     # -- called on the receiver thread: cheap --------------------------------------------
     def on_record(self, record: Record) -> None:
-        # Light steps too while a requested apply waits: a rule may need them to fire.
-        waiting = bool(self.apply_request) and not self._applied_auto
+        # Light steps too while a named apply waits for its recommendation: a rule may need them.
+        waiting = self.apply_request not in (None, "auto") and not self._applied_auto
         if (isinstance(record, StepSample) and (record.deep or waiting)) or (
                 isinstance(record, Event) and record.name in ("oom", ApplyResult.EVENT, RevertResult.EVENT)):
             with self._idle:
