@@ -76,7 +76,9 @@ class AdviceLoop:
 
     # -- called on the receiver thread: cheap --------------------------------------------
     def on_record(self, record: Record) -> None:
-        if (isinstance(record, StepSample) and record.deep) or (
+        # Light steps too while a named apply waits for its recommendation: a rule may need them.
+        waiting = self.apply_request not in (None, "auto") and not self._applied_auto
+        if (isinstance(record, StepSample) and (record.deep or waiting)) or (
                 isinstance(record, Event) and record.name in ("oom", ApplyResult.EVENT, RevertResult.EVENT)):
             with self._idle:
                 self._dirty = True
@@ -123,7 +125,10 @@ class AdviceLoop:
             return
         rec = self._choose(state.recommendations, self.apply_request)
         if rec is None:
-            if self.apply_request != "auto":
+            # A named recommendation may come with later advice (a rule needs light steps to
+            # fire): wait for it until the step the apply was asked for (else a few steps).
+            due = (self.apply_at_step if self.apply_at_step is not None else 3)
+            if self.apply_request != "auto" and state.latest_step() >= due:
                 self._applied_auto = True
                 print(f"advisor: no live recommendation {self.apply_request!r}; valid: "
                       f"{', '.join(r['id'] for r in state.recommendations) or 'none'}", file=sys.stderr)

@@ -221,10 +221,12 @@ def agent_config(ns: argparse.Namespace) -> dict[str, Any]:
         from advisor.records.plan import read_plan
 
         try:
-            read_plan(ns.plan, check=check_params)
+            plan = read_plan(ns.plan, check=check_params)
         except ValueError as exc:
             raise UsageError(f"bad plan file {ns.plan}: {exc}") from None
         config["plan"] = os.path.abspath(ns.plan)
+        if plan.env:  # set in the training process's environment (advisor/session.py)
+            config["plan_env"] = dict(plan.env)
     if ns.enforce_budget and ns.memory_budget is None:
         raise UsageError("--enforce-budget needs --memory-budget", hint="e.g. --memory-budget 800MiB --enforce-budget")
     return config

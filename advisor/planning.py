@@ -8,6 +8,7 @@ from typing import Any
 
 from advisor.errors import AdvisorError, SessionError
 from advisor.paths import DB_NAME, sessions_dir
+from advisor.recommend.remedies import remedy_modules
 from advisor.records.plan import Plan, PlanEntry, save_plan
 from advisor.records.units import fmt_bytes
 from advisor.report import build_report, recorded_budget
@@ -70,7 +71,8 @@ def write_plan_from_session(db_path: Path, output: str, *, budget_bytes: int | N
                             recommendation_id: str | None) -> int:
     # The report's advice is advise_state's: the one path the live loop and `advisor report` share.
     report = build_report(load_state(db_path), budget_bytes=budget_bytes)
-    recs = [r for r in report.get("recommendations") or [] if r.get("live")]  # applicable remedies only
+    # Applicable remedies only: live ones, and restart ones the plan can carry (an environment).
+    recs = [r for r in report.get("recommendations") or [] if r.get("live") or _plan_env(r["remedy"])]
     if recommendation_id:
         chosen = next((r for r in recs if r["id"] == recommendation_id), None)
         if chosen is None:
@@ -81,7 +83,16 @@ def write_plan_from_session(db_path: Path, output: str, *, budget_bytes: int | N
     if chosen is None:
         raise _nothing_to_plan(report)
     save_plan(Plan(remedies=(PlanEntry(remedy=chosen["remedy"], params=chosen["params"],
-                                       recommendation_id=chosen["id"]),)), output)
+                                       recommendation_id=chosen["id"]),),
+                   env=_plan_env(chosen["remedy"])), output)
     print(f"wrote plan {output}: {chosen.get('title') or chosen['remedy']}; run it with "
           f"`advisor attach --plan {output} ...`", file=sys.stderr)
     return 0
+
+
+def _plan_env(remedy: str) -> dict[str, str]:
+    """The environment a restart remedy needs (its predictor module's ``ENV``), else {}."""
+    for module in remedy_modules():
+        if module.SPEC.name == remedy:
+            return dict(getattr(module, "ENV", None) or {})
+    return {}

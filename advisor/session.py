@@ -163,6 +163,7 @@ class Session:
             "PYTHONUNBUFFERED": "1",
             "ADVISOR_LAUNCHER_EXITS": str(self.dir / LAUNCHER_EXITS),
         })
+        env.update(config.get("plan_env") or {})  # a plan's restart remedies (advisor.records.plan)
         return env
 
     def start(self) -> None:

@@ -67,6 +67,13 @@ class Target:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     rank: int = 0
     world_size: int = 1
+    # The script's DataLoaders in construction order, and the iterator each one last handed out
+    # (the one the script's loop holds; None before the first ``iter()``).
+    dataloaders: list[Any] = field(default_factory=list)
+    dataloader_iterators: list[Any] = field(default_factory=list)
+    # notify(event name, data): report a changed setting to the controller (the agent's emit);
+    # None where nobody listens (tests, bare targets).
+    notify: Any = None
 
     @property
     def models(self) -> list[nn.Module]:

@@ -96,6 +96,22 @@ class Profile:
     # Pinned host<->device copy bytes/s from the ``device_spec`` event when it measured a real
     # link or was overridden (None: unknown, or a CPU-only device's same-device copy).
     host_link_bandwidth: float | None = None
+    # Read by the bottleneck rules (recommend/rules, recommend/remedies); not serialised either.
+    # ``device``: the lowest rank's ``device_spec`` event data (``peak_flops`` per dtype key in
+    # FLOP/s, ``memory_bandwidth`` in bytes/s, ``type``, ``name``), else the run's device dict.
+    device: dict[str, Any] = field(default_factory=dict)
+    # CUDA caching allocator at the peak sample (bytes; None off CUDA): reserved - allocated is
+    # the cache the allocator holds but no tensor uses (fragmentation's evidence).
+    reserved_at_peak: int | None = None
+    allocated_at_peak: int | None = None
+    # Each rank's median light-step phases in seconds (keys as ``phases`` plus "time_s"): the straggler.
+    rank_phases: dict[int, dict[str, float]] = field(default_factory=dict)
+    # Every step of the lowest rank with steps: index -> (time_s, data_s), deep and light (rules
+    # that compare deep-step measurements, such as op times, with the steps they came from).
+    step_times: dict[int, tuple[float, float]] = field(default_factory=dict)
+    # The script's DataLoaders as the agent captured them (``dataloader`` events' data:
+    # num_workers, pin_memory, prefetch_factor, persistent_workers, batch_size, order, cpu_count).
+    loaders: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -281,7 +297,57 @@ def profile_from_records(
                    optimizer_count=sum(1 for o in optimizers if o.rank == (first[0].rank if first else 0)),
                    visible_devices=int(device.get("count") or 1), device_type=str(device.get("type") or "cpu"),
                    memory_timeline=tuple(samples),
-                   host_link_bandwidth=_host_link(events))
+                   host_link_bandwidth=_host_link(events),
+                   device=_device(runs, events),
+                   reserved_at_peak=peak.reserved_bytes if peak is not None else None,
+                   allocated_at_peak=peak.allocated_bytes if peak is not None else None,
+                   rank_phases=_rank_phases(steps),
+                   step_times=_step_times(steps),
+                   loaders=_loaders(events))
+
+
+def _device(runs: Sequence[RunInfo], events: Sequence[Event]) -> dict[str, Any]:
+    """The lowest rank's last ``device_spec`` event data, else the lowest rank's run device."""
+    specs = [e for e in events if e.name == "device_spec"]
+    if specs:
+        low = min(e.rank for e in specs)
+        return dict([e for e in specs if e.rank == low][-1].data)
+    for run in sorted(runs, key=lambda r: r.rank):
+        return dict(run.device)
+    return {}
+
+
+def _rank_phases(steps: Sequence[StepSample]) -> dict[int, dict[str, float]]:
+    """Median light-step time and phases per rank (deep steps when a rank has no light one)."""
+    out: dict[int, dict[str, float]] = {}
+    for rank in sorted({s.rank for s in steps}):
+        mine = [s for s in steps if s.rank == rank]
+        light = [s for s in mine if not s.deep] or mine
+        row = {"time_s": statistics.median(s.time_s for s in light)}
+        for key in sorted({k for s in light for k in s.phases}):
+            value = _median([s.phases.get(key) for s in light])
+            if value is not None:
+                row[key] = value
+        out[rank] = row
+    return out
+
+
+def _step_times(steps: Sequence[StepSample]) -> dict[int, tuple[float, float]]:
+    low = min((s.rank for s in steps), default=0)
+    return {s.index: (s.time_s, float(s.phases.get("data_s", 0.0))) for s in steps if s.rank == low}
+
+
+def _loaders(events: Sequence[Event]) -> tuple[dict[str, Any], ...]:
+    """The lowest rank's ``dataloader`` events, latest per loader index."""
+    found = [e for e in events if e.name == "dataloader"]
+    if not found:
+        return ()
+    low = min(e.rank for e in found)
+    latest: dict[int, dict[str, Any]] = {}
+    for event in found:
+        if event.rank == low:
+            latest[int(event.data.get("index", 0))] = dict(event.data)
+    return tuple(latest[i] for i in sorted(latest))
 
 
 def _rank_of_interest(ranks: set[int]) -> int | None:

@@ -2,10 +2,19 @@
 
 Intercepts the constructors of ``torch.optim.Optimizer``, ``torch.optim.lr_scheduler.LRScheduler``
 (``_LRScheduler`` is an alias), ``DistributedDataParallel`` and the legacy
-``FullyShardedDataParallel``. The script keeps its own references; we keep weak ones, so a
-remedy can change those very objects in place (a fused optimizer, a retargeted scheduler) and the
-user's loop steps what was changed. ``target()`` hands them to the apply executor as an
-``advisor.apply.target.Target``.
+``FullyShardedDataParallel``, and ``torch.utils.data.DataLoader`` (its construction and each
+``iter()``, so the iterator the script's loop holds is known). The script keeps its own
+references; we keep weak ones, so a remedy can change those very objects in place (a fused
+optimizer, a retargeted scheduler, a DataLoader's workers) and the user's loop steps what was
+changed. ``target()`` hands them to the apply executor as an ``advisor.apply.target.Target``.
+
+With ``--allow-inexact`` (config ``allow_inexact``, or ``comm_switch``), every DDP object built
+gets the delegating communication hook (``advisor.apply.comm_switch``) at construction, because
+DDP takes one hook per object and gradient compression switches it later; without it DDP keeps
+its built-in C++ all-reduce (a Python hook per bucket is not free, and a job that may not change
+numerics has no use for the switch). Each
+DataLoader built is reported as an ``Event(name="dataloader")`` (its settings and the host's CPU
+count: what the input rule reads).
 """
 
 from __future__ import annotations
@@ -17,7 +26,10 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 import torch.distributed as dist
 
+from advisor.apply import comm_switch
+from advisor.apply.remedies.dataloader import loader_settings
 from advisor.apply.target import Target
+from advisor.records.samples import Event
 
 if TYPE_CHECKING:  # pragma: no cover
     from advisor.agent.agent import Agent
@@ -30,6 +42,9 @@ class Capture:
         self._optimizers: list[weakref.ref] = []
         self._schedulers: list[weakref.ref] = []
         self._wrappers: list[weakref.ref] = []
+        self._loaders: list[weakref.ref] = []
+        # id(loader) -> (the loader, its latest iterator), both weak: an id is reused once freed
+        self._iterators: dict[int, tuple[weakref.ref, weakref.ref]] = {}
 
     @staticmethod
     def _alive(refs: list[weakref.ref]) -> list[Any]:
@@ -44,6 +59,15 @@ class Capture:
     def wrappers(self) -> list[torch.nn.Module]:
         return self._alive(self._wrappers)
 
+    def dataloaders(self) -> list[Any]:
+        return self._alive(self._loaders)
+
+    def running_iterator(self, loader: Any) -> Any:
+        refs = self._iterators.get(id(loader))
+        if refs is None or refs[0]() is not loader:
+            return None
+        return refs[1]()
+
     def _add(self, refs: list[weakref.ref], obj: Any) -> None:
         if not any(ref() is obj for ref in refs):
             refs.append(weakref.ref(obj))
@@ -57,10 +81,22 @@ class Capture:
             # step 0) still says which optimizer it would have run.
             agent.optimizer_created(opt)
 
+        def on_ddp(wrapper: Any) -> None:
+            self._add(self._wrappers, wrapper)
+            if agent.config.get("allow_inexact") or agent.config.get("comm_switch"):
+                comm_switch.install(wrapper)
+
+        def on_loader(loader: Any) -> None:
+            self._add(self._loaders, loader)
+            index = next(i for i, ref in enumerate(self._loaders) if ref() is loader)
+            # step None: the settings hold in every regime until a remedy reports new ones
+            agent.emit(Event(rank=agent.rank, step=None, name="dataloader", data=loader_settings(loader, index)))
+
         classes: list[tuple[type, Callable[[Any], None]]] = [
             (torch.optim.Optimizer, on_optimizer),
             (torch.optim.lr_scheduler.LRScheduler, lambda s: self._add(self._schedulers, s)),
-            (torch.nn.parallel.DistributedDataParallel, lambda w: self._add(self._wrappers, w)),
+            (torch.nn.parallel.DistributedDataParallel, on_ddp),
+            (torch.utils.data.DataLoader, on_loader),
         ]
         try:
             from torch.distributed.fsdp import FullyShardedDataParallel
@@ -70,6 +106,45 @@ class Capture:
             pass
         for cls, callback in classes:
             _wrap_init(cls, callback, add_undo)
+        self._wrap_iter(add_undo)
+        self._wrap_register_comm_hook(add_undo)
+
+    def _wrap_iter(self, add_undo: Callable[[Callable[[], None]], None]) -> None:
+        """Remember the iterator each DataLoader hands out (the one the script's loop holds)."""
+        cls = torch.utils.data.DataLoader
+        original = cls.__iter__
+        iterators = self._iterators
+
+        @functools.wraps(original)
+        def __iter__(loader: Any) -> Any:
+            it = original(loader)
+            try:
+                iterators[id(loader)] = (weakref.ref(loader), weakref.ref(it))
+            except TypeError:  # pragma: no cover - an iterator without weak references
+                pass
+            return it
+
+        cls.__iter__ = __iter__  # type: ignore[method-assign]
+        add_undo(lambda: setattr(cls, "__iter__", original))
+
+    @staticmethod
+    def _wrap_register_comm_hook(add_undo: Callable[[Callable[[], None]], None]) -> None:
+        """A hook the script registers on a DDP object that has our switch becomes its delegate."""
+        cls = torch.nn.parallel.DistributedDataParallel
+        original = cls.register_comm_hook
+
+        @functools.wraps(original)
+        def register_comm_hook(ddp: Any, state: object, hook: Callable[..., Any]) -> None:
+            switch = getattr(ddp, comm_switch.ATTRIBUTE, None)
+            if switch is None or hook is comm_switch.switch_hook:
+                return original(ddp, state, hook)
+            if switch.user is not None:
+                raise RuntimeError("register_comm_hook can only be called once per DDP object")
+            switch.user = (state, hook)
+            return None
+
+        cls.register_comm_hook = register_comm_hook  # type: ignore[method-assign]
+        add_undo(lambda: setattr(cls, "register_comm_hook", original))
 
     def target(self, agent: "Agent") -> Target:
         """The live objects, for ``apply_<remedy>(target, ...)``."""
@@ -85,9 +160,12 @@ class Capture:
                 break
         if group is None and dist.is_available() and dist.is_initialized():
             group = dist.group.WORLD
+        loaders = self.dataloaders()
         return Target(wrapped_models=agent.wrapped_models(), optimizers=optimizers,
                       lr_schedulers=self.lr_schedulers(), wrappers=wrappers, process_group=group,
-                      device=agent.device, rank=agent.rank, world_size=agent.world_size)
+                      device=agent.device, rank=agent.rank, world_size=agent.world_size,
+                      dataloaders=loaders, dataloader_iterators=[self.running_iterator(d) for d in loaders],
+                      notify=lambda name, data: agent.emit(Event(rank=agent.rank, step=None, name=name, data=data)))
 
 
 def _wrap_init(cls: type, callback: Callable[[Any], None], add_undo: Callable[[Callable[[], None]], None]) -> None:

@@ -5,9 +5,12 @@ Format::
     {"version": "advisor.plan/1",
      "remedies": [{"remedy": "activation_checkpointing",
                    "params": {"modules": ["blocks.0"]},
-                   "recommendation_id": "r1"}]}
+                   "recommendation_id": "r1"}],
+     "env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}}
 
-Torch-free: ``advisor plan`` writes it in the controller, the agent reads it.
+``env`` (optional): variables ``advisor attach --plan`` sets in the training process's
+environment before it starts (a restart remedy such as expandable allocator segments, which
+the allocator reads once at start-up). Torch-free: ``advisor plan`` writes it in the controller, the agent reads it.
 """
 
 from __future__ import annotations
@@ -43,9 +46,13 @@ class PlanEntry:
 class Plan:
     remedies: tuple[PlanEntry, ...] = ()
     version: str = PLAN_VERSION
+    env: dict[str, str] = field(default_factory=dict)  # set in the training process's environment
 
     def to_dict(self) -> dict[str, Any]:
-        return {"version": self.version, "remedies": [e.to_dict() for e in self.remedies]}
+        out: dict[str, Any] = {"version": self.version, "remedies": [e.to_dict() for e in self.remedies]}
+        if self.env:
+            out["env"] = dict(self.env)
+        return out
 
 
 def parse_plan(data: Any, *, source: str = "plan", check: Check | None = None) -> Plan:
@@ -57,6 +64,10 @@ def parse_plan(data: Any, *, source: str = "plan", check: Check | None = None) -
         raise PlanError(f"{source}: expected a JSON object with 'version' and 'remedies'")
     if data.get("version") != PLAN_VERSION:
         raise PlanError(f"{source}: version {data.get('version')!r}; valid: [{PLAN_VERSION!r}]")
+    env = data.get("env", {})
+    if not isinstance(env, Mapping) or not all(isinstance(k, str) and k and "=" not in k and isinstance(v, str)
+                                               for k, v in env.items()):
+        raise PlanError(f"{source}: 'env' must be an object of variable names to string values")
     items = data.get("remedies")
     if not isinstance(items, list):
         raise PlanError(f"{source}: 'remedies' must be a list")
@@ -82,7 +93,7 @@ def parse_plan(data: Any, *, source: str = "plan", check: Check | None = None) -
             except ValueError as exc:
                 raise PlanError(f"{where}: {exc}") from None
         entries.append(PlanEntry(remedy=item["remedy"], params=dict(params), recommendation_id=rec_id))
-    return Plan(remedies=tuple(entries))
+    return Plan(remedies=tuple(entries), env=dict(env))
 
 
 def read_plan(path: str | Path, *, check: Check | None = None) -> Plan:

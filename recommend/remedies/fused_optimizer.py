@@ -2,8 +2,10 @@
 
 The rule fires when the optimizer step takes a large share of the step: the foreach kernels
 launch one kernel per op per tensor list, the fused ones one per parameter group, so an
-optimizer-bound step is where they help. The cost model is a plain assumption (``SPEEDUP``),
-labelled as such, with low confidence: the apply measures the real effect and reverts a
+optimizer-bound step is where they help. The cost model reads the ops of the optimizer phase
+(``Profile.ops``: their count, bytes and kernel time per step): the time between them (dispatch
+and launches) goes, and their kernel time falls by ``SPEEDUP``, a plain assumption labelled as
+such (without ops: the optimizer step / ``SPEEDUP``), with low confidence: the apply measures the real effect and reverts a
 slowdown. The applier is ``apply/remedies/fused_optimizer.py``; it switches the script's own
 optimizer object in place (a state-dict round trip), which only reassociates floating-point
 sums: ``live-equivalent``.
@@ -38,7 +40,21 @@ def fused_rule(profile: Profile) -> Finding | None:
     if not opt or not step or opt <= OPTIMIZER_SHARE * step:
         return None
     share = opt / step
-    saved = opt * (1.0 - 1.0 / SPEEDUP)
+    ops = [o for o in profile.ops if o.phase == "optimizer"]
+    steps = max(1, len({o.step for o in ops}))
+    count, kernel_s = sum(o.count for o in ops) / steps, sum(o.time_s for o in ops) / steps
+    moved = sum(o.bytes for o in ops) / steps
+    if ops and kernel_s < opt:
+        # From the ops of the optimizer phase: the time between them (per-op dispatch and
+        # launches, ``count`` of them) goes, the kernels' own time falls by the assumed factor.
+        saved = opt - kernel_s / SPEEDUP
+        model = (f"{count:.0f} optimizer ops per step ({moved / 2**20:.1f} MiB, {kernel_s * 1e3:.1f} ms of kernels): "
+                 f"the {(opt - kernel_s) * 1e3:.1f} ms between them goes, kernels / {SPEEDUP:g} (assumed)")
+        detail = [f"{count:.0f} ops per step move {moved / 2**20:.1f} MiB in {kernel_s * 1e3:.1f} ms"]
+    else:
+        saved = opt * (1.0 - 1.0 / SPEEDUP)
+        model = f"optimizer step / {SPEEDUP:g} (assumed fused speed-up, verified by the apply)"
+        detail = []
     rec = Recommendation(
         id="fused-optimizer",
         remedy=SPEC.name,
@@ -46,13 +62,13 @@ def fused_rule(profile: Profile) -> Finding | None:
         params={"optimizers": None},
         predicted=Prediction(peak_memory_bytes=None, step_time_s=step - saved),
         baseline=Prediction(peak_memory_bytes=None, step_time_s=step),
-        cost_model=f"optimizer step / {SPEEDUP:g} (assumed fused speed-up, verified by the apply)",
+        cost_model=model,
         confidence="low",
         exact=False,
         live=True,
         apply_class=SPEC.apply_class,
         prerequisites=["an optimizer with a fused implementation (Adam, AdamW, SGD, Adagrad)"],
-        evidence=[f"optimizer step {opt * 1e3:.1f} ms of a {step * 1e3:.1f} ms step"],
+        evidence=[f"optimizer step {opt * 1e3:.1f} ms of a {step * 1e3:.1f} ms step"] + detail,
         fits=True,
     )
     return Finding(bottleneck="launch_overhead", summary=f"the optimizer step takes {share:.0%} of the step",
