@@ -20,6 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 STEP_LINE = re.compile(r"^step (\d+) loss (\S+)$")
+GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
 
 # Small sizes keep each run to import time plus well under a second of steps.
 GPT_SMALL = ["--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "32",
@@ -38,7 +39,16 @@ def _run_many(*commands: list[str], timeout: float = 120) -> list[str]:
     try:
         for args, proc in zip(commands, procs):
             stdout, stderr = proc.communicate(timeout=timeout)
-            assert proc.returncode == 0, f"{args} exited {proc.returncode}:\n{stderr[-3000:]}"
+            if proc.returncode != 0 and GLOO_TEARDOWN_ABORT in stderr:
+                # Seen intermittently with plain torchrun and no advisor code on torch 2.13 CPU: a
+                # gloo rank aborts in its C++ teardown after training finished. Run it once more,
+                # alone, so the test judges the example rather than that teardown.
+                again = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, text=True,
+                                       capture_output=True, timeout=timeout)
+                stdout, stderr, code = again.stdout, again.stderr, again.returncode
+            else:
+                code = proc.returncode
+            assert code == 0, f"{args} exited {code}:\n{stderr[-3000:]}"
             outputs.append(stdout)
     finally:
         for proc in procs:
