@@ -36,6 +36,8 @@ from advisor.probes.probe import AgentContext, Probe
 from advisor.records.samples import CollectiveStat, Event
 from advisor.records.intervals import exposed_s, merge_intervals, subtract_intervals
 
+SETTLE_S = 2.0  # at detach, how long the last step's collectives may take to report their end
+
 COMPUTE_PHASES = frozenset({"forward", "backward", "optimizer"})
 MAX_PENDING_STEPS = 8  # a call still incomplete this many steps later is dropped
 
@@ -76,6 +78,7 @@ class CommProbe(Probe):
         if self._profiler is not None:
             self._stop_profiler()
         if self._ctx is not None:
+            self._settle()
             self._flush(ctx, time.time(), final=True)
         if self.interceptor is not None:
             self.interceptor.uninstall()
@@ -125,6 +128,21 @@ class CommProbe(Probe):
         return {}
 
     # ------------------------------------------------------------------ internals
+    def _settle(self, timeout_s: float = SETTLE_S) -> None:
+        """Before the final flush: the last step's works report their end from the backend's
+        thread (future callbacks) or at a poll, which may not have happened yet; without waiting
+        the final flush would drop them. Bounded: it never holds the exit longer than
+        ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.interceptor is not None:
+                self.interceptor.poll(time.time())
+            with self._lock:
+                waiting = any(c.end is None and c.device != "cuda" for _, c in self._pending)
+            if not waiting or time.monotonic() >= deadline:
+                return
+            time.sleep(0.005)
+
     def _on_call(self, call: CallRecord) -> None:
         ctx = self._ctx
         step = ctx.step if ctx is not None else 0
