@@ -3,6 +3,8 @@ in the middle of an apply leaves nothing behind and training goes on."""
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 from test_apply_executor import baseline, drive, events, setup
 
@@ -41,6 +43,7 @@ def test_failure_mid_apply_reverts_and_training_goes_on(monkeypatch) -> None:
 
     monkeypatch.setattr(activation_offload.OffloadHandle, "wrap", flaky)
     model, opt, ctx, ex = setup()
+    gc.collect()  # earlier tests' remedies free their host buffers when collected, not before
     held = host_memory.held_bytes()  # (remedies kept by earlier tests of this process hold theirs)
     ex.submit({"type": "apply", "recommendation": OFFLOAD, "at_step": 2, "measure_steps": 1})
     losses, flags = drive(ctx, ex, model, opt, 6)
@@ -48,4 +51,5 @@ def test_failure_mid_apply_reverts_and_training_goes_on(monkeypatch) -> None:
     [result] = events(ctx, "apply_result")
     assert "injected failure" in (result.data["error"] or "")
     assert not any("forward" in m.__dict__ for m in model.modules())
+    gc.collect()
     assert host_memory.held_bytes() == held
