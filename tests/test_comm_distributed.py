@@ -7,7 +7,7 @@ import socket
 from pathlib import Path
 
 import pytest
-import torch.multiprocessing as mp
+from ranks import spawn_ranks
 
 from advisor.sections.comm import build_collectives_section, build_comm_section, build_straggler_section
 from advisor.state import LiveState, SessionState
@@ -24,7 +24,7 @@ def _free_port() -> int:
 
 
 def run(scenario: str, tmp_path: Path, arg: float = 0.0) -> tuple[SessionState, list[dict]]:
-    mp.spawn(worker, args=(2, _free_port(), scenario, str(tmp_path), arg), nprocs=2)
+    spawn_ranks(worker, (2, _free_port(), scenario, str(tmp_path), arg), 2, [tmp_path / f"rank{r}.json" for r in range(2)])
     live = LiveState()
     infos = []
     for rank in range(2):

@@ -8,7 +8,7 @@ import socket
 from pathlib import Path
 
 import pytest
-import torch.multiprocessing as mp
+from ranks import spawn_ranks
 from apply_scripts.zero_switch import worker
 
 from advisor.apply.remedies.zero import partition
@@ -25,7 +25,7 @@ def _free_port() -> int:
 def run(scenario: str, tmp_path: Path) -> list[dict]:
     folder = tmp_path / scenario
     folder.mkdir()
-    mp.spawn(worker, args=(2, _free_port(), scenario, str(folder)), nprocs=2)
+    spawn_ranks(worker, (2, _free_port(), scenario, str(folder)), 2, [folder / f"rank{r}.json" for r in range(2)])
     return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(2)]
 
 
