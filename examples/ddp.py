@@ -170,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             print(f"step {step} loss {total.item()!r}", flush=True)
 
+    # Every rank finishes its collectives (ZeroRedundancyOptimizer's broadcasts are asynchronous)
+    # before the group goes: torch 2.13's gloo aborts the process ("terminate called without an
+    # active exception") when a group is destroyed under a rank's outstanding work.
+    dist.barrier()
     dist.destroy_process_group()
     return 0
 
