@@ -9,6 +9,7 @@ file; any other failure, or an abort before the results, still fails the test.
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -23,3 +24,11 @@ def spawn_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int, res
         if exc.signal_name == "SIGABRT" and all(Path(p).is_file() for p in results):
             return  # the gloo teardown abort described above, after the work was done
         raise
+
+
+def free_port() -> int:
+    """A port free on the loopback interface now, for a rendezvous (another process may still
+    take it before the ranks bind it: the price of letting the OS choose)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
-from ranks import spawn_ranks
+from ranks import free_port, spawn_ranks
 
 from advisor.sections.comm import build_collectives_section, build_comm_section, build_straggler_section
 from advisor.state import LiveState, SessionState
@@ -17,14 +16,9 @@ from advisor.records.samples import record_from_message
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def run(scenario: str, tmp_path: Path, arg: float = 0.0) -> tuple[SessionState, list[dict]]:
-    spawn_ranks(worker, (2, _free_port(), scenario, str(tmp_path), arg), 2, [tmp_path / f"rank{r}.json" for r in range(2)])
+    spawn_ranks(worker, (2, free_port(), scenario, str(tmp_path), arg), 2, [tmp_path / f"rank{r}.json" for r in range(2)])
     live = LiveState()
     infos = []
     for rank in range(2):

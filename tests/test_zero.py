@@ -4,11 +4,10 @@ revert restores the replicated optimizer (issue 11)."""
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
-from ranks import spawn_ranks
+from ranks import free_port, spawn_ranks
 from apply_scripts.zero_switch import worker
 
 from advisor.apply.remedies.zero import partition
@@ -16,16 +15,11 @@ from advisor.apply.remedies.zero import partition
 pytestmark = pytest.mark.timeout(180)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def run(scenario: str, tmp_path: Path) -> list[dict]:
     folder = tmp_path / scenario
     folder.mkdir()
-    spawn_ranks(worker, (2, _free_port(), scenario, str(folder)), 2, [folder / f"rank{r}.json" for r in range(2)])
+    spawn_ranks(worker, (2, free_port(), scenario, str(folder)), 2, [folder / f"rank{r}.json" for r in range(2)])
     return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(2)]
 
 
