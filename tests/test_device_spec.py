@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from advisor.probes.device import cpu_ceilings, microbench
+from advisor.probes.device.hostlink import measure_cuda as measure_link
 from advisor.probes.device.microbench import Measured
 from advisor.probes.device.spec import DeviceSpec, combine, detect_device_spec
 from advisor.probes.device.spec_table import lookup
@@ -115,3 +116,15 @@ def test_measured_ceilings_match_the_spec_table() -> None:
     assert spec.measured_peak_flops["bf16"] == pytest.approx(spec.spec_peak_flops["bf16"], rel=0.25)
     assert spec.measured_memory_bandwidth == pytest.approx(spec.spec_memory_bandwidth, rel=0.25)
     assert spec.memory_capacity and spec.memory_capacity > 0
+
+
+@pytest.mark.gpu
+def test_measuring_the_ceilings_leaves_the_allocators_reserve_as_it_was() -> None:
+    """The micro-benchmarks' buffers (GiBs) must not stay cached: the memory probe would read
+    them as the job's own unused reserve (seen on an H100 before the fix: 3.1 GiB)."""
+    keep = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")  # the job's own tensor stays
+    reserved = torch.cuda.memory_reserved()
+    microbench.measure_cuda(torch.device("cuda"), n=2048, copy_bytes=256 << 20)
+    measure_link(torch.device("cuda"), nbytes=64 << 20)
+    assert torch.cuda.memory_reserved() <= reserved
+    assert keep.untyped_storage().nbytes() == 64 << 20
