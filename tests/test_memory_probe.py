@@ -14,6 +14,7 @@ from fakes import FakeContext
 from advisor.sections.memory import build_memory_section
 from advisor.state import SessionState
 from advisor.probes.memory import MemoryProbe
+from advisor.probes.memory import probe as memory_probe
 from advisor.records.samples import MEMORY_CATEGORIES, Event, MemorySample, ModuleStat
 
 
@@ -269,3 +270,31 @@ def test_real_oom_from_cuda_message_is_recorded_on_exception():
     assert oom.data["requested_bytes"] == 2 * 2**30
     assert oom.data["frames"][-1]["function"] == "forward_that_fails"
     assert sum(oom.data["categories"].values()) >= 4 * 20
+
+
+def test_a_cpu_job_on_a_gpu_host_is_measured_and_budgeted_on_the_cpu(monkeypatch):
+    """The probe follows the device the job's parameters are on, not what the host has: on an
+    H100 host a CPU job once got the CUDA view (an empty allocator, light samples at every
+    phase, a budget that bounded nothing). Here the host claims CUDA; CUDA's recorders are stubbed."""
+    started = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(memory_probe, "start_memory_history", lambda n: started.append("history"))
+    monkeypatch.setattr(memory_probe, "apply_cuda_budget", lambda b: started.append("budget"))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 5))
+    ctx, probe, _ = train(model, mlp_batch, F.mse_loss, steps=3, deep={0})
+    assert started == ["history"] and not probe.cuda
+    assert [s.event for s in ctx.of_kind("memory") if s.step == 1] == ["optimizer_start"]
+
+    big = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 10))
+    opt = torch.optim.Adam(big.parameters())
+    ctx = FakeContext([big], [opt], config={"memory_budget_bytes": 1 << 16, "enforce_budget": True})
+    probe = MemoryProbe()
+    probe.attach(ctx)
+    try:
+        with pytest.raises(torch.OutOfMemoryError):
+            run_step(probe, ctx, big, opt, lambda: (torch.randn(1024, 64), torch.randn(1024, 10)), F.mse_loss,
+                     deep=False)
+    finally:
+        probe.detach(ctx)
+    assert started[-1] == "budget"

@@ -61,7 +61,9 @@ class MemoryProbe(Probe):
         self.history_max_entries = history_max_entries
         self.budget_bytes: int | None = None
         self.enforce = False
-        self.cuda = False
+        self.cuda = False  # decided by _follow_device once the job's device is known
+        self._device_known = False
+        self._cuda_available = False
         self.continuous = False  # tracker on every step (enforced budget on CPU)
         self.deep = False
         self.tracker: StorageTracker | None = None
@@ -80,16 +82,32 @@ class MemoryProbe(Probe):
         budget = ctx.config.get("memory_budget_bytes")
         self.budget_bytes = int(budget) if budget is not None else None
         self.enforce = bool(ctx.config.get("enforce_budget")) and self.budget_bytes is not None
-        self.cuda = torch.cuda.is_available()
-        if self.cuda:
+        self.cuda = False
+        self._device_known = False
+        self._cuda_available = torch.cuda.is_available()
+        if self._cuda_available:
+            # The job's device is not known before its model is (a CPU job on a GPU host is
+            # possible); both of these act on CUDA allocations only, so a CPU job pays nothing.
             start_memory_history(self.history_max_entries)
             if self.enforce:
                 apply_cuda_budget(self.budget_bytes)  # type: ignore[arg-type]
-        elif self.enforce:
+        self._follow_device(ctx)
+
+    def _follow_device(self, ctx: AgentContext) -> None:
+        """Decide once which view measures this job: the CUDA allocator's when its parameters are
+        on a CUDA device (``ctx.device``, set from the first model found), else the tracker.
+        Deciding by ``torch.cuda.is_available()`` alone read an empty allocator for a CPU job on
+        a GPU host and left its budget unenforced."""
+        if self._device_known or (self._cuda_available and not ctx.models()):
+            return
+        self._device_known = True
+        self.cuda = self._cuda_available and ctx.device.type == "cuda"
+        if not self.cuda and self.enforce and self.tracker is None:
             self.continuous = True
             self._start_tracking(ctx, ctx.step, "cpu")
 
     def on_phase(self, ctx: AgentContext, phase: str, now: float) -> None:
+        self._follow_device(ctx)
         tracker = self.tracker
         if tracker is not None:
             tracker.phase = phase
@@ -100,6 +118,7 @@ class MemoryProbe(Probe):
             self._emit_light(ctx, phase)
 
     def start_deep(self, ctx: AgentContext, step: int) -> None:
+        self._follow_device(ctx)
         self.deep = True
         device_type = ctx.device.type
         if self.tracker is None:
@@ -163,6 +182,7 @@ class MemoryProbe(Probe):
     def on_exception(self, ctx: AgentContext, exc: BaseException) -> None:
         if not is_oom(exc):
             return
+        self._follow_device(ctx)
         self._emit_partial_step(ctx)
         if getattr(exc, "advisor_oom_recorded", False):
             return
