@@ -68,6 +68,18 @@ def _step_scales(state: SessionState, ops: list[OpStat]) -> tuple[dict[int, floa
     return {step: scale(light, t) for step, t in profiled.items()}, profiled, light
 
 
+def _kernel_timed(spec: Mapping[str, Any] | None) -> bool:
+    """CUDA op times are device kernel times: the profiler slows the host that launches them,
+    not the kernels, so they are already on an ordinary step's base. Scaling them by the
+    profiled step's slowdown (as CPU op times must be) read an H100 GPT's 17.6 ms of kernels
+    as 1 ms of a 31 ms step and diagnosed launch overhead that was not there."""
+    return bool(spec) and spec.get("type") == "cuda"  # type: ignore[union-attr]
+
+
+def _op_scales(scales: dict[int, float], spec: Mapping[str, Any] | None) -> dict[int, float]:
+    return {step: 1.0 for step in scales} if _kernel_timed(spec) else scales
+
+
 def build_ops_section(state: SessionState, spec: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     """One item per op signature (name, module, phase, shapes, dtype), per-step averages over
     the deep steps, sorted by time descending. ``time_s`` is on an ordinary (light) step's base
@@ -78,7 +90,7 @@ def build_ops_section(state: SessionState, spec: Mapping[str, Any] | None) -> li
     steps = sorted({op.step for op in ops})
     if not steps:
         return []
-    scales, _, _ = _step_scales(state, ops)
+    scales = _op_scales(_step_scales(state, ops)[0], spec)
     peaks, bandwidth = _ceilings(spec)
     groups: dict[tuple, list[float]] = defaultdict(lambda: [0, 0, 0, 0.0, 0.0])
     for op in ops:
@@ -126,15 +138,17 @@ def build_compute_section(state: SessionState, spec: Mapping[str, Any] | None) -
         "dominant_dtype": None, "flops_per_step": None, "op_time_s": None, "step_time_s": None,
         "light_step_time_s": None, "deep_steps": steps, "per_module": [],
         "time_base": None, "time_scale": None, "profiled_op_time_s": None, "profiled_step_time_s": None,
+        "op_time_base": None,
     }
     if not steps:
         return empty
     scales, profiled, light = _step_scales(state, ops)
+    op_scales = _op_scales(scales, spec)
     summaries = []
     mfus: list[float | None] = []
     for step in steps:
         k = scales[step]
-        figures = [OpFigures(flops=o.flops, bytes=o.bytes, time_s=o.time_s * k, dtype=o.dtype)
+        figures = [OpFigures(flops=o.flops, bytes=o.bytes, time_s=o.time_s * op_scales[step], dtype=o.dtype)
                    for o in ops if o.step == step]
         summaries.append(step_summary(figures, step_time_s=profiled[step] * k, peak_flops=peaks,
                                       bandwidth=bandwidth, mfu_step_time_s=light))
@@ -154,8 +168,9 @@ def build_compute_section(state: SessionState, spec: Mapping[str, Any] | None) -
         "memory_bound_share": mean("memory_bound_share"), "unaccounted_share": mean("unaccounted_share"),
         "dominant_dtype": summaries[-1].dominant_dtype, "flops_per_step": mean("flops"),
         "op_time_s": mean("op_time_s"), "step_time_s": mean("step_time_s"), "light_step_time_s": light,
-        "per_module": _per_module(ops, len(steps), scales),
+        "per_module": _per_module(ops, len(steps), op_scales),
         "time_base": "light step" if light else "profiled step",
+        "op_time_base": "device kernels" if _kernel_timed(spec) else "scaled by time_scale",
         "time_scale": mean_of([scales[s] for s in steps]),
         "profiled_op_time_s": mean_of([sum(o.time_s for o in ops if o.step == s) for s in steps]),
         "profiled_step_time_s": mean_of([profiled[s] for s in steps]),
@@ -220,6 +235,9 @@ def _si(value: float | None, unit: str) -> str:
 def time_base_note(compute: Mapping[str, Any]) -> str:
     """How the op and module times are normalised, in one line (report and TUI)."""
     k = compute.get("time_scale")
+    if compute.get("op_time_base") == "device kernels":
+        return ("kernel times as measured on the device (profiling slows the host, not the kernels), "
+                f"against an ordinary step of {fmt_seconds(compute.get('step_time_s'))}")
     if compute.get("time_base") == "light step" and k:
         return (f"times per ordinary step (profiled steps ran {1 / k:.1f}x slower: "
                 f"ops {fmt_seconds(compute.get('profiled_op_time_s'))} of "
