@@ -144,3 +144,16 @@ def test_nccl_world_of_one_reads_kernel_times(tmp_path):
         assert stats[0].time_s > 0
     finally:
         dist.destroy_process_group()
+
+
+def test_no_kernel_profiler_for_a_cuda_job_without_a_process_group(monkeypatch):
+    """A single-GPU job has no collectives: the comm probe must not open a kineto session (on an
+    H100 one opened beside the compute probe's crashed the training process in ``events()``)."""
+    opened = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.profiler, "profile", lambda *a, **k: opened.append(k))
+    ctx = FakeContext([], [])
+    ctx.device = torch.device("cuda", 0)
+    probe = CommProbe()
+    probe.start_deep(ctx, 0)
+    assert opened == [] and probe._profiler is None

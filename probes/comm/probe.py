@@ -96,6 +96,11 @@ class CommProbe(Probe):
         if ctx.device.type == "cuda" and torch.cuda.is_available() and self._profiler is None:
             if torch.autograd.profiler._is_profiler_enabled:  # another probe's profiler owns the step
                 return
+            # Only a job with a process group issues collectives: profiling kernels without one
+            # pairs nothing, and on an H100 (torch 2.11) the kineto session it opened beside
+            # the compute probe's op counter crashed the training process in ``events()``.
+            if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+                return
             from torch.profiler import ProfilerActivity, profile
 
             self._profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])

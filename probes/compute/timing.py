@@ -39,8 +39,11 @@ AUTOGRAD_NODE = "autograd::engine::evaluate_function"
 _US = 1e-6
 
 
-def start_profiler(use_cuda: bool) -> torch.profiler.profile:
-    """Start PyTorch's profiler for one step (CPU activity, plus CUDA kernels on a GPU)."""
+def start_profiler(use_cuda: bool) -> torch.profiler.profile | None:
+    """Start PyTorch's profiler for one step (CPU activity, plus CUDA kernels on a GPU); None when
+    another profiler (the user's, or the comm probe's) already runs: kineto holds one session."""
+    if torch.autograd.profiler._is_profiler_enabled:
+        return None
     activities = [torch.profiler.ProfilerActivity.CPU]
     if use_cuda:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
