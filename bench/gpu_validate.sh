@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# GPU validation on a lent CUDA machine (see docs/gpu-validation.md).
+#   bash bench/gpu_validate.sh tests    # gpu-marked tests, the roofline bench, then the rest of the suite
+#   bash bench/gpu_validate.sh benches  # the GPU halves of the benchmarks
+# Logs go to $OUT (the device tool's return folder) or ./gpu-logs. Textual and its
+# dependencies may be carried as wheels in .whl/ (the machine has no network).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-gpu-logs}"; mkdir -p "$out"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c "import torch; print('torch', torch.__version__, torch.version.cuda, torch.cuda.get_device_name())"; } 2>&1 | tee "$out/env.txt"
+stage="${1:-tests}"; shift || true
+case "$stage" in
+  tests)
+    timeout 300 python3 -m pytest -m gpu -v -p no:cacheprovider -rs "$@" 2>&1 | tee "$out/gpu-tests.txt"
+    timeout 150 python3 bench/roofline.py 2>&1 | tee "$out/roofline.txt"
+    # The rest of the suite on CUDA (the examples pick the GPU themselves); the session timeout
+    # lets pytest print its summary even when the lease runs short.
+    python3 -m pytest -q -m "not gpu" -n 12 -p no:cacheprovider -rfE --timeout 200 \
+      --session-timeout "${SUITE_S:-240}" --junitxml="$out/suite.xml" "$@" > "$out/suite.txt" 2>&1
+    grep -E "^(FAILED|ERROR)|passed|failed" "$out/suite.txt"
+    ;;
+  benches)
+    for cmd in "bench/offload.py --device cuda --layers 8 --hidden 1024 --seq 1024 --batch 8" \
+               "bench/prediction.py --suite" \
+               "bench/overhead.py --inproc --threads 0"; do
+      echo "== python3 $cmd" | tee -a "$out/benches.txt"
+      timeout "${BENCH_S:-170}" python3 $cmd 2>&1 | tail -40 | tee -a "$out/benches.txt"
+    done
+    ;;
+esac
