@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+_VISIBLE = os.environ.get("CUDA_VISIBLE_DEVICES")  # as the user set it, for the gpu-marked tests
 sys.path.insert(0, str(ROOT / "tests"))  # for `fakes`
 
 
@@ -32,11 +33,21 @@ def _private_home_for_the_session(tmp_path_factory):
     fixture that records a session (tests/test_closed_loop.py) never writes to the user's."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("ADVISOR_HOME", str(tmp_path_factory.mktemp("advisor-home")))
+        # The unmarked suite is the CPU suite: the training scripts it launches pick CUDA when
+        # they see it (--device auto), and its figures (budgets, losses, coverage) are CPU ones.
+        # This process read the variable already (collection asked torch for CUDA), so only the
+        # children see no GPU; `gpu`-marked tests get it back (below). docs/gpu-validation.md.
+        patch.setenv("CUDA_VISIBLE_DEVICES", "")
         yield
 
 
 @pytest.fixture(autouse=True)
-def _private_home(tmp_path, monkeypatch):
+def _private_home(request, tmp_path, monkeypatch):
     """Sessions of a test land in its own folder, never in the user's."""
     monkeypatch.setenv("ADVISOR_HOME", str(tmp_path / "advisor-home"))
     os.environ.setdefault("PYTHONHASHSEED", "0")
+    if "gpu" in request.keywords:
+        if _VISIBLE is None:
+            monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        else:
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", _VISIBLE)

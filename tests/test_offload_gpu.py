@@ -4,6 +4,7 @@ prediction, and gradients bit-identical to the unmodified run (skipped without a
 from __future__ import annotations
 
 import copy
+import gc
 import os
 import sys
 from pathlib import Path
@@ -127,6 +128,7 @@ def test_optimizer_offload_peak_drop_and_exact_step() -> None:
     for _ in range(2):
         _step(model, opt, x, y)
     state = sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values() if v.dim() > 0)
+    gc.collect()  # the previous test's model and optimizer, not this apply, must not be what frees memory
     torch.cuda.synchronize()
     between = torch.cuda.memory_allocated()
     handle = apply_optimizer_offload(Target.of(model, [opt]))
