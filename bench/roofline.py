@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     for key in sorted(set(spec.spec_peak_flops) | set(spec.measured_peak_flops)):
         s, m = spec.spec_peak_flops.get(key), spec.measured_peak_flops.get(key)
         ratio = f"{m / s:.2f}" if s and m else "-"
-        print(f"  {key:5s} spec {s or 0:10.3e}  measured {m or 0:10.3e} FLOP/s  measured/spec {ratio}")
+        shown = f"{m:10.3e}" if m else f"{'not measured':>10s}"  # fp64/fp8 have no micro-benchmark
+        print(f"  {key:5s} spec {s or 0:10.3e}  measured {shown} FLOP/s  measured/spec {ratio}")
     s, m = spec.spec_memory_bandwidth, spec.measured_memory_bandwidth
     print(f"  bandwidth spec {s or 0:10.3e}  measured {m or 0:10.3e} B/s  "
           f"measured/spec {m / s if s and m else float('nan'):.2f}")
