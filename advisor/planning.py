@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ from advisor.errors import AdvisorError, SessionError
 from advisor.paths import DB_NAME, sessions_dir
 from advisor.recommend.remedies import remedy_modules
 from advisor.records.plan import Plan, PlanEntry, save_plan
+from advisor.records.samples import Event
 from advisor.records.units import fmt_bytes
 from advisor.report import build_report, recorded_budget
 from advisor.state import SessionState
@@ -67,10 +69,26 @@ def _nothing_to_plan(report: dict[str, Any]) -> AdvisorError:
                         hint="`advisor report SESSION` shows the diagnosis and why no remedy applies")
 
 
+def with_host_link(state: SessionState, bandwidth: float) -> SessionState:
+    """``state`` with every ``device_spec`` event's host-link figure replaced by ``bandwidth``
+    (bytes/s, source ``override``), as the agent's own override would have recorded it; a
+    session without a device spec gets one carrying only that figure."""
+    fields = {"host_link_bandwidth": float(bandwidth), "host_link_source": "override"}
+    specs = [e for e in state.events if e.name == "device_spec"]
+    if not specs:
+        state.events.append(Event(rank=0, name="device_spec", data=dict(fields)))
+    state.events[:] = [replace(e, data={**e.data, **fields}) if e.name == "device_spec" else e
+                       for e in state.events]
+    return state
+
+
 def write_plan_from_session(db_path: Path, output: str, *, budget_bytes: int | None,
-                            recommendation_id: str | None) -> int:
+                            recommendation_id: str | None, host_link_bandwidth: float | None = None) -> int:
+    state = load_state(db_path)
+    if host_link_bandwidth is not None:
+        state = with_host_link(state, host_link_bandwidth)
     # The report's advice is advise_state's: the one path the live loop and `advisor report` share.
-    report = build_report(load_state(db_path), budget_bytes=budget_bytes)
+    report = build_report(state, budget_bytes=budget_bytes)
     # Applicable remedies only: live ones, and restart ones the plan can carry (an environment).
     recs = [r for r in report.get("recommendations") or [] if r.get("live") or _plan_env(r["remedy"])]
     if recommendation_id:
