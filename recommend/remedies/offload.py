@@ -22,7 +22,8 @@ Time (seconds added to the step; bandwidth ``bw`` in bytes/s per direction, pinn
                                      BACKWARD_FACTOR times its forward)
        + a_i/bw                      otherwise (fetched when first used: exposed)
     opt: 2 S / bw                                         (state up before the step, down after;
-                                                           the applier does not overlap it)
+                                                           the applier's chunked step hides only
+                                                           the step's own compute, not counted)
 
 Exact for chains: the max term is enumerated over its possible values M (every a_i and
 a_i + a_{i-1}); for each M a dynamic program over the blocks with the previous block's choice as
