@@ -89,8 +89,10 @@ def write_plan_from_session(db_path: Path, output: str, *, budget_bytes: int | N
         state = with_host_link(state, host_link_bandwidth)
     # The report's advice is advise_state's: the one path the live loop and `advisor report` share.
     report = build_report(state, budget_bytes=budget_bytes)
-    # Applicable remedies only: live ones, and restart ones the plan can carry (an environment).
-    recs = [r for r in report.get("recommendations") or [] if r.get("live") or _plan_env(r["remedy"])]
+    # Applicable remedies only: live ones, restart ones the plan can carry (an environment), and
+    # restart ones that change the training loop (printed: a plan file cannot carry code).
+    recs = [r for r in report.get("recommendations") or []
+            if r.get("live") or _plan_env(r["remedy"]) or _loop_change(r)]
     if recommendation_id:
         chosen = next((r for r in recs if r["id"] == recommendation_id), None)
         if chosen is None:
@@ -100,12 +102,24 @@ def write_plan_from_session(db_path: Path, output: str, *, budget_bytes: int | N
         chosen = recs[0] if recs else None
     if chosen is None:
         raise _nothing_to_plan(report)
+    if _loop_change(chosen) and not chosen.get("live"):
+        print(_loop_change(chosen))
+        print(f"no plan written to {output}: {chosen.get('title') or chosen['remedy']} needs the training loop "
+              "changed as printed above (every rank), then a restart", file=sys.stderr)
+        return 0
     save_plan(Plan(remedies=(PlanEntry(remedy=chosen["remedy"], params=chosen["params"],
                                        recommendation_id=chosen["id"]),),
                    env=_plan_env(chosen["remedy"])), output)
     print(f"wrote plan {output}: {chosen.get('title') or chosen['remedy']}; run it with "
           f"`advisor attach --plan {output} ...`", file=sys.stderr)
     return 0
+
+
+def _loop_change(rec: dict[str, Any]) -> str | None:
+    """The code a restart recommendation asks of the training loop (a multi-rank pipeline's
+    per-rank ``schedule.step`` calls), or None."""
+    change = (rec.get("params") or {}).get("loop_change")
+    return change if isinstance(change, str) and change.strip() else None
 
 
 def _plan_env(remedy: str) -> dict[str, str]:
