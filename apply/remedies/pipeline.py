@@ -38,6 +38,7 @@ block's call, on worker threads (module hooks fire for the chain as a whole).
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -50,13 +51,14 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
+from advisor.apply.forward_patch import ForwardPatches
 from advisor.apply.target import as_target
 
 logger = logging.getLogger("advisor.apply")
 
 PHASE = "layout"  # advisor.records.remedy.PHASES
 TIMELINE = 4096  # (stage, micro_batch, start, end) records kept on the handle
-_MISSING = object()
+_MARK = "__advisor_pipeline__"
 _NORMS = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm)
 _DROPOUT = (nn.modules.dropout._DropoutNd,)
 _LIVE: "weakref.WeakKeyDictionary[nn.Module, PipelineHandle]" = weakref.WeakKeyDictionary()  # block -> its live split
@@ -80,7 +82,7 @@ class PipelineHandle:
     pipelined_forwards: int = 0
     timeline: deque = field(default_factory=lambda: deque(maxlen=TIMELINE))
     _moves: list[Callable[[], None]] = field(default_factory=list, repr=False)  # undo, in order
-    _patched: list[tuple[nn.Module, Any]] = field(default_factory=list, repr=False)
+    _patches: ForwardPatches = field(default_factory=lambda: ForwardPatches(_MARK, "the pipeline split"), repr=False)
     _blocks: list[tuple[nn.Module, Any, int]] = field(default_factory=list, repr=False)  # module, forward, stage
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -88,12 +90,7 @@ class PipelineHandle:
         """Restore every block's forward and every moved tensor's device; safe to call twice."""
         if self.mode == "reverted":
             return
-        for module, previous in reversed(self._patched):
-            if previous is _MISSING:
-                module.__dict__.pop("forward", None)
-            else:
-                module.__dict__["forward"] = previous
-        self._patched.clear()
+        self._patches.restore()
         errors = []
         for undo in reversed(self._moves):
             try:
@@ -464,10 +461,8 @@ def apply_pipeline(target: Any, *, stages: list[list[str]], micro_batches: int, 
             for _ in stage:
                 block = blocks[k]
                 _move_module(handle, block, devs[s], states)
-                previous = block.__dict__.get("forward", _MISSING)
                 handle._blocks.append((block, block.forward, s))
-                handle._patched.append((block, previous))
-                block.__dict__["forward"] = runner.head if k == 0 else (lambda *a, _k=k, **kw: runner.passing(_k, *a, **kw))
+                handle._patches.patch(names[k], block, runner.head if k == 0 else functools.partial(runner.passing, k))
                 k += 1
     except BaseException:
         handle.revert()  # leave nothing half-applied
