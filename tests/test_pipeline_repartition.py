@@ -45,11 +45,13 @@ def test_repartition_live_keeps_the_losses_and_reverts_to_the_previous_split(gpt
                         lambda h, b, d, s: (moved.append((b, d)), real(h, b, d, s))[1])
     handles: list[Any] = []
     seen: dict[str, Any] = {}
+    reports: list[dict[str, Any]] = []
 
     def at(i: int, target: Target) -> None:
-        if i == 5:
+        if i == 2:
+            target.notify = lambda name, data: reports.append(data) if name == "pipeline_stages" else None
             handles.append(apply_pipeline(target, stages=FIRST, micro_batches=4, devices=["cpu", "cpu"]))
-        if i == 9:
+        if i == 12:
             pipe = handles[0]
             seen["times"] = pipe.stage_times()
             moved.clear()
@@ -57,12 +59,12 @@ def test_repartition_live_keeps_the_losses_and_reverts_to_the_previous_split(gpt
             blocks = target.models[0].blocks
             assert [b for b, _ in moved] == [blocks[1]]  # only the block whose stage changed moved
             assert [s for _, _, s in pipe._blocks] == [0, 0, 1, 1] and pipe.micro_batches == 2
-        if i == 13:
+        if i == 16:
             seen["new_times"] = handles[0].stage_times()
             handles[1].revert()
             handles[1].revert()  # twice is harmless
             assert [s for _, _, s in handles[0]._blocks] == [0, 1, 1, 1] and handles[0].micro_batches == 4
-        if i == 16:
+        if i == 18:
             handles[0].revert()
 
     losses = train_gpt(20, at)
@@ -70,6 +72,12 @@ def test_repartition_live_keeps_the_losses_and_reverts_to_the_previous_split(gpt
     pipe, again = handles
     assert isinstance(pipe, PipelineHandle) and isinstance(again, RepartitionHandle)
     assert pipe.mode == "reverted"
+    # What the controller hears: the split's times every REPORT_EVERY pipelined forwards, a report
+    # with no times right after each change of split, and the end of the split.
+    assert reports[0]["mode"] == "pipeline" and reports[0]["stages"] == FIRST
+    assert len(reports[0]["stage_times_s"]) == 2 and min(reports[0]["stage_times_s"]) > 0
+    assert reports[1]["stages"] == SECOND and reports[1]["stage_times_s"] == [0.0, 0.0]
+    assert reports[-1]["mode"] == "reverted"
     # Per-stage forward seconds from the timeline: every stage worked in both splits.
     assert len(seen["times"]) == 2 and all(t > 0 for t in seen["times"] + seen["new_times"])
 
@@ -176,3 +184,33 @@ def test_a_balanced_pipeline_is_left_alone() -> None:
     assert propose_repartition(_blocks([1.0] * 4), stages, [2.0, 2.1], evidence, micro_batches=4,
                                devices=["cuda:0", "cuda:1"]) == []
     assert evidence[0]["threshold"] == IMBALANCE and evidence[0]["value"] < IMBALANCE
+
+
+def test_the_rule_rebalances_a_reported_split_and_ignores_a_reverted_one() -> None:
+    """A ``pipeline_stages`` event in the session: the profile carries the live split and the
+    advice includes its repartition; once the split is reverted, nothing is proposed."""
+    from dataclasses import replace
+
+    import recorded
+    from test_recommend_recorded import profile_of
+
+    from advisor.recommend.advise import advise
+    from advisor.recommend.profile import profile_from_records
+    from advisor.records.samples import Event
+
+    split = {"stages": [["blocks.0", "blocks.1", "blocks.2"], ["blocks.3"]], "devices": ["cuda:0", "cuda:1"],
+             "micro_batches": 4, "mode": "pipeline", "stage_times_s": [0.3, 0.1]}
+    live = profile_from_records(steps=[], memory=[], modules=[], ops=[], collectives=[],
+                                events=[Event(name="pipeline_stages", data=split)], runs=[], models=[], optimizers=[])
+    assert live.pipeline == split
+    gone = profile_from_records(steps=[], memory=[], modules=[], ops=[], collectives=[], runs=[], models=[],
+                                optimizers=[], events=[Event(name="pipeline_stages", data=split),
+                                                       Event(name="pipeline_stages", data={**split, "mode": "reverted"})])
+    assert gone.pipeline is None
+    profile = replace(profile_of(recorded.load_state("gpt")), pipeline=split)
+    _, recs = advise(profile)
+    rec = next(r for r in recs if r.id.startswith("pipeline-repartition"))
+    assert rec.live and rec.params["devices"] == split["devices"] and rec.params["micro_batches"] == 4
+    assert len(rec.params["stages"][0]) < 3  # the slow first stage gives up blocks
+    _, recs = advise(replace(profile, pipeline=None))
+    assert not any(r.id.startswith("pipeline-repartition") for r in recs)

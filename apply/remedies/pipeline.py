@@ -58,6 +58,7 @@ logger = logging.getLogger("advisor.apply")
 
 PHASE = "layout"  # advisor.records.remedy.PHASES
 TIMELINE = 4096  # (stage, micro_batch, start, end) records kept on the handle
+REPORT_EVERY = 8  # pipelined forwards between two ``pipeline_stages`` reports to the controller
 _MARK = "__advisor_pipeline__"
 _NORMS = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm)
 _DROPOUT = (nn.modules.dropout._DropoutNd,)
@@ -85,6 +86,12 @@ class PipelineHandle:
     _patches: ForwardPatches = field(default_factory=lambda: ForwardPatches(_MARK, "the pipeline split"), repr=False)
     _blocks: list[tuple[nn.Module, Any, int]] = field(default_factory=list, repr=False)  # module, forward, stage
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    notify: Any = None  # the target's notify(name, data): the agent's emit; None where nobody listens
+
+    def report(self) -> None:
+        """Send ``describe()`` as a ``pipeline_stages`` event (the repartition rule reads the last)."""
+        if callable(self.notify):
+            self.notify("pipeline_stages", self.describe())
 
     def revert(self) -> None:
         """Restore every block's forward and every moved tensor's device; safe to call twice."""
@@ -102,6 +109,7 @@ class PipelineHandle:
             if _LIVE.get(module) is self:
                 del _LIVE[module]
         self.mode = "reverted"
+        self.report()  # the split is gone: the rule must not rebalance it
         logger.info("Reverted the pipeline split of %d stages", len(self.stages))
         if errors:
             raise RuntimeError(f"pipeline revert could not move {len(errors)} tensor(s) back: {errors[0]}")
@@ -139,6 +147,7 @@ class RepartitionHandle:
         self.reverted = True
         if self.pipeline.mode != "reverted":  # the whole split was undone already: nothing to move
             _move_stages(self.pipeline, *self.previous, self.states)
+            self.pipeline.report()
         logger.info("Reverted the pipeline repartition to stages %s", [len(s) for s in self.previous[0]])
 
     def describe(self) -> dict[str, Any]:
@@ -280,6 +289,8 @@ class _Runner:
             return self.block(0, *args, **kwargs)
         out = self.run(x)
         h.pipelined_forwards += 1
+        if h.pipelined_forwards % REPORT_EVERY == 0:
+            h.report()
         self.index, self.expect = 1, out
         return out
 
@@ -450,10 +461,12 @@ def apply_pipeline(target: Any, *, stages: list[list[str]], micro_batches: int, 
             raise ValueError("some of these blocks are already pipelined as another chain; revert that split first")
         previous = (current.stages, current.devices, current.micro_batches)
         _move_stages(current, tuple(tuple(s) for s in stages), devs, micro_batches, states)
+        current.report()  # no times yet for the new split: the rule waits for the next report
         logger.info("Repartitioned the pipeline: stages %s -> %s", [len(s) for s in previous[0]],
                     [len(s) for s in stages])
         return RepartitionHandle(pipeline=current, previous=previous, states=states)  # type: ignore[return-value]
-    handle = PipelineHandle(stages=tuple(tuple(s) for s in stages), devices=devs, micro_batches=micro_batches)
+    handle = PipelineHandle(stages=tuple(tuple(s) for s in stages), devices=devs, micro_batches=micro_batches,
+                            notify=getattr(as_target(target), "notify", None))
     runner = _Runner(handle)
     try:
         k = 0

@@ -28,6 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
+from advisor.recommend.finding import Finding
+from advisor.recommend.profile import Profile
 from advisor.recommend.remedies.pipeline import (
     APPLY_CLASS_LIVE,
     APPLY_CLASS_MULTI_RANK,
@@ -35,6 +37,7 @@ from advisor.recommend.remedies.pipeline import (
     DEFAULT_LINK_BYTES_S,
     PartitionFigures,
     PipeBlock,
+    blocks_from_profile,
     evaluate,
     loop_change,
     min_max_partition,
@@ -194,3 +197,36 @@ def propose_repartition(
 
 def _stage_of(figures: PartitionFigures) -> list[int]:
     return [s for s in range(len(figures.bounds) - 1) for _ in range(figures.bounds[s], figures.bounds[s + 1])]
+
+
+def rule(profile: Profile) -> Finding | None:
+    """The pipeline rule's second part: a live split whose measured stage times are imbalanced
+    gets a new split (``propose_repartition``). The blocks are the profile's measured chain when it
+    names the split's blocks; otherwise (their module stats predate the split) each stage's
+    measured time is shared equally by its blocks and no memory limit is known."""
+    info = profile.pipeline
+    if not info:
+        return None
+    stages = [list(s) for s in info.get("stages") or []]
+    times = [float(t) for t in info.get("stage_times_s") or []]
+    if len(stages) < 2 or len(times) != len(stages) or min(times) <= 0:
+        return None  # no forward measured since the split (or its last change)
+    measured = {b.name: b for b in blocks_from_profile(profile)}
+    names = [n for s in stages for n in s]
+    if all(n in measured for n in names):
+        blocks, memory = [measured[n] for n in names], profile.budget_bytes
+    else:
+        blocks = [PipeBlock(name=n, forward_s=t / len(s), backward_s=2 * t / len(s), activation_bytes=0,
+                            parameter_bytes=0, optimizer_bytes=0, output_bytes=0)
+                  for s, t in zip(stages, times) for n in s]
+        memory = None
+    evidence: list[dict[str, object]] = []
+    recs = propose_repartition(blocks, stages, times, evidence, micro_batches=int(info.get("micro_batches") or 1),
+                               devices=[str(d) for d in info.get("devices") or []], memory_bytes=memory,
+                               step_time_s=profile.step_time_s)
+    if not recs:
+        return None
+    mean = sum(times) / len(times)
+    return Finding(bottleneck="compute", severity=0.5 + max(times) / mean - 1.0,
+                   summary=f"pipeline stages imbalanced: the slowest takes {max(times) / mean:.2f}x the mean",
+                   evidence=evidence, recommendations=recs)
