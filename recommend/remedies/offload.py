@@ -25,7 +25,13 @@ Time (seconds added to the step; bandwidth ``bw`` in bytes/s per direction, pinn
                                                            the applier's chunked step hides only
                                                            the step's own compute, not counted)
 
-Exact for chains: the max term is enumerated over its possible values M (every a_i and
+Where a deep step's timeline covers the chain (``solve(..., memory=...)``), the peak is not this
+formula but ``peak_model``'s replay of the measured timeline with offloaded blocks (exact against
+the tracker within 2% on examples/gpt.py, where the formula over-predicts by 12-42%:
+``bench/offload.py``), solved by ``peak_model.solve_choices`` with the same time terms
+(``step_cost``); the optimizer-state option lowers every instant but ``step()`` by S.
+
+Formula path, exact for chains: the max term is enumerated over its possible values M (every a_i and
 a_i + a_{i-1}); for each M a dynamic program over the blocks with the previous block's choice as
 state keeps Pareto labels (kept bytes, time) under capacity budget - base - M. Labels are real
 plans, re-checked with ``evaluate``. Tests compare with ``brute_force`` (3**n plans).
