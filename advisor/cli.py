@@ -12,7 +12,7 @@ from typing import Any
 from advisor import __version__
 from advisor.errors import AdvisorError, UsageError
 from advisor.records.settings import probe_names
-from advisor.records.units import parse_size
+from advisor.records.units import parse_rate, parse_size
 
 # Each cmd_* imports its command's modules inside the function, on purpose: `advisor --help`
 # and `advisor sessions` stay fast and never load rich/textual/torch-side code they do not use.
@@ -23,6 +23,13 @@ from advisor.records.units import parse_size
 def _size(value: str) -> int:
     try:
         return parse_size(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _rate(value: str) -> float:
+    try:
+        return parse_rate(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -103,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also deep-sample every N-th step (0: never; default 100)")
     attach.add_argument("--peak-flops", type=float, metavar="FLOPS", help="override the device's peak FLOP/s")
     attach.add_argument("--peak-bandwidth", type=float, metavar="B/S", help="override the device's memory bandwidth")
+    attach.add_argument("--host-link-bandwidth", type=_rate, metavar="RATE",
+                        help="override the measured host-device copy bandwidth, e.g. 25GB/s (offload plans)")
     attach.add_argument("--apply", type=_apply_choice, metavar="auto|ID", help="apply the top (auto) or the named recommendation")
     attach.add_argument("--apply-at-step", type=_positive, metavar="K", help="step boundary to apply at (default: as soon as ready)")
     attach.add_argument("--plan", metavar="FILE", help="apply a plan file's remedies before the first step")
@@ -129,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("-o", "--output", required=True, metavar="FILE", help="where to write the plan JSON")
     plan.add_argument("--memory-budget", type=_budget, metavar="SIZE", help="budget to plan against")
     plan.add_argument("--recommendation", metavar="ID", help="which recommendation (default: the top one)")
+    plan.add_argument("--host-link-bandwidth", type=_rate, metavar="RATE",
+                      help="plan with this host-device copy bandwidth instead of the recorded one, e.g. 25GB/s")
 
     bench = sub.add_parser("bench-comm", help="measure collective bus bandwidth on this machine's ranks")
     bench.add_argument("--nproc-per-node", type=_positive, default=2, metavar="N")
@@ -210,6 +221,7 @@ def agent_config(ns: argparse.Namespace) -> dict[str, Any]:
         "enforce_budget": ns.enforce_budget,
         "peak_flops": ns.peak_flops,
         "peak_bandwidth": ns.peak_bandwidth,
+        "host_link_bandwidth": ns.host_link_bandwidth,
         "allow_inexact": bool(getattr(ns, "allow_inexact", False)),
     }
     if ns.plan:
@@ -286,7 +298,8 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     db_path = resolve_session(ns.session) if ns.session else latest_session_to_plan()
     check_output_path(ns.output, "-o", protected=_session_script(db_path))
     return write_plan_from_session(db_path, ns.output,
-                                   budget_bytes=ns.memory_budget, recommendation_id=ns.recommendation)
+                                   budget_bytes=ns.memory_budget, recommendation_id=ns.recommendation,
+                                   host_link_bandwidth=ns.host_link_bandwidth)
 
 
 def _session_script(db_path: Path) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ from advisor.errors import AdvisorError, SessionError
 from advisor.paths import DB_NAME, sessions_dir
 from advisor.recommend.remedies import remedy_modules
 from advisor.records.plan import Plan, PlanEntry, save_plan
+from advisor.records.samples import Event
 from advisor.records.units import fmt_bytes
 from advisor.report import build_report, recorded_budget
 from advisor.state import SessionState
@@ -67,12 +69,30 @@ def _nothing_to_plan(report: dict[str, Any]) -> AdvisorError:
                         hint="`advisor report SESSION` shows the diagnosis and why no remedy applies")
 
 
+def with_host_link(state: SessionState, bandwidth: float) -> SessionState:
+    """``state`` with every ``device_spec`` event's host-link figure replaced by ``bandwidth``
+    (bytes/s, source ``override``), as the agent's own override would have recorded it; a
+    session without a device spec gets one carrying only that figure."""
+    fields = {"host_link_bandwidth": float(bandwidth), "host_link_source": "override"}
+    specs = [e for e in state.events if e.name == "device_spec"]
+    if not specs:
+        state.events.append(Event(rank=0, name="device_spec", data=dict(fields)))
+    state.events[:] = [replace(e, data={**e.data, **fields}) if e.name == "device_spec" else e
+                       for e in state.events]
+    return state
+
+
 def write_plan_from_session(db_path: Path, output: str, *, budget_bytes: int | None,
-                            recommendation_id: str | None) -> int:
+                            recommendation_id: str | None, host_link_bandwidth: float | None = None) -> int:
+    state = load_state(db_path)
+    if host_link_bandwidth is not None:
+        state = with_host_link(state, host_link_bandwidth)
     # The report's advice is advise_state's: the one path the live loop and `advisor report` share.
-    report = build_report(load_state(db_path), budget_bytes=budget_bytes)
-    # Applicable remedies only: live ones, and restart ones the plan can carry (an environment).
-    recs = [r for r in report.get("recommendations") or [] if r.get("live") or _plan_env(r["remedy"])]
+    report = build_report(state, budget_bytes=budget_bytes)
+    # Applicable remedies only: live ones, restart ones the plan can carry (an environment), and
+    # restart ones that change the training loop (printed: a plan file cannot carry code).
+    recs = [r for r in report.get("recommendations") or []
+            if r.get("live") or _plan_env(r["remedy"]) or _loop_change(r)]
     if recommendation_id:
         chosen = next((r for r in recs if r["id"] == recommendation_id), None)
         if chosen is None:
@@ -82,12 +102,24 @@ def write_plan_from_session(db_path: Path, output: str, *, budget_bytes: int | N
         chosen = recs[0] if recs else None
     if chosen is None:
         raise _nothing_to_plan(report)
+    if _loop_change(chosen) and not chosen.get("live"):
+        print(_loop_change(chosen))
+        print(f"no plan written to {output}: {chosen.get('title') or chosen['remedy']} needs the training loop "
+              "changed as printed above (every rank), then a restart", file=sys.stderr)
+        return 0
     save_plan(Plan(remedies=(PlanEntry(remedy=chosen["remedy"], params=chosen["params"],
                                        recommendation_id=chosen["id"]),),
                    env=_plan_env(chosen["remedy"])), output)
     print(f"wrote plan {output}: {chosen.get('title') or chosen['remedy']}; run it with "
           f"`advisor attach --plan {output} ...`", file=sys.stderr)
     return 0
+
+
+def _loop_change(rec: dict[str, Any]) -> str | None:
+    """The code a restart recommendation asks of the training loop (a multi-rank pipeline's
+    per-rank ``schedule.step`` calls), or None."""
+    change = (rec.get("params") or {}).get("loop_change")
+    return change if isinstance(change, str) and change.strip() else None
 
 
 def _plan_env(remedy: str) -> dict[str, str]:

@@ -43,6 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from advisor.recommend.peak_model import ChainMemory, chain_memory
 from advisor.recommend.profile import ModuleProfile, Profile
 
 COST_MODEL = "peak = fixed + kept(S) + max recomputed block; time += sum forward_s"
@@ -261,3 +262,11 @@ def chain_from_profile(profile: Profile) -> Chain | None:
     """The calibrated chain of the model's repeated blocks, or None when it has none."""
     members = find_chain(profile)
     return units_from_modules(profile, members) if members else None
+
+
+def chain_timeline(profile: Profile, chain: Chain | None) -> ChainMemory | None:
+    """The chain's measured timeline (``peak_model``), when a deep step ran it once forward and
+    once backward; None otherwise (no deep step, accumulation, an OOM before backward)."""
+    if chain is None or not chain.contiguous or not profile.memory_timeline:
+        return None
+    return chain_memory(profile.memory_timeline, chain.names, {m.name: m.input_bytes for m in profile.modules})

@@ -24,20 +24,36 @@ set S of chain blocks been checkpointed:
                                       (block i's recomputation at its backward, i in S)
                                       (- block m's own saved growth during its forward, m in S)
 
+Offloaded blocks (``apply/remedies/activation_offload.py``) extend the same sums. An offloaded
+block runs its forward as measured (the applier holds each saved source until the call ends), then
+frees *all* it saved, its input included: ``o_j`` = the growth of "activation" over its forward.
+Its backward fetches its tensors back at their first use (as they were live in the measured run)
+and, when the block just before it is offloaded too, prefetches that block's ``o_{j-1}``, which
+stays on the device through this block's backward:
+
+    during the backward of offloaded block i:  total(t) - savings(j < i) + [i-1 offloaded] o_{i-1}
+
 It is exact where the checkpoint frees precisely what the block saved and everything else runs as
 measured; the CPU storage tracker's peak of a checkpointed run is the check (tests/test_peak_model.py:
 equal to the byte on examples/gpt.py's model for every selection tried). Not modelled: tensors
 that only a reference cycle keeps alive until the garbage collector runs.
 ``solve`` chooses S for a budget by dynamic programming over the chain with a Pareto front of
-(prefix savings, recompute time), exact because every constraint only improves with more savings.
+(prefix savings, recompute time), exact because every constraint only improves with more savings;
+``solve_choices`` is the same program over keep / recompute / offload with any per-choice cost
+(the previous block's choice is the state: the prefetch and the copies' overlap depend on it).
+Not modelled for offload: tensors below the applier's ``min_bytes`` stay on the device (the
+measured growth counts them as offloaded), and a block whose output the block itself saves keeps
+it alive through the next block's forward.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Protocol, Sequence
+from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
 MODEL = "simulated backward over the measured timeline (recommend/peak_model.py)"
+KEEP, RECOMPUTE, OFFLOAD = "keep", "recompute", "offload"
+CHOICES = (KEEP, RECOMPUTE, OFFLOAD)
 
 
 class Sample(Protocol):
@@ -60,6 +76,7 @@ class BlockMemory:
     forward_max_own: int  # highest total during its forward less what it saved so far (if checkpointed)
     backward_max: int  # highest total during its backward
     recompute_peak: int  # highest total while its forward is recomputed, if checkpointed (before savings of earlier blocks)
+    offload_bytes: int = 0  # o_j: all it saved (its input too), freed until its backward if offloaded
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,7 +180,7 @@ def _summarise(step: int, seq: Sequence[Sample], names: Sequence[str], module_in
             name=names[i], saving_bytes=saving,
             forward_max=max(s.total_bytes for s in fwd[i]), forward_max_own=max(own),
             backward_max=max(s.total_bytes for s in bwd[i]),
-            recompute_peak=at_backward - saving + growth))
+            recompute_peak=at_backward - saving + growth, offload_bytes=max(0, grown)))
     peak = max([outside, between] + [b.forward_max for b in blocks] + [b.backward_max for b in blocks])
     return ChainMemory(step=step, blocks=tuple(blocks), outside_bytes=outside, between_bytes=between,
                        measured_peak_bytes=peak)
@@ -194,24 +211,48 @@ def _mask(n: int, selected: Iterable[int] | Sequence[bool]) -> list[bool]:
     return [i in chosen for i in range(n)]
 
 
-def _block_peak(block: BlockMemory, prefix: int, on: bool) -> int:
+def saving_of(block: BlockMemory, choice: str) -> int:
+    """Bytes the block frees while it waits for backward under ``choice``."""
+    return block.saving_bytes if choice == RECOMPUTE else block.offload_bytes if choice == OFFLOAD else 0
+
+
+def block_peak(block: BlockMemory, prefix: int, choice: str, prefetched: int = 0) -> int:
     """The highest total during this block's forward and backward, given the savings of the
-    checkpointed blocks before it (``prefix``) and whether it is checkpointed itself."""
-    forward = (block.forward_max_own if on else block.forward_max) - prefix
-    backward = max(block.backward_max, block.recompute_peak if on else 0) - prefix
-    return max(forward, backward)
+    blocks before it (``prefix``), its own choice, and the bytes of the block before it that its
+    backward prefetches (offloaded after offloaded)."""
+    if choice == RECOMPUTE:
+        return max(block.forward_max_own, block.backward_max, block.recompute_peak) - prefix
+    return max(block.forward_max, block.backward_max + (prefetched if choice == OFFLOAD else 0)) - prefix
 
 
-def simulated_peak(memory: ChainMemory, selected: Iterable[int] | Sequence[bool]) -> int:
-    """Predicted peak bytes with the selected blocks checkpointed (indices or a boolean mask)."""
-    mask = _mask(len(memory.blocks), selected)
+def choices_peak(memory: ChainMemory, choices: Sequence[str]) -> int:
+    """Predicted peak bytes with each block kept, recomputed or offloaded (one choice per block)."""
+    if len(choices) != len(memory.blocks) or any(c not in CHOICES for c in choices):
+        raise ValueError(f"choices must be {len(memory.blocks)} of {CHOICES}, got {list(choices)!r}")
     prefix = 0
     peak = memory.outside_bytes
-    for block, on in zip(memory.blocks, mask):
-        peak = max(peak, _block_peak(block, prefix, on))
-        if on:
-            prefix += block.saving_bytes
+    prev: BlockMemory | None = None
+    for i, (block, c) in enumerate(zip(memory.blocks, choices)):
+        fetched = prev.offload_bytes if prev is not None and choices[i - 1] == OFFLOAD else 0
+        peak = max(peak, block_peak(block, prefix, c, fetched))
+        prefix += saving_of(block, c)
+        prev = block
     return max(peak, memory.between_bytes - prefix)
+
+
+def simulated_peak(memory: ChainMemory, selected: Iterable[int] | Sequence[bool],
+                   offloaded: Iterable[int] = ()) -> int:
+    """Predicted peak bytes with the selected blocks checkpointed (indices or a boolean mask) and
+    the ``offloaded`` ones (indices) offloaded."""
+    n = len(memory.blocks)
+    out = [RECOMPUTE if on else KEEP for on in _mask(n, selected)]
+    for i in set(offloaded):
+        if not 0 <= i < n:
+            raise ValueError(f"offloaded block index {i} out of range; valid: 0..{n - 1}")
+        if out[i] == RECOMPUTE:
+            raise ValueError(f"block {i} is both checkpointed and offloaded")
+        out[i] = OFFLOAD
+    return choices_peak(memory, out)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -221,6 +262,91 @@ class Choice:
     recompute_s: float
 
 
+@dataclass(frozen=True, kw_only=True)
+class JointChoice:
+    choices: tuple[str, ...]
+    peak_bytes: int
+    cost_s: float
+    exact: bool = True  # False when a front was thinned (still a valid plan, perhaps not the best)
+
+
+# A cost callback: seconds added when block i takes ``choice`` after block i-1 took ``previous``
+# (None before the first block); called once more with i = n and choice None to close the chain.
+Cost = Callable[[int, "str | None", "str | None"], float]
+_Label = tuple[int, float, tuple[str, ...]]  # (prefix savings, score, choices so far)
+
+
+def _front_dp(memory: ChainMemory, allowed: Sequence[str], score: Callable[[float, int, str | None, str, int], float | None],
+              front_limit: int) -> tuple[dict[str | None, list[_Label]], bool]:
+    """The dynamic program shared by ``solve_choices`` and ``lowest_choices``: per previous
+    choice, the Pareto front of (more savings, lower score) labels over the whole chain.
+    ``score(old, i, previous, choice, block peak)`` is the new score, or None when infeasible.
+    Also says whether any front was thinned to ``front_limit``."""
+    n = len(memory.blocks)
+    states: dict[str | None, list[_Label]] = {None: [(0, 0.0, ())]}
+    thinned = False
+    for i, block in enumerate(memory.blocks):
+        prev_o = memory.blocks[i - 1].offload_bytes if i else 0
+        grown: dict[str | None, list[_Label]] = {}
+        for prev, labels in states.items():
+            for c in allowed:
+                if c == OFFLOAD and i == n - 1:
+                    continue  # the last block before the loss is never offloaded
+                fetched = prev_o if prev == OFFLOAD else 0
+                add = saving_of(block, c)
+                for prefix, old, path in labels:
+                    new = score(old, i, prev, c, block_peak(block, prefix, c, fetched))
+                    if new is not None:
+                        grown.setdefault(c, []).append((prefix + add, new, path + (c,)))
+        states = {c: _pareto(labels, front_limit) for c, labels in grown.items()}
+        thinned |= any(len(labels) == front_limit for labels in states.values())
+        if not states:
+            break
+    return states, thinned
+
+
+def solve_choices(memory: ChainMemory, budget_bytes: int, cost: Cost, *, allowed: Sequence[str] = CHOICES,
+                  front_limit: int = 4096) -> JointChoice | None:
+    """The choices with the least total ``cost`` whose simulated peak fits ``budget_bytes``; None
+    when none fits. Exact while each front stays under ``front_limit`` entries."""
+    allowed = tuple(c for c in CHOICES if c in set(allowed) | {KEEP})
+    if memory.outside_bytes > budget_bytes:
+        return None
+
+    def score(old: float, i: int, prev: str | None, c: str, peak: int) -> float | None:
+        return None if peak > budget_bytes else old + cost(i, prev, c)
+
+    best: tuple[float, int, tuple[str, ...]] | None = None
+    states, thinned = _front_dp(memory, allowed, score, front_limit)
+    for last, labels in states.items():
+        close = cost(len(memory.blocks), last, None)
+        for prefix, spent, path in labels:
+            if len(path) == len(memory.blocks) and memory.between_bytes - prefix <= budget_bytes:
+                if best is None or (spent + close, -prefix) < best[:2]:
+                    best = (spent + close, -prefix, path)
+    if best is None:
+        return None
+    return JointChoice(choices=best[2], peak_bytes=choices_peak(memory, best[2]), cost_s=best[0], exact=not thinned)
+
+
+def lowest_choices(memory: ChainMemory, *, allowed: Sequence[str] = CHOICES, front_limit: int = 4096) -> JointChoice:
+    """The choices with the lowest simulated peak (``cost_s`` 0: time is not considered)."""
+    allowed = tuple(c for c in CHOICES if c in set(allowed) | {KEEP})
+
+    def score(old: float, i: int, prev: str | None, c: str, peak: int) -> float:
+        return max(old, float(peak))
+
+    best: tuple[int, tuple[str, ...]] | None = None
+    states, thinned = _front_dp(memory, allowed, score, front_limit)
+    for labels in states.values():
+        for prefix, running, path in labels:
+            peak = max(int(running), memory.between_bytes - prefix, memory.outside_bytes)
+            if best is None or peak < best[0]:
+                best = (peak, path)
+    assert best is not None  # keeping every block is always a path
+    return JointChoice(choices=best[1], peak_bytes=choices_peak(memory, best[1]), cost_s=0.0, exact=not thinned)
+
+
 def solve(memory: ChainMemory, forward_s: Sequence[float], budget_bytes: int, *, front_limit: int = 4096) -> Choice | None:
     """The set of blocks to checkpoint with the least recompute time whose simulated peak fits
     ``budget_bytes``; None when no set fits. Exact while the Pareto front stays under
@@ -228,35 +354,18 @@ def solve(memory: ChainMemory, forward_s: Sequence[float], budget_bytes: int, *,
     plans, perhaps not the cheapest)."""
     if len(forward_s) != len(memory.blocks):
         raise ValueError(f"{len(forward_s)} forward times for {len(memory.blocks)} blocks")
-    if memory.outside_bytes > budget_bytes:
+    found = solve_choices(memory, budget_bytes, lambda i, prev, c: forward_s[i] if c == RECOMPUTE else 0.0,
+                          allowed=(KEEP, RECOMPUTE), front_limit=front_limit)
+    if found is None:
         return None
-    # front: prefix savings -> (recompute seconds, chosen indices), Pareto-optimal
-    front: list[tuple[int, float, tuple[int, ...]]] = [(0, 0.0, ())]
-    for i, block in enumerate(memory.blocks):
-        grown: list[tuple[int, float, tuple[int, ...]]] = []
-        for prefix, cost, chosen in front:
-            for on in (False, True):
-                if _block_peak(block, prefix, on) > budget_bytes:
-                    continue
-                if on:
-                    grown.append((prefix + block.saving_bytes, cost + forward_s[i], chosen + (i,)))
-                else:
-                    grown.append((prefix, cost, chosen))
-        front = _pareto(grown, front_limit)
-        if not front:
-            return None
-    feasible = [(cost, -prefix, chosen) for prefix, cost, chosen in front
-                if memory.between_bytes - prefix <= budget_bytes]
-    if not feasible:
-        return None
-    cost, _, chosen = min(feasible)
-    return Choice(selected=chosen, peak_bytes=simulated_peak(memory, chosen), recompute_s=cost)
+    chosen = tuple(i for i, c in enumerate(found.choices) if c == RECOMPUTE)
+    return Choice(selected=chosen, peak_bytes=found.peak_bytes, recompute_s=found.cost_s)
 
 
-def _pareto(items: list[tuple[int, float, tuple[int, ...]]], limit: int) -> list[tuple[int, float, tuple[int, ...]]]:
-    """Keep entries no other entry beats on both savings (more) and time (less)."""
+def _pareto(items: list[_Label], limit: int) -> list[_Label]:
+    """Keep entries no other entry beats on both savings (more) and score (less)."""
     items.sort(key=lambda e: (-e[0], e[1]))
-    out: list[tuple[int, float, tuple[int, ...]]] = []
+    out: list[_Label] = []
     best_cost = float("inf")
     for entry in items:
         if entry[1] < best_cost:

@@ -96,6 +96,10 @@ class Profile:
     # Pinned host<->device copy bytes/s from the ``device_spec`` event when it measured a real
     # link or was overridden (None: unknown, or a CPU-only device's same-device copy).
     host_link_bandwidth: float | None = None
+    # The live in-process pipeline split, from the last ``pipeline_stages`` event its applier sent
+    # (stages, devices, micro_batches, mode, stage_times_s: measured forward seconds per stage);
+    # None when no split is in force. Read by the repartition rule (remedies/pipeline_repartition.py).
+    pipeline: dict[str, Any] | None = None
     # Read by the bottleneck rules (recommend/rules, recommend/remedies); not serialised either.
     # ``device``: the lowest rank's ``device_spec`` event data (``peak_flops`` per dtype key in
     # FLOP/s, ``memory_bandwidth`` in bytes/s, ``type``, ``name``), else the run's device dict.
@@ -298,6 +302,7 @@ def profile_from_records(
                    visible_devices=int(device.get("count") or 1), device_type=str(device.get("type") or "cpu"),
                    memory_timeline=tuple(samples),
                    host_link_bandwidth=_host_link(events),
+                   pipeline=_pipeline(events),
                    device=_device(runs, events),
                    reserved_at_peak=peak.reserved_bytes if peak is not None else None,
                    allocated_at_peak=peak.allocated_bytes if peak is not None else None,
@@ -373,6 +378,12 @@ def _oom(events: Sequence[Event], rank: int | None) -> dict[str, Any] | None:
         return None
     event = ([e for e in ooms if e.rank == rank] or ooms)[-1]
     return {"rank": event.rank, "step": event.step, **event.data}
+
+
+def _pipeline(events: Sequence[Event]) -> dict[str, Any] | None:
+    """The last ``pipeline_stages`` event's data while its split is in force (mode ``pipeline``)."""
+    last = next((e for e in reversed(events) if e.name == "pipeline_stages"), None)
+    return dict(last.data) if last is not None and last.data.get("mode") == "pipeline" else None
 
 
 def _host_link(events: Sequence[Event]) -> float | None:

@@ -274,3 +274,43 @@ def test_enforced_budget_counts_device_bytes_only() -> None:
     handle.revert()
     with pytest.raises(torch.OutOfMemoryError, match="budget exceeded"):
         peak(budget)
+
+
+def test_optimizer_offload_chunked_step_is_bit_exact_and_fires_the_hooks_once(baseline, monkeypatch) -> None:
+    """Small chunks: every step runs in several chunks (copies of one beside the step of another on
+    CUDA), the losses stay bit-equal, the groups are whole again after each step, the global step
+    hooks (the agent's) fire once per step, and between steps all the state is on the host."""
+    import advisor.apply.remedies.optimizer_offload as mod
+
+    monkeypatch.setattr(mod, "CHUNK_BYTES", 64 << 10)
+    calls: list[str] = []
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    pre = register_optimizer_step_pre_hook(lambda o, a, k: calls.append("pre"))
+    post = register_optimizer_step_post_hook(lambda o, a, k: calls.append("post"))
+    handles: list = []
+    groups: list = []
+
+    def at(i: int, model: GPT, opt: torch.optim.Optimizer) -> None:
+        if i == APPLY_AT:
+            groups.append([list(g["params"]) for g in opt.param_groups])
+            handles.append(apply_optimizer_offload(Target.of(model, [opt])))
+            calls.clear()
+        if APPLY_AT < i < 15:
+            placement = handles[0].placements[0]
+            assert placement.chunks_run > 3
+            assert [list(g["params"]) for g in opt.param_groups] == groups[0]
+            host = {id(t) for t in placement.host.values()}
+            assert all(id(v) in host for st in opt.state.values() for k, v in st.items() if k != "step")
+        if i == 15:
+            assert calls == ["pre", "post"] * (15 - APPLY_AT)
+            handles[0].revert()
+
+    try:
+        losses, model, opt = train(at)
+    finally:
+        pre.remove()
+        post.remove()
+    assert losses == baseline[0]
+    assert all(torch.equal(v, baseline[1][k]) for k, v in model.state_dict().items())
+    assert opt._optimizer_step_pre_hooks == {} and opt._optimizer_step_post_hooks == {}

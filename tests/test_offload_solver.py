@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
 from advisor.recommend.memory_model import Block, Chain
+from advisor.recommend.peak_model import BlockMemory, ChainMemory, choices_peak
 from advisor.recommend.remedies.offload import (
     KEEP, OFFLOAD, RECOMPUTE, Model, brute_force, evaluate, offload_cost, solve, tradeoff_curve,
 )
@@ -80,3 +82,54 @@ def test_curve_spans_leanest_to_unconstrained() -> None:
     assert curve[-1].overhead_s == 0.0 and curve[-1].modules_count == 0
     assert [p.budget_bytes for p in curve] == sorted(p.budget_bytes for p in curve)
     assert all(a.overhead_s >= b.overhead_s for a, b in zip(curve, curve[1:]))
+
+
+def random_timeline(rng: random.Random, n: int) -> ChainMemory:
+    """A chain's measured-timeline summary (``peak_model``) with plausible orderings."""
+    blocks = []
+    for i in range(n):
+        saving = rng.randint(1, 50)
+        fmax = 100 + 40 * i + rng.randint(0, 30)
+        bmax = fmax - rng.randint(0, 20)
+        blocks.append(BlockMemory(name=f"blocks.{i}", saving_bytes=saving, forward_max=fmax,
+                                  forward_max_own=fmax - saving // 2, backward_max=bmax,
+                                  recompute_peak=bmax + rng.randint(-10, 30), offload_bytes=saving + rng.randint(0, 20)))
+    between = blocks[-1].forward_max + rng.randint(0, 40)
+    return ChainMemory(step=1, blocks=tuple(blocks), outside_bytes=rng.randint(0, 80), between_bytes=between,
+                       measured_peak_bytes=max([between] + [b.forward_max for b in blocks]))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_simulated_joint_solver_matches_brute_force(seed: int) -> None:
+    rng = random.Random(seed)
+    chain = random_chain(rng, rng.randint(1, 6))
+    memory = random_timeline(rng, chain.n)
+    state = rng.choice([0, rng.randint(10, 60)])
+    model = Model(bandwidth=rng.choice([1e5, 1e6, 1e7]), optimizer_state_bytes=state,
+                  step_peak_bytes=rng.randint(0, 150), overlap=rng.random() < 0.8)
+    allowed = rng.choice([(KEEP, RECOMPUTE, OFFLOAD), (KEEP, RECOMPUTE), (KEEP, OFFLOAD)])
+    low = brute_force(chain, model, 0, allowed=allowed, memory=memory).peak_bytes
+    for frac in (0.0, 0.3, 0.6, 0.9, 1.0):
+        budget = int(low + frac * (memory.measured_peak_bytes - low))
+        dp = solve(chain, model, budget, allowed=allowed, memory=memory)
+        bf = brute_force(chain, model, budget, allowed=allowed, memory=memory)
+        assert dp.feasible == bf.feasible, (budget, dp, bf)
+        if bf.feasible:
+            assert dp.overhead_s == pytest.approx(bf.overhead_s, abs=1e-12), (budget, dp, bf)
+            assert dp.peak_bytes <= budget
+        else:
+            assert dp.peak_bytes == bf.peak_bytes
+        assert evaluate(chain, model, dp.choices, dp.offload_optimizer, memory) == (
+            dp.peak_bytes, pytest.approx(dp.overhead_s))
+
+
+def test_simulated_peak_counts_the_prefetched_block() -> None:
+    """Offloaded after offloaded: the earlier block's bytes are back during the later one's backward."""
+    memory = random_timeline(random.Random(3), 4)
+    b0, b1 = memory.blocks[0], memory.blocks[1]
+    bare = replace(memory, blocks=(replace(b0, backward_max=0, forward_max=0),
+                                   replace(b1, backward_max=10_000, forward_max=0)) + memory.blocks[2:],
+                   between_bytes=0, outside_bytes=0)
+    assert choices_peak(bare, (OFFLOAD, OFFLOAD, KEEP, KEEP)) == 10_000  # b0's saving is undone by the prefetch
+    assert choices_peak(bare, (OFFLOAD, KEEP, KEEP, KEEP)) == 10_000 - b0.offload_bytes
+    assert choices_peak(bare, (RECOMPUTE, OFFLOAD, KEEP, KEEP)) == 10_000 - b0.saving_bytes  # no prefetch after R

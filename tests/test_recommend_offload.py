@@ -66,3 +66,25 @@ def test_bad_optimizer_offload_params() -> None:
     check_params("optimizer_offload", {"optimizers": [0]})
     with pytest.raises(ValueError, match="indexes"):
         check_params("optimizer_offload", {"optimizers": "all"})
+
+
+def test_recorded_session_offload_plan_uses_the_simulated_timeline() -> None:
+    """On a recorded session (a deep step ran the chain), the offload plan's peak is
+    ``peak_model``'s replay of the measured timeline, not the conservative formula."""
+    import recorded
+    from test_recommend_recorded import BUDGET, profile_of
+
+    from advisor.recommend.memory_model import chain_timeline
+    from advisor.recommend.peak_model import MODEL, choices_peak
+    from advisor.recommend.remedies.offload import OFFLOAD, evaluate
+
+    profile = replace(profile_of(recorded.load_state("gpt"), budget_bytes=BUDGET), host_link_bandwidth=50e9)
+    _, recs = advise(profile)
+    rec = next(r for r in recs if r.remedy == "activation_offload")
+    chain = chain_from_profile(profile)
+    memory = chain_timeline(profile, chain)
+    assert memory is not None and MODEL in rec.cost_model
+    choices = tuple(OFFLOAD if n in rec.params["modules"] else RECOMPUTE if n in rec.params.get("checkpoint", ())
+                    else KEEP for n in chain.names)
+    assert rec.predicted.peak_memory_bytes == choices_peak(memory, choices) <= BUDGET
+    assert rec.predicted.peak_memory_bytes < evaluate(chain, model_for(profile), choices, False)[0]  # the formula's

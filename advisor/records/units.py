@@ -127,3 +127,23 @@ def fmt_quantity(value: object, unit: str | None) -> str:
     if value is None:
         return MISSING
     return f"{value} {unit}" if unit else str(value)
+
+
+def parse_rate(text: str | float) -> float:
+    """Bytes per second in a rate such as ``"16GB/s"``, ``"12.5GiB/s"``, ``"25e9"`` or ``"800MiB"``
+    (the ``/s`` is optional; units as :func:`parse_size`). Raises ``ValueError`` on anything
+    that is not a positive, finite rate."""
+    if isinstance(text, bool):
+        raise ValueError(f"not a rate: {text!r}")
+    raw = str(text).strip()
+    body = raw[:-2].rstrip() if raw.lower().endswith("/s") else raw
+    try:
+        value = float(body)  # a bare number, exponent allowed (25e9)
+    except ValueError:
+        try:
+            value = float(parse_size(body))
+        except ValueError:
+            raise ValueError(f"not a rate: {raw!r}; write bytes per second, e.g. 16GB/s, 12.5GiB/s or 25e9") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"a rate must be more than 0 bytes/s, got {raw!r}")
+    return value

@@ -37,17 +37,17 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from advisor.apply.forward_patch import ForwardPatches, is_patched
 from advisor.apply.target import Target, as_target, unwrap_model
 
 logger = logging.getLogger("advisor.apply")
 
 _MARK = "__advisor_checkpoint__"  # set on our forward wrapper, to recognise it again
-_MISSING = object()
 
 
 def is_checkpointed(module: nn.Module) -> bool:
     """True when ``apply_activation_checkpointing`` currently wraps ``module``."""
-    return bool(getattr(module.__dict__.get("forward"), _MARK, False))
+    return is_patched(module, _MARK)
 
 
 @dataclass(eq=False)
@@ -55,34 +55,20 @@ class CheckpointHandle:
     """What ``apply_activation_checkpointing`` changed; ``revert()`` undoes it exactly."""
 
     modules: tuple[str, ...]
-    # name -> (module, previous instance ``forward`` or _MISSING when the class forward was used)
-    _saved: dict[str, tuple[nn.Module, Any]] = field(default_factory=dict, repr=False)
+    _patches: ForwardPatches = field(default_factory=lambda: ForwardPatches(_MARK, "checkpointing"), repr=False)
     reverted: bool = False
 
     def revert(self) -> None:
         """Restore each module's previous forward; safe to call twice."""
         if self.reverted:
             return
-        for name, (module, previous) in reversed(list(self._saved.items())):
-            current = module.__dict__.get("forward")
-            if current is not None and not getattr(current, _MARK, False):
-                # Someone patched forward after us; restoring would silently drop their patch.
-                logger.warning("Not reverting checkpointing of %r: its forward was replaced since", name)
-                continue
-            _restore(module, previous)
+        self._patches.restore()
         self.reverted = True
         logger.info("Reverted activation checkpointing of %d modules: %s",
                     len(self.modules), ", ".join(self.modules))
 
     def describe(self) -> dict[str, Any]:
         return {"remedy": "activation_checkpointing", "modules": list(self.modules)}
-
-
-def _restore(module: nn.Module, previous: Any) -> None:
-    if previous is _MISSING:
-        module.__dict__.pop("forward", None)  # the class's forward is visible again
-    else:
-        module.__dict__["forward"] = previous
 
 
 def _checkpointed_forward(inner: Callable[..., Any]) -> Callable[..., Any]:
@@ -94,7 +80,6 @@ def _checkpointed_forward(inner: Callable[..., Any]) -> Callable[..., Any]:
             return inner(*args, **kwargs)
         return checkpoint(inner, *args, use_reentrant=False, **kwargs)
 
-    setattr(forward, _MARK, True)
     return forward
 
 
@@ -157,9 +142,7 @@ def apply_activation_checkpointing(target: Target | nn.Module, *, modules: Seque
     handle = CheckpointHandle(modules=tuple(found))
     try:
         for name, module in found.items():
-            previous = module.__dict__.get("forward", _MISSING)
-            handle._saved[name] = (module, previous)
-            module.__dict__["forward"] = _checkpointed_forward(module.forward)
+            handle._patches.patch(name, module, _checkpointed_forward(module.forward))
     except BaseException:
         handle.revert()  # leave nothing half-applied
         raise

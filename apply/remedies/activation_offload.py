@@ -34,6 +34,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
+from advisor.apply.forward_patch import ForwardPatches, is_patched
 from advisor.apply.remedies._host_copies import HostSlab, Streams
 from advisor.apply.remedies.activation_checkpointing import (
     apply_activation_checkpointing, is_checkpointed, resolve_modules,
@@ -46,12 +47,11 @@ PHASE = "saved-tensors"  # advisor.records.remedy.PHASES
 SPAN = 4  # a view is offloaded with its whole storage when that storage is at most this many times the view
 MIN_BYTES = 1 << 20  # smaller saved tensors stay on the device: their copies cost more in launches than they free
 _MARK = "__advisor_offload__"
-_MISSING = object()
 
 
 def is_offloaded(module: nn.Module) -> bool:
     """True when ``apply_activation_offload`` currently wraps ``module``."""
-    return bool(getattr(module.__dict__.get("forward"), _MARK, False))
+    return is_patched(module, _MARK)
 
 
 class _Storage:
@@ -103,7 +103,7 @@ class OffloadHandle:
     modules: tuple[str, ...]
     min_bytes: int
     device: torch.device
-    _saved: dict[str, tuple[nn.Module, Any]] = field(default_factory=dict, repr=False)
+    _patches: ForwardPatches = field(default_factory=lambda: ForwardPatches(_MARK, "activation offload"), repr=False)
     slab: HostSlab | None = None
     streams: Streams | None = None
     live: int = 0  # offloaded tensors autograd still holds
@@ -205,7 +205,6 @@ class OffloadHandle:
             finally:
                 group.open.clear()  # the sources may be freed now
 
-        setattr(forward, _MARK, True)
         return forward
 
     # -- revert ---------------------------------------------------------------------------
@@ -213,15 +212,7 @@ class OffloadHandle:
         """Restore each module's forward; tensors already offloaded still come back in backward."""
         if self.reverted:
             return
-        for name, (module, previous) in reversed(list(self._saved.items())):
-            current = module.__dict__.get("forward")
-            if current is not None and not getattr(current, _MARK, False):
-                logger.warning("Not reverting activation offload of %r: its forward was replaced since", name)
-                continue
-            if previous is _MISSING:
-                module.__dict__.pop("forward", None)
-            else:
-                module.__dict__["forward"] = previous
+        self._patches.restore()
         self.reverted = True
         if self.checkpoint is not None:
             self.checkpoint.revert()
@@ -291,8 +282,7 @@ def apply_activation_offload(target: Target | nn.Module, *, modules: Sequence[st
         handle.checkpoint = apply_activation_checkpointing(target, modules=list(checkpoint))
     try:
         for name, module in found.items():
-            handle._saved[name] = (module, module.__dict__.get("forward", _MISSING))
-            module.__dict__["forward"] = handle.wrap(module.forward, name)
+            handle._patches.patch(name, module, handle.wrap(module.forward, name))
     except BaseException:
         handle.revert()
         raise

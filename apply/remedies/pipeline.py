@@ -25,16 +25,25 @@ first dimension that is not the batch fails this). If a check fails, the job kee
 blocks one by one across the devices (a plain model-parallel split) and ``handle.refusal`` says
 why; the executor reverts on it. Later forwards whose input cannot be split run one by one too.
 
+Repartition: ``apply_pipeline`` on a chain that a live handle already pipelines, with a new
+``stages`` split of the same blocks in the same order, moves only the blocks whose stage changes to
+their new stage's device (parameters, gradients, optimizer state, buffers, as at apply) at the step
+boundary and returns a ``RepartitionHandle`` whose ``revert()`` moves them back to the previous
+split (the pipeline stays). ``PipelineHandle.stage_times()`` gives the measured per-stage forward
+seconds a new split is planned from (``recommend/remedies/pipeline_repartition.py``).
+
 Not seen by the agent's per-module probes while pipelined: the blocks run inside the first
 block's call, on worker threads (module hooks fire for the chain as a whole).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -42,15 +51,18 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
+from advisor.apply.forward_patch import ForwardPatches
 from advisor.apply.target import as_target
 
 logger = logging.getLogger("advisor.apply")
 
 PHASE = "layout"  # advisor.records.remedy.PHASES
 TIMELINE = 4096  # (stage, micro_batch, start, end) records kept on the handle
-_MISSING = object()
+REPORT_EVERY = 8  # pipelined forwards between two ``pipeline_stages`` reports to the controller
+_MARK = "__advisor_pipeline__"
 _NORMS = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm)
 _DROPOUT = (nn.modules.dropout._DropoutNd,)
+_LIVE: "weakref.WeakKeyDictionary[nn.Module, PipelineHandle]" = weakref.WeakKeyDictionary()  # block -> its live split
 
 
 def _move_tensor(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -71,20 +83,21 @@ class PipelineHandle:
     pipelined_forwards: int = 0
     timeline: deque = field(default_factory=lambda: deque(maxlen=TIMELINE))
     _moves: list[Callable[[], None]] = field(default_factory=list, repr=False)  # undo, in order
-    _patched: list[tuple[nn.Module, Any]] = field(default_factory=list, repr=False)
+    _patches: ForwardPatches = field(default_factory=lambda: ForwardPatches(_MARK, "the pipeline split"), repr=False)
     _blocks: list[tuple[nn.Module, Any, int]] = field(default_factory=list, repr=False)  # module, forward, stage
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    notify: Any = None  # the target's notify(name, data): the agent's emit; None where nobody listens
+
+    def report(self) -> None:
+        """Send ``describe()`` as a ``pipeline_stages`` event (the repartition rule reads the last)."""
+        if callable(self.notify):
+            self.notify("pipeline_stages", self.describe())
 
     def revert(self) -> None:
         """Restore every block's forward and every moved tensor's device; safe to call twice."""
         if self.mode == "reverted":
             return
-        for module, previous in reversed(self._patched):
-            if previous is _MISSING:
-                module.__dict__.pop("forward", None)
-            else:
-                module.__dict__["forward"] = previous
-        self._patched.clear()
+        self._patches.restore()
         errors = []
         for undo in reversed(self._moves):
             try:
@@ -92,7 +105,11 @@ class PipelineHandle:
             except Exception as exc:  # keep going: restore as much as can be restored
                 errors.append(exc)
         self._moves.clear()
+        for module, _, _ in self._blocks:
+            if _LIVE.get(module) is self:
+                del _LIVE[module]
         self.mode = "reverted"
+        self.report()  # the split is gone: the rule must not rebalance it
         logger.info("Reverted the pipeline split of %d stages", len(self.stages))
         if errors:
             raise RuntimeError(f"pipeline revert could not move {len(errors)} tensor(s) back: {errors[0]}")
@@ -100,7 +117,41 @@ class PipelineHandle:
     def describe(self) -> dict[str, Any]:
         return {"remedy": "pipeline", "stages": [list(s) for s in self.stages], "micro_batches": self.micro_batches,
                 "devices": [str(d) for d in self.devices], "mode": self.mode, "refusal": self.refusal,
-                "pipelined_forwards": self.pipelined_forwards}
+                "pipelined_forwards": self.pipelined_forwards, "stage_times_s": list(self.stage_times())}
+
+    def stage_times(self) -> tuple[float, ...]:
+        """Measured seconds each stage's worker spends per pipelined forward (all its micro-batches,
+        whole batch), averaged over the timeline since the last (re)partition; 0 where none ran."""
+        with self._lock:
+            entries = list(self.timeline)
+        busy = [0.0] * len(self.stages)
+        forwards = [0] * len(self.stages)
+        for stage, micro_batch, start, end in entries:
+            busy[stage] += end - start
+            forwards[stage] += micro_batch == 0
+        return tuple(b / f if f else 0.0 for b, f in zip(busy, forwards))
+
+
+@dataclass(eq=False)
+class RepartitionHandle:
+    """A new split of a live pipeline; ``revert()`` moves the blocks back to the previous one."""
+
+    pipeline: PipelineHandle
+    previous: tuple[tuple[tuple[str, ...], ...], tuple[torch.device, ...], int]
+    states: dict[nn.Parameter, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
+    reverted: bool = False
+
+    def revert(self) -> None:
+        if self.reverted:
+            return
+        self.reverted = True
+        if self.pipeline.mode != "reverted":  # the whole split was undone already: nothing to move
+            _move_stages(self.pipeline, *self.previous, self.states)
+            self.pipeline.report()
+        logger.info("Reverted the pipeline repartition to stages %s", [len(s) for s in self.previous[0]])
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.pipeline.describe(), "previous_stages": [list(s) for s in self.previous[0]]}
 
 
 # ------------------------------------------------------------------------- checks -----------
@@ -185,6 +236,27 @@ def _move_module(handle: PipelineHandle, block: nn.Module, device: torch.device,
             handle._moves.append(lambda b=buf, o=old: setattr(b, "data", b.data.to(o)))
 
 
+def _move_stages(handle: PipelineHandle, stages: tuple[tuple[str, ...], ...], devices: tuple[torch.device, ...],
+                 micro_batches: int, states: dict[nn.Parameter, list[dict[str, Any]]]) -> None:
+    """Give the live split ``handle`` new stages: the blocks whose stage changes move to their new
+    stage's device. Atomic: on a failure the blocks already moved go back and it raises."""
+    target = [s for s, stage in enumerate(stages) for _ in stage]
+    before = (handle.stages, handle.devices, handle.micro_batches, list(handle._blocks))
+    try:
+        for k, (module, forward, old) in enumerate(handle._blocks):
+            if target[k] != old or devices[target[k]] != handle.devices[old]:
+                _move_module(handle, module, devices[target[k]], states)
+            handle._blocks[k] = (module, forward, target[k])
+    except BaseException:
+        for module, _, old in before[3]:  # a no-op for every tensor still where it was
+            _move_module(handle, module, before[1][old], states)
+        handle.stages, handle.devices, handle.micro_batches, handle._blocks[:] = before
+        raise
+    handle.stages, handle.devices, handle.micro_batches = stages, devices, micro_batches
+    with handle._lock:
+        handle.timeline.clear()  # stage times of the old split say nothing about the new one
+
+
 def _set_data(param: nn.Parameter, device: torch.device) -> None:
     grad = param.grad
     param.grad = None
@@ -217,6 +289,8 @@ class _Runner:
             return self.block(0, *args, **kwargs)
         out = self.run(x)
         h.pipelined_forwards += 1
+        if h.pipelined_forwards % REPORT_EVERY == 0:
+            h.report()
         self.index, self.expect = 1, out
         return out
 
@@ -345,7 +419,8 @@ class _thread_state:
 
 # ------------------------------------------------------------------------- entry point ------
 def apply_pipeline(target: Any, *, stages: list[list[str]], micro_batches: int, devices: list[str]) -> PipelineHandle:
-    """Split the chain named by ``stages`` over ``devices`` and pipeline it in ``micro_batches``.
+    """Split the chain named by ``stages`` over ``devices`` and pipeline it in ``micro_batches``;
+    on a chain a live split already pipelines, repartition it (a ``RepartitionHandle``).
 
     ``target``: an ``advisor.apply.target.Target`` (or a bare model).
     Atomic: either a handle is returned, or ``ValueError`` (refused) / the failure is raised with
@@ -375,11 +450,23 @@ def apply_pipeline(target: Any, *, stages: list[list[str]], micro_batches: int, 
     if outside & set(owner):
         raise ValueError("a block shares a parameter with a module outside the chain (tied weights); "
                          "moving it would leave that module on another device")
-    handle = PipelineHandle(stages=tuple(tuple(s) for s in stages), devices=devs, micro_batches=micro_batches)
     states: dict[nn.Parameter, list[dict[str, Any]]] = {}
     for opt in as_target(target).optimizers:
         for param, state in opt.state.items():
             states.setdefault(param, []).append(state)
+    live = {id(h): h for h in (_LIVE.get(b) for b in blocks) if h is not None}
+    if live:
+        current = next(iter(live.values()))
+        if len(live) > 1 or [m for m, _, _ in current._blocks] != blocks:
+            raise ValueError("some of these blocks are already pipelined as another chain; revert that split first")
+        previous = (current.stages, current.devices, current.micro_batches)
+        _move_stages(current, tuple(tuple(s) for s in stages), devs, micro_batches, states)
+        current.report()  # no times yet for the new split: the rule waits for the next report
+        logger.info("Repartitioned the pipeline: stages %s -> %s", [len(s) for s in previous[0]],
+                    [len(s) for s in stages])
+        return RepartitionHandle(pipeline=current, previous=previous, states=states)  # type: ignore[return-value]
+    handle = PipelineHandle(stages=tuple(tuple(s) for s in stages), devices=devs, micro_batches=micro_batches,
+                            notify=getattr(as_target(target), "notify", None))
     runner = _Runner(handle)
     try:
         k = 0
@@ -387,14 +474,14 @@ def apply_pipeline(target: Any, *, stages: list[list[str]], micro_batches: int, 
             for _ in stage:
                 block = blocks[k]
                 _move_module(handle, block, devs[s], states)
-                previous = block.__dict__.get("forward", _MISSING)
                 handle._blocks.append((block, block.forward, s))
-                handle._patched.append((block, previous))
-                block.__dict__["forward"] = runner.head if k == 0 else (lambda *a, _k=k, **kw: runner.passing(_k, *a, **kw))
+                handle._patches.patch(names[k], block, runner.head if k == 0 else functools.partial(runner.passing, k))
                 k += 1
     except BaseException:
         handle.revert()  # leave nothing half-applied
         raise
+    for block in blocks:
+        _LIVE[block] = handle
     logger.info("Applied a pipeline split: %d stages on %s, %d micro-batches",
                 len(stages), ", ".join(map(str, devs)), micro_batches)
     return handle

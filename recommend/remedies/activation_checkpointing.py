@@ -15,12 +15,12 @@ from advisor.recommend.memory_model import (
     COST_MODEL,
     Chain,
     chain_from_profile,
+    chain_timeline,
     measured_peak,
 )
 from advisor.recommend.peak_model import MODEL as PEAK_MODEL
 from advisor.recommend.peak_model import (
     ChainMemory,
-    chain_memory,
     simulated_peak,
     solve,
 )
@@ -50,14 +50,6 @@ def validate(params: Mapping[str, Any]) -> None:
         raise ValueError(f"modules must be non-empty strings, got {list(modules)!r}")
     if len(set(modules)) != len(modules):
         raise ValueError(f"modules names one module twice: {list(modules)!r}")
-
-
-def chain_timeline(profile: Profile, chain: Chain | None) -> ChainMemory | None:
-    """The chain's measured timeline (``peak_model``), when a deep step ran it once forward and
-    once backward; None otherwise (no deep step, accumulation, an OOM before backward)."""
-    if chain is None or not chain.contiguous or not profile.memory_timeline:
-        return None
-    return chain_memory(profile.memory_timeline, chain.names, {m.name: m.input_bytes for m in profile.modules})
 
 
 def _simulated_plan(chain: Chain, memory: ChainMemory, budget: int) -> Plan | None:

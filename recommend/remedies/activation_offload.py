@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from advisor.recommend.finding import gib, largest_category
-from advisor.recommend.memory_model import chain_from_profile, measured_peak
+from advisor.recommend.memory_model import chain_from_profile, chain_timeline, measured_peak
+from advisor.recommend.peak_model import MODEL as PEAK_MODEL
 from advisor.recommend.profile import Profile
 from advisor.recommend.remedies import RemedySpec
 from advisor.recommend.remedies.offload import (
@@ -57,8 +58,10 @@ def propose(profile: Profile, budget: int, evidence: list[dict[str, object]]) ->
     if chain is None:
         return []
     model = model_for(profile)
-    joint = fitting(chain, model, budget, optimizer=False)
-    alone = fitting(chain, model, budget, allowed=(KEEP, RECOMPUTE), optimizer=False)
+    # The measured timeline's simulation where a deep step ran the chain, else the formula.
+    memory = chain_timeline(profile, chain)
+    joint = fitting(chain, model, budget, optimizer=False, memory=memory)
+    alone = fitting(chain, model, budget, allowed=(KEEP, RECOMPUTE), optimizer=False, memory=memory)
     evidence.append({"what": "lowest peak with activation offload and checkpointing",
                      "value": joint.peak_bytes, "unit": "bytes", "threshold": budget})
     if not joint.feasible or OFFLOAD not in joint.choices:
@@ -89,7 +92,8 @@ def propose(profile: Profile, budget: int, evidence: list[dict[str, object]]) ->
         predicted=Prediction(peak_memory_bytes=joint.peak_bytes, step_time_s=None if step is None else step + joint.overhead_s),
         baseline=Prediction(peak_memory_bytes=measured_peak(profile), step_time_s=step),
         cost_model="joint keep/recompute/offload DP: copies hide behind the next block's forward and backward "
-                   "(recommend/remedies/offload.py)",
+                   "(recommend/remedies/offload.py); peak: "
+                   + (PEAK_MODEL if memory is not None else "the conservative chain formula"),
         confidence="medium" if source == "measured" and joint.exact else "low",
         exact=True,
         live=True,
@@ -97,7 +101,7 @@ def propose(profile: Profile, budget: int, evidence: list[dict[str, object]]) ->
         prerequisites=["host memory for the offloaded activations (pinned on CUDA)",
                        "the offloaded modules' forward saves what backward needs through autograd"],
         evidence=ev,
-        curve=tradeoff_curve(chain, model),
+        curve=tradeoff_curve(chain, model, memory=memory),
         fits=True,
     )]
 

@@ -1,9 +1,11 @@
 """Optimizer-state offload, the predictor half, and the CPU-optimizer-step plan.
 
 Live offload (``apply/remedies/optimizer_offload.py``): the state lives on the host between
-steps and comes back for ``step()``; the peak loses the state bytes but the step itself needs
-parameters + gradients + state on the device; time: 2 x state bytes / host-link bandwidth (not
-overlapped by the applier). Values are copied bit for bit: ``live-exact``. Proposed when model
+steps and comes back for ``step()``; the peak loses the state bytes; the step itself is
+predicted with parameters + gradients + state on the device (conservative: for per-parameter
+optimizers the applier steps in chunks, with a few chunks of state up at a time); time: 2 x
+state bytes / host-link bandwidth (the chunks overlap the step's own compute, which is not
+subtracted). Values are copied bit for bit: ``live-exact``. Proposed when model
 states are the largest category at the peak.
 
 The CPU-step plan (ZeRO-Offload style, ``cpu_step_plan``): state and step on the host, gradients

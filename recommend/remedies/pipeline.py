@@ -314,35 +314,37 @@ def plan_pipeline(
     n = len(blocks)
     ms = sorted(set(micro_batches)) if micro_batches else micro_batch_choices(stages, batch_size)
     common = dict(memory_bytes=memory_bytes, bandwidth_bytes_s=bandwidth_bytes_s, extra_bytes=extra_bytes)
+
+    def best_split(m: int, schedule: str, objective: str = "time", limits: bool = True) -> PartitionFigures | None:
+        """The DP's partition for one (m, schedule), evaluated; None when none fits."""
+        kw: dict[str, Any] = common if limits else {"bandwidth_bytes_s": bandwidth_bytes_s}
+        bounds = min_max_partition(blocks, stages, micro_batches=m, schedule=schedule, objective=objective, **kw)
+        return None if bounds is None else evaluate(blocks, bounds, micro_batches=m, schedule=schedule, **kw)
+
     # Branch and bound, still exact: no candidate beats (m+p-1)/m times the slowest stage of the
     # partition found without a memory limit, so candidates are tried by that bound and the rest
     # skipped once it exceeds the best step time found.
-    free = min_max_partition(blocks, stages, micro_batches=1, schedule=schedules[0],
-                             bandwidth_bytes_s=bandwidth_bytes_s)
+    free = best_split(1, schedules[0], limits=False)
     assert free is not None
-    floor = max(evaluate(blocks, free, micro_batches=1, schedule=schedules[0],
-                         bandwidth_bytes_s=bandwidth_bytes_s).stage_time_s)
+    floor = max(free.stage_time_s)
     # Each stage's kept share (kept/m) falls as m grows, so the largest m has the least overshoot
     # under each schedule: when even that partition does not fit, no candidate does.
-    lean = []
-    for schedule in schedules:
-        bounds = min_max_partition(blocks, stages, micro_batches=ms[-1], schedule=schedule, objective="peak", **common)
-        assert bounds is not None  # the peak objective allows every partition
-        lean.append(evaluate(blocks, bounds, micro_batches=ms[-1], schedule=schedule, **common))
+    lean = [best_split(ms[-1], schedule, "peak") for schedule in schedules]
+    assert all(f is not None for f in lean)  # the peak objective allows every partition
     order = sorted(itertools.product(schedules, ms), key=lambda c: (c[1] + stages - 1) / c[1])
     found: list[PartitionFigures] = []
     tried = len(schedules)
-    for schedule, m in order if any(f.feasible for f in lean) else ():
+    for schedule, m in order if any(f.feasible for f in lean if f) else ():
         if found and (m + stages - 1) / m * floor > min(f.step_time_s for f in found) * (1 + 1e-12):
             break
         tried += 1
-        bounds = min_max_partition(blocks, stages, micro_batches=m, schedule=schedule, **common)
-        if bounds is not None:
-            found.append(evaluate(blocks, bounds, micro_batches=m, schedule=schedule, **common))
+        figures = best_split(m, schedule)
+        if figures is not None:
+            found.append(figures)
     if found:
         best = min(found, key=lambda f: (f.step_time_s, f.max_peak_bytes, f.micro_batches))
     else:  # nothing fits: the partition closest to fitting
-        best = min(lean, key=lambda f: (max(pk - mem for pk, mem in zip(f.peak_bytes, _per_stage(
+        best = min((f for f in lean if f), key=lambda f: (max(pk - mem for pk, mem in zip(f.peak_bytes, _per_stage(
             memory_bytes, stages, "memory"))), f.step_time_s))
     naive = evaluate(blocks, equal_split(n, stages), micro_batches=best.micro_batches, schedule=best.schedule, **common)
     return PipelinePlan(best=best, naive=naive, serial_step_s=sum(b.compute_s for b in blocks), candidates=tried)
