@@ -82,12 +82,22 @@ def write_plan_from_session(db_path: Path, output: str, *, budget_bytes: int | N
         chosen = recs[0] if recs else None
     if chosen is None:
         raise _nothing_to_plan(report)
-    save_plan(Plan(remedies=(PlanEntry(remedy=chosen["remedy"], params=chosen["params"],
-                                       recommendation_id=chosen["id"]),),
-                   env=_plan_env(chosen["remedy"])), output)
+    save_plan(plan_for(chosen), output)
     print(f"wrote plan {output}: {chosen.get('title') or chosen['remedy']}; run it with "
           f"`advisor attach --plan {output} ...`", file=sys.stderr)
     return 0
+
+
+def plan_for(recommendation: dict[str, Any]) -> Plan:
+    """The plan that applies one recommendation (report-shaped dict) at the next attach."""
+    return Plan(remedies=(PlanEntry(remedy=recommendation["remedy"], params=recommendation.get("params") or {},
+                                    recommendation_id=recommendation["id"]),),
+                env=_plan_env(recommendation["remedy"]))
+
+
+def plannable(recommendation: dict[str, Any]) -> bool:
+    """Whether a plan can carry it: a live remedy, or a restart one with the environment it needs."""
+    return bool(recommendation.get("live") or _plan_env(recommendation["remedy"]))
 
 
 def _plan_env(remedy: str) -> dict[str, str]:

@@ -13,11 +13,14 @@ from rich.text import Text
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
-from textual.widgets import DataTable, Footer, Header
+from textual.widgets import DataTable, Footer, Header, TabbedContent, TabPane
 
+from advisor.planning import plan_for, plannable
+from advisor.records.plan import save_plan
 from advisor.regime import apply_refusal, last_kept, revert_refusal
 from advisor.state import SessionState, Source
+from advisor.records.units import fmt_bytes, parse_size
+from advisor.tui.ask_screen import AskScreen
 from advisor.tui.confirm_screen import ConfirmApplyScreen
 from advisor.tui.evidence_screen import EvidenceScreen
 from advisor.tui.exit_banner import ExitBanner
@@ -25,7 +28,11 @@ from advisor.tui.messages import (
     ApplyFinished,
     ApplyRefused,
     ApplyRequested,
+    AdviceRecomputed,
     ApplySent,
+    ModelBuilt,
+    PlanWritten,
+    RankSwitched,
     RevertRefused,
     RevertRequested,
     RevertSent,
@@ -34,27 +41,50 @@ from advisor.tui.messages import (
 )
 from advisor.tui.recommendations_view import RecommendationsView
 from advisor.tui.result_view import ResultView
+from advisor.tui.quit_screen import LEAVE, STOP, QuitScreen
 from advisor.tui.steps_view import StepsView
+from advisor.tui.view_model import ViewModel, build_view_model
+from advisor.tui.views.advice import AdviceView
+from advisor.tui.views.comm import CommView
+from advisor.tui.views.compute import ComputeView
+from advisor.tui.views.events import EventsView
+from advisor.tui.views.memory import MemoryView
+from advisor.tui.views.overview import OverviewView
+from advisor.tui.views.ranks import RanksView
 
-# What ``App.run()`` returns, for the CLI: whether the user left a running job or a finished one.
-RESULT_STOPPED = "stopped"  # quit while training ran; source.stop() was called
-RESULT_FINISHED = "finished"  # quit after training had ended
+# What ``App.run()`` returns, for the CLI: what the user chose for the job when leaving.
+RESULT_LEFT_RUNNING = "left-running"  # quit while training ran, chose to leave it running and recorded
+RESULT_STOP_TRAINING = "stop-training"  # quit while training ran, chose to stop the training
+RESULT_FINISHED = "finished"  # quit after training had ended (or a recorded session)
+
+# (key, tab id, footer label): one view per tab, each reachable by its key from anywhere.
+VIEWS: tuple[tuple[str, str, str], ...] = (
+    ("1", "overview", "Overview"), ("2", "memory", "Memory"), ("3", "compute", "Compute"),
+    ("4", "comm", "Comm"), ("5", "ranks", "Ranks"), ("6", "advice", "Advice"), ("7", "events", "Events"),
+)
 
 
 class AdvisorApp(App[str]):
-    """Main screen: exit banner, steps, diagnosis and recommendations, apply results, footer."""
+    """Main screen: exit banner, one tab per view (keys 1-7), footer. Every view reads one
+    ``ViewModel`` for the chosen rank, rebuilt in a worker when the session changes."""
 
     TITLE = "advisor"
-    # Stacked, not side by side: both tables need ~90 columns, more than half a usual terminal.
     CSS = """
-    #panes { height: 1fr; }
-    #panes > StepsView { height: 1fr; }
-    #panes > RecommendationsView { height: 1fr; }
+    #views { height: 1fr; }
+    #views > ContentSwitcher { height: 1fr; }
+    TabPane { padding: 0; height: 1fr; }
+    TabPane > Vertical { height: 1fr; }
+    OverviewView > StepsView { height: 1fr; }
     """
     BINDINGS = [
+        *(Binding(key, f"view('{tab}')", label) for key, tab, label in VIEWS),
         Binding("a", "apply", "Apply"),
         Binding("r", "revert", "Revert"),
         Binding("enter", "evidence", "Evidence"),
+        Binding("left_square_bracket", "rank(-1)", "Rank-"),
+        Binding("right_square_bracket", "rank(1)", "Rank+"),
+        Binding("b", "budget", "Budget"),
+        Binding("p", "plan", "Plan"),
         Binding("q", "quit", "Quit"),
     ]
 
@@ -69,16 +99,22 @@ class AdvisorApp(App[str]):
         self._reverting: dict[str, Any] | None = None
         self._ended_posted = False
         self._snapshot_error: str | None = None
+        self.read_only = bool(getattr(source, "read_only", False))
+        self.rank: int | None = None  # None: the slowest rank (the default), else the user's choice
+        self.model: ViewModel | None = None
+        self._budget: int | None = None  # a budget the user set with `b` (recorded sessions)
 
     # ----- layout -----
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
         yield ExitBanner(id="exit-banner")
-        with Vertical(id="panes"):
-            yield StepsView(id="steps")
-            yield RecommendationsView(id="recommendations")
-        yield ResultView(id="results")
+        views = {"overview": OverviewView, "memory": MemoryView, "compute": ComputeView, "comm": CommView,
+                 "ranks": RanksView, "advice": AdviceView, "events": EventsView}
+        with TabbedContent(id="views", initial="overview"):
+            for key, tab, label in VIEWS:
+                with TabPane(f"{key} {label}", id=tab):
+                    yield views[tab](id=f"{tab}-view")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -87,7 +123,11 @@ class AdvisorApp(App[str]):
         self.recs_view = self.query_one(RecommendationsView)
         self.result_view = self.query_one(ResultView)
         self.exit_banner = self.query_one(ExitBanner)
-        self.recs_view.query_one(DataTable).focus()
+        self.views = [self.query_one(cls) for cls in (OverviewView, MemoryView, ComputeView, CommView,
+                                                       RanksView, AdviceView, EventsView)]
+        self.steps_view.query_one(DataTable).focus()
+        if self.read_only and hasattr(self.source, "readvise"):
+            self._recompute(None)  # a recorded session's advice, computed afresh from its records
         self.poll()
         self.set_interval(self.poll_interval, self.poll)
 
@@ -113,6 +153,7 @@ class AdvisorApp(App[str]):
         self.state = state
         self._check_pending(state)
         self._redraw()
+        self._build_model()
         if state.finished and not self._ended_posted:
             self._ended_posted = True
             self.post_message(TrainingEnded(state.exit_code, state.exit_reason))
@@ -141,7 +182,7 @@ class AdvisorApp(App[str]):
 
     def _redraw(self) -> None:
         state = self.state
-        self.sub_title = _subtitle(state)
+        self.sub_title = _subtitle(state, self.model)
         self.exit_banner.update_state(state)
         self.steps_view.update_state(state)
         self.recs_view.update_state(state)
@@ -154,6 +195,10 @@ class AdvisorApp(App[str]):
         # The evidence screen is already open: hide its key from that screen's footer.
         if action == "evidence" and isinstance(self.screen, EvidenceScreen):
             return False
+        if action in ("apply", "revert") and self.read_only:
+            return None  # shown greyed: a recorded session has no job to change
+        if action == "budget" and not self.read_only:
+            return False  # live advice follows --memory-budget; `advisor open` can change it afterwards
         return True
 
     def _selected(self) -> dict[str, Any] | None:
@@ -274,20 +319,138 @@ class AdvisorApp(App[str]):
         if event.data_table.id == "steps-table":
             self.action_evidence()
 
+    # ----- views, ranks, budget, plan -----
+
+    def _build_model(self, *, readvise: bool = False) -> None:
+        self._model_worker(self.state, self.rank, self._budget, readvise)
+
+    @work(thread=True, exclusive=True, group="model", exit_on_error=False)
+    def _model_worker(self, state: SessionState, rank: int | None, budget: int | None, readvise: bool) -> None:
+        """The section builders walk every record: never on the UI thread."""
+        model = build_view_model(state, rank=rank, budget_bytes=budget, live=not self.read_only, readvise=readvise)
+        self.post_message(ModelBuilt(model, model.rank))
+
+    def on_model_built(self, message: ModelBuilt) -> None:
+        if self.rank is not None and message.rank != self.rank:
+            return  # built for a rank the user has since left
+        self.model = message.model
+        self.sub_title = _subtitle(self.state, message.model)
+        for view in self.views:
+            view.update_model(message.model)
+
+    def action_view(self, tab: str) -> None:
+        self.query_one(TabbedContent).active = tab
+        pane = self.query_one(f"#{tab}", TabPane)
+        tables = pane.query(DataTable)
+        if tables:
+            tables.first().focus()
+
+    def action_rank(self, delta: int) -> None:
+        if self.model is None or len(self.model.ranks) < 2:
+            self.notify("This session has one rank.", severity="warning")
+            return
+        ranks = [r.rank for r in self.model.ranks]
+        here = ranks.index(self.model.rank) if self.model.rank in ranks else 0
+        self._switch_rank(ranks[(here + delta) % len(ranks)])
+
+    def on_ranks_view_chosen(self, message: RanksView.Chosen) -> None:
+        self._switch_rank(message.rank)
+
+    def _switch_rank(self, rank: int) -> None:
+        self.rank = rank
+        self.post_message(RankSwitched(rank))
+        self._build_model()
+
+    def action_sort_modules(self) -> None:
+        key = self.query_one(MemoryView).cycle_sort()
+        self.notify(f"modules sorted by {key.replace('_', ' ')}")
+
+    def action_budget(self) -> None:
+        current = self.model.budget_bytes if self.model else None
+
+        def answered(text: str | None) -> None:
+            if not text:
+                return
+            try:
+                budget = parse_size(text)
+            except ValueError as exc:
+                self.notify(str(exc), title="Not a size", severity="error")
+                return
+            self._budget = budget
+            self._recompute(budget)
+
+        self.push_screen(AskScreen("Recompute the advice at which memory budget? (e.g. 24MB, 12GiB)",
+                                   fmt_bytes(current).replace(" ", "") if current else ""), answered)
+
+    @work(thread=True, exclusive=True, group="advice", exit_on_error=False)
+    def _recompute(self, budget: int | None) -> None:
+        try:
+            count, error = self.source.readvise(budget), None  # type: ignore[attr-defined]
+        except Exception as exc:  # advice failing on odd data is shown, never fatal
+            count, error = 0, f"{type(exc).__name__}: {exc}"
+        self.post_message(AdviceRecomputed(budget, count, error))
+
+    def on_advice_recomputed(self, message: AdviceRecomputed) -> None:
+        if message.error:
+            self.notify(message.error, title="Advice failed", severity="error")
+        elif message.budget_bytes is not None:
+            self.notify(f"{message.count} recommendation(s) at a {fmt_bytes(message.budget_bytes)} budget")
+        self.poll()
+
+    def action_plan(self) -> None:
+        rec = self._selected()
+        if rec is None:
+            self.notify("No recommendation to write.", severity="warning")
+            return
+        if not plannable(rec):
+            self.notify(f"{rec.get('title') or rec['id']} cannot be carried by a plan file.", severity="warning")
+            return
+
+        def answered(path: str | None) -> None:
+            if path:
+                self._write_plan(dict(rec), path)
+
+        self.push_screen(AskScreen(f"Write {rec.get('title') or rec['id']} to which plan file?",
+                                   f"plan-{rec['id']}.json"), answered)
+
+    @work(thread=True, group="plan", exit_on_error=False)
+    def _write_plan(self, rec: dict[str, Any], path: str) -> None:
+        try:
+            save_plan(plan_for(rec), path)
+            error = None
+        except (OSError, ValueError) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        self.post_message(PlanWritten(path, str(rec["id"]), error))
+
+    def on_plan_written(self, message: PlanWritten) -> None:
+        if message.error:
+            self.notify(message.error, title=f"Could not write {message.path}", severity="error")
+        else:
+            self.notify(f"wrote {message.path}; run it with `advisor attach --plan {message.path} SCRIPT`",
+                        title="Plan written")
+
     async def action_quit(self) -> None:
-        """Stop following a running job (the CLI decides its fate), then leave."""
+        """Leave. A running job is the user's to decide: stop it, or leave it running and recorded."""
         try:
             finished = self.source.snapshot().finished
         except Exception:
             finished = self.state.finished
-        if finished:
+        if finished or self.read_only:
             self.exit(RESULT_FINISHED)
             return
-        try:
-            self.source.stop()
-        except Exception as exc:  # quitting must always work
-            self.log.error(f"source.stop() failed: {exc!r}")
-        self.exit(RESULT_STOPPED)
+        if isinstance(self.screen, QuitScreen):
+            return
+
+        def answered(choice: str | None) -> None:
+            if choice not in (STOP, LEAVE):
+                return
+            try:
+                self.source.stop()
+            except Exception as exc:  # quitting must always work
+                self.log.error(f"source.stop() failed: {exc!r}")
+            self.exit(RESULT_STOP_TRAINING if choice == STOP else RESULT_LEFT_RUNNING)
+
+        self.push_screen(QuitScreen(), answered)
 
 
 def _signature(source: Source, state: SessionState) -> tuple[object, ...]:
@@ -309,7 +472,7 @@ def _signature(source: Source, state: SessionState) -> tuple[object, ...]:
     )
 
 
-def _subtitle(state: SessionState) -> str:
+def _subtitle(state: SessionState, model: ViewModel | None = None) -> str:
     parts = []
     if state.session_id:
         parts.append(f"session {state.session_id}")
@@ -320,7 +483,7 @@ def _subtitle(state: SessionState) -> str:
         if device:
             parts.append(str(device))
     if state.world_size > 1:
-        parts.append(f"{state.world_size} ranks")
+        parts.append(f"{state.world_size} ranks" + (f", rank {model.rank} shown" if model else ""))
     latest = state.latest_step()
     parts.append("finished" if state.finished else (f"step {latest}" if latest >= 0 else "starting"))
     return " · ".join(parts)

@@ -74,6 +74,7 @@ class ViewModel:
     applied: list[dict[str, Any]]
     in_force: list[dict[str, Any]]
     steps: list[StepSample]  # the rank's last RECENT_STEPS steps
+    deep_steps: list[int]  # indexes of the rank's deep-sampled steps (every one kept in memory)
     memory: dict[str, Any]  # the report's memory section, for this rank
     ops: list[dict[str, Any]]  # the report's ops section, for this rank
     compute: dict[str, Any]  # the report's compute section, for this rank
@@ -210,6 +211,7 @@ def build_view_model(state: SessionState, *, rank: int | None = None, budget_byt
         exit_reason=state.exit_reason, diagnosis=diagnosis, recommendations=recommendations,
         applied=list(state.applied), in_force=in_force(state.applied),
         steps=list(state.steps.get(chosen, []))[-RECENT_STEPS:],
+        deep_steps=[s.index for s in state.steps.get(chosen, []) if s.deep],
         memory=build_memory_section(mine, budget_bytes=budget), ops=build_ops_section(mine, spec),
         compute=build_compute_section(mine, spec), collectives=build_collectives_section(state), comm=comm,
         straggler=build_straggler_section(state), events=event_rows(state),
