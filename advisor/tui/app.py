@@ -42,6 +42,7 @@ from advisor.tui.messages import (
 from advisor.tui.recommendations_view import RecommendationsView
 from advisor.tui.result_view import ResultView
 from advisor.tui.quit_screen import LEAVE, STOP, QuitScreen
+from advisor.tui.results import RESULT_FINISHED, RESULT_LEFT_RUNNING, RESULT_STOP_TRAINING
 from advisor.tui.steps_view import StepsView
 from advisor.tui.view_model import ViewModel, build_view_model
 from advisor.tui.views.advice import AdviceView
@@ -51,11 +52,6 @@ from advisor.tui.views.events import EventsView
 from advisor.tui.views.memory import MemoryView
 from advisor.tui.views.overview import OverviewView
 from advisor.tui.views.ranks import RanksView
-
-# What ``App.run()`` returns, for the CLI: what the user chose for the job when leaving.
-RESULT_LEFT_RUNNING = "left-running"  # quit while training ran, chose to leave it running and recorded
-RESULT_STOP_TRAINING = "stop-training"  # quit while training ran, chose to stop the training
-RESULT_FINISHED = "finished"  # quit after training had ended (or a recorded session)
 
 # (key, tab id, footer label): one view per tab, each reachable by its key from anywhere.
 VIEWS: tuple[tuple[str, str, str], ...] = (
@@ -127,7 +123,7 @@ class AdvisorApp(App[str]):
                                                        RanksView, AdviceView, EventsView)]
         self.steps_view.query_one(DataTable).focus()
         if self.read_only and hasattr(self.source, "readvise"):
-            self._recompute(None)  # a recorded session's advice, computed afresh from its records
+            self._recompute(self._budget)  # a recorded session's advice, computed afresh from its records
         self.poll()
         self.set_interval(self.poll_interval, self.poll)
 
@@ -496,6 +492,10 @@ def _error_notice(what: str, error: str) -> Text:
     return text
 
 
-def make_app(source: Source, *, title: str = "advisor", poll_interval: float = 0.25) -> AdvisorApp:
-    """Build the app over a live session or a fake; run it with ``.run()`` on the main thread."""
-    return AdvisorApp(source, title=title, poll_interval=poll_interval)
+def make_app(source: Source, *, title: str = "advisor", poll_interval: float = 0.25,
+             budget_bytes: int | None = None) -> AdvisorApp:
+    """Build the app over a live session, a recorded one (``RecordedSource``) or a fake; run it
+    with ``.run()`` on the main thread. ``budget_bytes``: advise a recorded session at this budget."""
+    app = AdvisorApp(source, title=title, poll_interval=poll_interval)
+    app._budget = budget_bytes
+    return app
