@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from rich.console import RenderableType
+import io
+
+from rich.console import Console, RenderableType
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
@@ -57,8 +59,12 @@ class Chart(Vertical):
 
     @property
     def table_plain(self) -> str:
-        content = self.query_one(".chart-table", Static).content
-        return content.plain if isinstance(content, Text) else str(content)
+        """The fallback table as plain text (what a test or a screen reader sees)."""
+        if isinstance(self._table, Text):
+            return self._table.plain
+        console = Console(width=max(self.size.width, 40), record=True, file=io.StringIO())
+        console.print(self._table)
+        return console.export_text()
 
     def on_resize(self) -> None:
         self._show()
