@@ -71,7 +71,14 @@ class AdvisorApp(App[str]):
     TabPane { padding: 0; height: 1fr; }
     TabPane > Vertical { height: 1fr; }
     OverviewView > StepsView { height: 1fr; }
+    /* A short terminal (80x24): the banner and the diagnosis shrink to their first lines, so the
+       views keep their rows; Enter (evidence) and the Events view have the rest. */
+    .-short ExitBanner { max-height: 3; border: none; border-left: heavy $error; }
+    .-short ExitBanner.-completed { border-left: heavy $success; }
+    .-short RecommendationsView > #diagnosis { max-height: 2; }
+    .-short AdviceView > Horizontal { height: 6; }
     """
+    SHORT_ROWS = 32  # below this many rows the app is "-short"
     BINDINGS = [
         *(Binding(key, f"view('{tab}')", label) for key, tab, label in VIEWS),
         Binding("a", "apply", "Apply"),
@@ -126,6 +133,9 @@ class AdvisorApp(App[str]):
             self._recompute(self._budget)  # a recorded session's advice, computed afresh from its records
         self.poll()
         self.set_interval(self.poll_interval, self.poll)
+
+    def on_resize(self) -> None:
+        self.set_class(self.size.height < self.SHORT_ROWS, "-short")
 
     # ----- polling -----
 

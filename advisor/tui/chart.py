@@ -8,9 +8,8 @@ table is shown instead (an 80x24 terminal gives most charts their plot, a split 
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
 import io
+from typing import Any, Callable
 
 from rich.console import Console, RenderableType
 from rich.text import Text
