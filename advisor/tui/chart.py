@@ -19,7 +19,7 @@ from textual.widgets import Static
 from textual_plotext import PlotextPlot
 
 MIN_WIDTH = 36
-MIN_HEIGHT = 7
+MIN_HEIGHT = 9  # a title and an x axis take 3 rows: fewer than 6 rows of data do not read
 
 Draw = Callable[[Any], None]  # receives textual_plotext's Plot (plotext's figure API)
 

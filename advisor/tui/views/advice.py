@@ -47,7 +47,7 @@ def history_rows(applied: list[dict[str, Any]]) -> list[tuple[str, ...]]:
 
 class AdviceView(Vertical):
     DEFAULT_CSS = """
-    AdviceView > RecommendationsView { height: 2fr; }
+    AdviceView > RecommendationsView { height: 1fr; }
     AdviceView > Horizontal { height: 1fr; }
     AdviceView > Horizontal > #curve-chart { width: 1fr; }
     AdviceView > Horizontal > #history-table { width: 1fr; }
