@@ -1,0 +1,89 @@
+"""The TUI over a live 2-rank examples/ddp.py: the slowest rank by default, rank switching, and
+an apply from the Advice view measured on the running job."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from textual.message import Message
+
+from advisor.advice import AdviceLoop
+from advisor.live_source import SessionSource
+from advisor.records.settings import probe_names
+from advisor.session import AttachOptions, Session
+from advisor.tui import make_app
+from advisor.tui.confirm_screen import ConfirmApplyScreen
+from advisor.tui.messages import RankSwitched
+from advisor.tui.quit_screen import QuitScreen
+from advisor.tui.results import RESULT_STOP_TRAINING
+from advisor.tui.views.overview import OverviewView
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def test_live_ddp_switches_ranks_and_applies(tmp_path) -> None:
+    session = Session(AttachOptions(
+        script=str(ROOT / "examples" / "ddp.py"), nproc_per_node=2, capture_output=True,
+        args=["--steps", "1000000", "--device", "cpu"],
+        agent_config={"probes": probe_names("all"), "deep_steps": [1, 2, 3], "deep_every": 0}))
+    advice = AdviceLoop(session, budget_bytes=None)
+    session.add_listener(advice.on_record)
+    session.start()
+    app = make_app(SessionSource(session, advice), poll_interval=0.1)
+    messages: list[Message] = []
+
+    async def wait(pilot, condition, timeout: float = 240.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            state = session.live.snapshot()
+            assert time.monotonic() < deadline, (f"timed out at step {state.latest_step()}: "
+                                                 f"{[(r['id'], r.get('live')) for r in state.recommendations]}")
+            assert session.poll() is None, "training died"
+            await pilot.pause(0.1)
+
+    def live_recs() -> list[str]:
+        return [r["id"] for r in session.live.snapshot().recommendations if r.get("live")]
+
+    async def scenario() -> None:
+        async with app.run_test(size=(140, 45), message_hook=messages.append) as pilot:
+            await wait(pilot, lambda: session.live.snapshot().latest_step() >= 8 and advice.wait_idle(0)
+                       and live_recs())
+            await wait(pilot, lambda: app.model is not None and len(app.model.ranks) == 2)
+            first = app.model.slowest_rank
+            assert app.model.rank == first  # the slowest rank by default, whichever it is
+            assert f"showing rank {first}, the slowest" in app.query_one(OverviewView).plain
+            await pilot.press("5", "left_square_bracket")
+            await wait(pilot, lambda: app.model.rank == 1 - first)
+            assert [m.rank for m in messages if isinstance(m, RankSwitched)] == [1 - first]
+            assert f"showing rank {1 - first}" in app.query_one(OverviewView).plain
+            # Apply the first live recommendation from the Advice view.
+            await pilot.press("6")
+            rec_id = live_recs()[0]
+            await wait(pilot, lambda: app.recs_view.selected is not None)
+            while str(app.recs_view.selected["id"]) != rec_id:
+                await pilot.press("down")
+            await pilot.press("a")
+            if isinstance(app.screen, ConfirmApplyScreen):  # live-opt-in: it changes numerics
+                await pilot.press("y")
+            await wait(pilot, lambda: session.live.snapshot().applied)
+            result = session.live.snapshot().applied[-1]
+            assert result["recommendation_id"] == rec_id and result["status"] in ("kept", "reverted"), result
+            await wait(pilot, lambda: result["status"] in app.result_view.plain)
+            await pilot.press("q")
+            assert isinstance(app.screen, QuitScreen)
+            await pilot.press("s")
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        session.send_command({"type": "stop"})
+        code = session.wait()
+        session.finish(code)
+        advice.close()
+        session.close()
+    assert app.return_value == RESULT_STOP_TRAINING
+    assert code == 0
