@@ -106,6 +106,9 @@ class AdvisorApp(App[str]):
         self.rank: int | None = None  # None: the slowest rank (the default), else the user's choice
         self.model: ViewModel | None = None
         self._budget: int | None = None  # a budget the user set with `b` (recorded sessions)
+        self._building = False  # a model build is running
+        self._rebuild = False  # and the state changed since it started
+        self._model_error: str | None = None
 
     # ----- layout -----
 
@@ -327,18 +330,38 @@ class AdvisorApp(App[str]):
 
     # ----- views, ranks, budget, plan -----
 
-    def _build_model(self, *, readvise: bool = False) -> None:
-        self._model_worker(self.state, self.rank, self._budget, readvise)
+    def _build_model(self) -> None:
+        """Build the views' model from the latest state in a worker, one build at a time: a
+        change that arrives during a build is built next, so a long run never piles up threads."""
+        if self._building:
+            self._rebuild = True
+            return
+        self._building = True
+        self._model_worker(self.state, self.rank, self._budget)
 
-    @work(thread=True, exclusive=True, group="model", exit_on_error=False)
-    def _model_worker(self, state: SessionState, rank: int | None, budget: int | None, readvise: bool) -> None:
+    @work(thread=True, group="model", exit_on_error=False)
+    def _model_worker(self, state: SessionState, rank: int | None, budget: int | None) -> None:
         """The section builders walk every record: never on the UI thread."""
-        model = build_view_model(state, rank=rank, budget_bytes=budget, live=not self.read_only, readvise=readvise)
+        try:
+            model = build_view_model(state, rank=rank, budget_bytes=budget, live=not self.read_only)
+        except Exception as exc:  # odd data must not take the UI down; the other views still work
+            self.post_message(ModelBuilt(None, rank if rank is not None else -1, error=f"{type(exc).__name__}: {exc}"))
+            return
         self.post_message(ModelBuilt(model, model.rank))
 
     def on_model_built(self, message: ModelBuilt) -> None:
+        self._building = False
+        if self._rebuild:
+            self._rebuild = False
+            self._build_model()
+        if message.model is None:
+            if message.error != self._model_error:
+                self._model_error = message.error
+                self.notify(str(message.error), title="Could not build the views", severity="error")
+            return
+        self._model_error = None
         if self.rank is not None and message.rank != self.rank:
-            return  # built for a rank the user has since left
+            return  # built for a rank the user has since left; the next build is for the new one
         self.model = message.model
         self.sub_title = _subtitle(self.state, message.model)
         for view in self.views:

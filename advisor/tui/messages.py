@@ -92,10 +92,11 @@ class TrainingEnded(Message):
 class ModelBuilt(Message):
     """A worker built the views' model (``advisor.tui.view_model.ViewModel``) for one rank."""
 
-    def __init__(self, model: Any, rank: int) -> None:
+    def __init__(self, model: Any, rank: int, error: str | None = None) -> None:
         super().__init__()
-        self.model = model
+        self.model = model  # None when the build failed (``error`` says why)
         self.rank = rank
+        self.error = error
 
 
 class RankSwitched(Message):
