@@ -13,7 +13,7 @@ from textual.pilot import Pilot
 
 from advisor.tui import make_app
 from advisor.tui.app import AdvisorApp
-from advisor.tui.messages import AdviceRecomputed, ModelBuilt
+from advisor.tui.messages import AdviceRecomputed
 from advisor.tui.recorded_source import RecordedSource
 
 POLL = 0.02

@@ -15,12 +15,8 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Footer, Header, TabbedContent, TabPane
 
-from advisor.planning import plan_for, plannable
-from advisor.records.plan import save_plan
 from advisor.regime import apply_refusal, last_kept, revert_refusal
 from advisor.state import SessionState, Source
-from advisor.records.units import fmt_bytes, parse_size
-from advisor.tui.ask_screen import AskScreen
 from advisor.tui.confirm_screen import ConfirmApplyScreen
 from advisor.tui.evidence_screen import EvidenceScreen
 from advisor.tui.exit_banner import ExitBanner
@@ -28,23 +24,20 @@ from advisor.tui.messages import (
     ApplyFinished,
     ApplyRefused,
     ApplyRequested,
-    AdviceRecomputed,
     ApplySent,
-    ModelBuilt,
-    PlanWritten,
-    RankSwitched,
     RevertRefused,
     RevertRequested,
     RevertSent,
     StateRefreshed,
     TrainingEnded,
 )
+from advisor.tui.navigation import Navigation, subtitle
 from advisor.tui.recommendations_view import RecommendationsView
 from advisor.tui.result_view import ResultView
-from advisor.tui.quit_screen import LEAVE, STOP, QuitScreen
-from advisor.tui.results import RESULT_FINISHED, RESULT_LEFT_RUNNING, RESULT_STOP_TRAINING
+from advisor.tui.results import RESULT_FINISHED, RESULT_LEFT_RUNNING, RESULT_STOP_TRAINING  # noqa: F401 - callers' names
+from advisor.tui.session_actions import SessionActions
 from advisor.tui.steps_view import StepsView
-from advisor.tui.view_model import ViewModel, build_view_model
+from advisor.tui.view_model import ViewModel
 from advisor.tui.views.advice import AdviceView
 from advisor.tui.views.comm import CommView
 from advisor.tui.views.compute import ComputeView
@@ -60,7 +53,7 @@ VIEWS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-class AdvisorApp(App[str]):
+class AdvisorApp(Navigation, SessionActions, App[str]):
     """Main screen: exit banner, one tab per view (keys 1-7), footer. Every view reads one
     ``ViewModel`` for the chosen rank, rebuilt in a worker when the session changes."""
 
@@ -191,7 +184,7 @@ class AdvisorApp(App[str]):
 
     def _redraw(self) -> None:
         state = self.state
-        self.sub_title = _subtitle(state, self.model)
+        self.sub_title = subtitle(state, self.model)
         self.exit_banner.update_state(state)
         self.steps_view.update_state(state)
         self.recs_view.update_state(state)
@@ -328,158 +321,8 @@ class AdvisorApp(App[str]):
         if event.data_table.id == "steps-table":
             self.action_evidence()
 
-    # ----- views, ranks, budget, plan -----
-
-    def _build_model(self) -> None:
-        """Build the views' model from the latest state in a worker, one build at a time: a
-        change that arrives during a build is built next, so a long run never piles up threads."""
-        if self._building:
-            self._rebuild = True
-            return
-        self._building = True
-        self._model_worker(self.state, self.rank, self._budget)
-
-    @work(thread=True, group="model", exit_on_error=False)
-    def _model_worker(self, state: SessionState, rank: int | None, budget: int | None) -> None:
-        """The section builders walk every record: never on the UI thread."""
-        try:
-            model = build_view_model(state, rank=rank, budget_bytes=budget, live=not self.read_only)
-        except Exception as exc:  # odd data must not take the UI down; the other views still work
-            self.post_message(ModelBuilt(None, rank if rank is not None else -1, error=f"{type(exc).__name__}: {exc}"))
-            return
-        self.post_message(ModelBuilt(model, model.rank))
-
-    def on_model_built(self, message: ModelBuilt) -> None:
-        self._building = False
-        if self._rebuild:
-            self._rebuild = False
-            self._build_model()
-        if message.model is None:
-            if message.error != self._model_error:
-                self._model_error = message.error
-                self.notify(str(message.error), title="Could not build the views", severity="error")
-            return
-        self._model_error = None
-        if self.rank is not None and message.rank != self.rank:
-            return  # built for a rank the user has since left; the next build is for the new one
-        self.model = message.model
-        self.sub_title = _subtitle(self.state, message.model)
-        for view in self.views:
-            view.update_model(message.model)
-
-    def action_view(self, tab: str) -> None:
-        self.query_one(TabbedContent).active = tab
-        pane = self.query_one(f"#{tab}", TabPane)
-        tables = pane.query(DataTable)
-        if tables:
-            tables.first().focus()
-
-    def action_rank(self, delta: int) -> None:
-        if self.model is None or len(self.model.ranks) < 2:
-            self.notify("This session has one rank.", severity="warning")
-            return
-        ranks = [r.rank for r in self.model.ranks]
-        here = ranks.index(self.model.rank) if self.model.rank in ranks else 0
-        self._switch_rank(ranks[(here + delta) % len(ranks)])
-
-    def on_ranks_view_chosen(self, message: RanksView.Chosen) -> None:
-        self._switch_rank(message.rank)
-
-    def _switch_rank(self, rank: int) -> None:
-        self.rank = rank
-        self.post_message(RankSwitched(rank))
-        self._build_model()
-
-    def action_sort_modules(self) -> None:
-        key = self.query_one(MemoryView).cycle_sort()
-        self.notify(f"modules sorted by {key.replace('_', ' ')}")
-
-    def action_budget(self) -> None:
-        current = self.model.budget_bytes if self.model else None
-
-        def answered(text: str | None) -> None:
-            if not text:
-                return
-            try:
-                budget = parse_size(text)
-            except ValueError as exc:
-                self.notify(str(exc), title="Not a size", severity="error")
-                return
-            self._budget = budget
-            self._recompute(budget)
-
-        self.push_screen(AskScreen("Recompute the advice at which memory budget? (e.g. 24MB, 12GiB)",
-                                   fmt_bytes(current).replace(" ", "") if current else ""), answered)
-
-    @work(thread=True, exclusive=True, group="advice", exit_on_error=False)
-    def _recompute(self, budget: int | None) -> None:
-        try:
-            count, error = self.source.readvise(budget), None  # type: ignore[attr-defined]
-        except Exception as exc:  # advice failing on odd data is shown, never fatal
-            count, error = 0, f"{type(exc).__name__}: {exc}"
-        self.post_message(AdviceRecomputed(budget, count, error))
-
-    def on_advice_recomputed(self, message: AdviceRecomputed) -> None:
-        if message.error:
-            self.notify(message.error, title="Advice failed", severity="error")
-        elif message.budget_bytes is not None:
-            self.notify(f"{message.count} recommendation(s) at a {fmt_bytes(message.budget_bytes)} budget")
-        self.poll()
-
-    def action_plan(self) -> None:
-        rec = self._selected()
-        if rec is None:
-            self.notify("No recommendation to write.", severity="warning")
-            return
-        if not plannable(rec):
-            self.notify(f"{rec.get('title') or rec['id']} cannot be carried by a plan file.", severity="warning")
-            return
-
-        def answered(path: str | None) -> None:
-            if path:
-                self._write_plan(dict(rec), path)
-
-        self.push_screen(AskScreen(f"Write {rec.get('title') or rec['id']} to which plan file?",
-                                   f"plan-{rec['id']}.json"), answered)
-
-    @work(thread=True, group="plan", exit_on_error=False)
-    def _write_plan(self, rec: dict[str, Any], path: str) -> None:
-        try:
-            save_plan(plan_for(rec), path)
-            error = None
-        except (OSError, ValueError) as exc:
-            error = f"{type(exc).__name__}: {exc}"
-        self.post_message(PlanWritten(path, str(rec["id"]), error))
-
-    def on_plan_written(self, message: PlanWritten) -> None:
-        if message.error:
-            self.notify(message.error, title=f"Could not write {message.path}", severity="error")
-        else:
-            self.notify(f"wrote {message.path}; run it with `advisor attach --plan {message.path} SCRIPT`",
-                        title="Plan written")
-
-    async def action_quit(self) -> None:
-        """Leave. A running job is the user's to decide: stop it, or leave it running and recorded."""
-        try:
-            finished = self.source.snapshot().finished
-        except Exception:
-            finished = self.state.finished
-        if finished or self.read_only:
-            self.exit(RESULT_FINISHED)
-            return
-        if isinstance(self.screen, QuitScreen):
-            return
-
-        def answered(choice: str | None) -> None:
-            if choice not in (STOP, LEAVE):
-                return
-            try:
-                self.source.stop()
-            except Exception as exc:  # quitting must always work
-                self.log.error(f"source.stop() failed: {exc!r}")
-            self.exit(RESULT_STOP_TRAINING if choice == STOP else RESULT_LEFT_RUNNING)
-
-        self.push_screen(QuitScreen(), answered)
+    # Views, ranks and the model: advisor/tui/navigation.py; budget, plan and quit:
+    # advisor/tui/session_actions.py.
 
 
 def _signature(source: Source, state: SessionState) -> tuple[object, ...]:
@@ -499,23 +342,6 @@ def _signature(source: Source, state: SessionState) -> tuple[object, ...]:
         len(state.memory),
         len(state.output_tail),
     )
-
-
-def _subtitle(state: SessionState, model: ViewModel | None = None) -> str:
-    parts = []
-    if state.session_id:
-        parts.append(f"session {state.session_id}")
-    run = state.runs.get(0) or next(iter(state.runs.values()), None)
-    if run is not None:
-        parts.append(run.script)
-        device = run.device.get("name") or run.device.get("type")
-        if device:
-            parts.append(str(device))
-    if state.world_size > 1:
-        parts.append(f"{state.world_size} ranks" + (f", rank {model.rank} shown" if model else ""))
-    latest = state.latest_step()
-    parts.append("finished" if state.finished else (f"step {latest}" if latest >= 0 else "starting"))
-    return " · ".join(parts)
 
 
 def _error_notice(what: str, error: str) -> Text:
