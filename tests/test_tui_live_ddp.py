@@ -22,7 +22,7 @@ from advisor.tui.results import RESULT_STOP_TRAINING
 from advisor.tui.views.overview import OverviewView
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def test_live_ddp_switches_ranks_and_applies(tmp_path) -> None:
@@ -36,7 +36,7 @@ def test_live_ddp_switches_ranks_and_applies(tmp_path) -> None:
     app = make_app(SessionSource(session, advice), poll_interval=0.1)
     messages: list[Message] = []
 
-    async def wait(pilot, condition, timeout: float = 240.0) -> None:
+    async def wait(pilot, condition, timeout: float = 400.0) -> None:
         deadline = time.monotonic() + timeout
         while not condition():
             state = session.live.snapshot()
