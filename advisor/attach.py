@@ -61,8 +61,9 @@ class StopOnSignal:
         if signum == signal.SIGHUP and self.on_hangup is not None:
             hangup, self.on_hangup = self.on_hangup, None
             _detach_output(self.session.dir / CONTROLLER_LOG)
-            _say(f"advisor: the terminal closed: the UI is gone, training continues and is recorded in "
-                 f"{self.session.dir}")
+            # To the descriptor: while the UI runs, Textual holds sys.stderr.
+            _write_fd(2, f"advisor: the terminal closed: the UI is gone, training continues and is "
+                         f"recorded in {self.session.dir}\n")
             threading.Thread(target=hangup, daemon=True).start()  # never touch the UI from a handler
             return
         process = self.session.process
@@ -97,6 +98,13 @@ def _signal_job(process: Any, signum: int) -> None:
     try:
         process.send_signal(signum)
     except ProcessLookupError:
+        pass
+
+
+def _write_fd(fd: int, text: str) -> None:
+    try:
+        os.write(fd, text.encode())
+    except OSError:
         pass
 
 
