@@ -113,3 +113,21 @@ def test_closing_the_terminal_leaves_training_running_and_recorded(tmp_path) -> 
     assert "the advisor received SIGTERM" in report["run"]["exit"]["reason"]
     steps = [s["index"] for s in report["steps"]]
     assert steps == list(range(len(steps))) and len(steps) > 20  # recorded through the hangup, none lost
+
+
+def test_q_then_l_leaves_the_training_running_and_recorded(tmp_path) -> None:
+    pid_file = tmp_path / "pid"
+    pid, master = _spawn(tmp_path, "--steps", "300", "--sleep", "0.02", "--pid-file", str(pid_file))
+    training = int(_wait_file(pid_file, master))
+    _drain(master, 3.0)
+    os.write(master, b"q")
+    _drain(master, 1.0)
+    os.write(master, b"l")
+    shown = _drain(master, 3.0).decode(errors="replace")
+    assert "UI closed; training continues and is recorded" in shown
+    assert _alive(training)
+    code = _wait_exit(pid, master, timeout=240)  # the job runs to its own end, followed headless
+    os.close(master)
+    assert code == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert len(report["steps"]) == 300 and report["run"]["exit"]["code"] == 0
