@@ -29,7 +29,10 @@ def test_live_ddp_switches_ranks_and_applies(tmp_path) -> None:
     session = Session(AttachOptions(
         script=str(ROOT / "examples" / "ddp.py"), nproc_per_node=2, capture_output=True,
         args=["--steps", "1000000", "--device", "cpu"],
-        agent_config={"probes": probe_names("all"), "deep_steps": [1, 2, 3], "deep_every": 0}))
+        # allow_inexact: as `--allow-inexact`, so that DDP's gradient-compression hook can be installed
+        # (a live-opt-in remedy: the TUI still asks before applying it).
+        agent_config={"probes": probe_names("all"), "deep_steps": [1, 2, 3], "deep_every": 0,
+                      "allow_inexact": True}))
     advice = AdviceLoop(session, budget_bytes=None)
     session.add_listener(advice.on_record)
     session.start()

@@ -131,3 +131,24 @@ def test_q_then_l_leaves_the_training_running_and_recorded(tmp_path) -> None:
     assert code == 0
     report = json.loads((tmp_path / "r.json").read_text())
     assert len(report["steps"]) == 300 and report["run"]["exit"]["code"] == 0
+
+
+def test_advisor_open_browses_a_stored_session_and_quits(tmp_path) -> None:
+    from recorded import write_session
+
+    write_session("ddp", tmp_path / "home")
+    pid, master = pty.fork()
+    if pid == 0:
+        os.chdir(ROOT)
+        os.environ["ADVISOR_HOME"] = str(tmp_path / "home")
+        os.environ["TERM"] = "xterm-256color"
+        os.execv(sys.executable, [sys.executable, "-m", "advisor", "open", "latest"])
+    shown = _drain(master, 6.0)
+    for key in (b"2", b"4", b"5", b"]"):
+        os.write(master, key)
+        shown += _drain(master, 1.0)
+    os.write(master, b"q")  # a recorded session: q closes at once
+    assert _wait_exit(pid, master) == 0
+    os.close(master)
+    text = shown.decode(errors="replace")
+    assert "straggler" in text and "rank 0" in text
