@@ -141,6 +141,7 @@ class MemoryView(Vertical):
                 plt.plot(times, [p["categories"].get(c, 0) / MIB for p in points], label=c)
             plt.plot(times, [p["total_bytes"] / MIB for p in points], label="total", color="white")
             plt.vline(times[peak_at], "red")
+            plt.xlabel("seconds into the step")
             plt.title(f"memory by category, step {step} (MiB); peak {fmt_bytes(points[peak_at]['total_bytes'])} "
                       f"at {fmt_seconds(times[peak_at])}")
 
