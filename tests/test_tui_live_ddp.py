@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from textual.message import Message
+from textual.widgets import DataTable
 
 from advisor.advice import AdviceLoop
 from advisor.live_source import SessionSource
@@ -56,13 +57,20 @@ def test_live_ddp_switches_ranks_and_applies(tmp_path) -> None:
             await wait(pilot, lambda: session.live.snapshot().latest_step() >= 8 and advice.wait_idle(0)
                        and live_recs())
             await wait(pilot, lambda: app.model is not None and len(app.model.ranks) == 2)
-            first = app.model.slowest_rank
-            assert app.model.rank == first  # the slowest rank by default, whichever it is
-            assert f"showing rank {first}, the slowest" in app.query_one(OverviewView).plain
-            await pilot.press("5", "left_square_bracket")
-            await wait(pilot, lambda: app.model.rank == 1 - first)
-            assert [m.rank for m in messages if isinstance(m, RankSwitched)] == [1 - first]
-            assert f"showing rank {1 - first}" in app.query_one(OverviewView).plain
+            model = app.model
+            assert model.rank == model.slowest_rank  # the slowest rank by default, whichever it is
+            assert f"showing rank {model.rank}, the slowest" in app.query_one(OverviewView).plain
+            # `]` pins the next rank: which one depends on the slowest at that instant (two equal
+            # ranks trade places), the one after it does not.
+            await pilot.press("5", "right_square_bracket")
+            await wait(pilot, lambda: [m for m in messages if isinstance(m, RankSwitched)])
+            pinned = [m for m in messages if isinstance(m, RankSwitched)][-1].rank
+            await wait(pilot, lambda: app.model.rank == pinned)
+            await pilot.press("right_square_bracket")
+            await wait(pilot, lambda: app.model.rank == 1 - pinned)
+            assert [m.rank for m in messages if isinstance(m, RankSwitched)] == [pinned, 1 - pinned]
+            assert f"showing rank {1 - pinned}" in app.query_one(OverviewView).plain
+            assert "shown" in app.query_one("#ranks-table", DataTable).get_row_at(1 - pinned)[6]
             # Apply the first live recommendation from the Advice view.
             await pilot.press("6")
             rec_id = live_recs()[0]

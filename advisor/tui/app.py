@@ -13,6 +13,7 @@ from rich.text import Text
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.widgets import DataTable, Footer, Header, TabbedContent, TabPane
 
 from advisor.regime import apply_refusal, last_kept, revert_refusal
@@ -154,7 +155,10 @@ class AdvisorApp(Navigation, SessionActions, App[str]):
         self._signature = signature
         self.state = state
         self._check_pending(state)
-        self._redraw()
+        try:
+            self._redraw()
+        except NoMatches:  # a tick while the app is torn down (a test's failure, an exit): no widgets
+            return
         self._build_model()
         if state.finished and not self._ended_posted:
             self._ended_posted = True
