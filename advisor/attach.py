@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import signal
 import sys
 import threading
@@ -18,6 +19,9 @@ from advisor.render import emit_report, print_exit_summary
 from advisor.report import build_report, write_json, write_text
 from advisor.exits import signal_name
 from advisor.session import AttachOptions, Session
+from advisor.tui.results import RESULT_LEFT_RUNNING, RESULT_STOP_TRAINING
+
+CONTROLLER_LOG = "controller.log"  # where the controller writes once its terminal is gone (SIGHUP)
 
 STOP_GRACE_S = 30.0  # after a SIGTERM/SIGHUP to the controller, how long the script may take to stop
 
@@ -26,14 +30,21 @@ class StopOnSignal:
     """SIGTERM or SIGHUP to the controller (a supervisor, ``kill``, a closed terminal): stop the
     training job deliberately, not orphan it. The job gets SIGTERM (torchrun passes it to every
     rank; each agent records its exit), the TUI is closed so the terminal is restored, and the
-    report is written as for any other end. A second signal kills the job at once."""
+    report is written as for any other end. A second signal kills the job at once.
+
+    Under the TUI a closed terminal (SIGHUP, with ``on_hangup`` set) is not a request to stop:
+    the UI closes, the controller writes to ``controller.log`` in the session folder from then
+    on, and the job trains on, recorded (it runs in its own session, so the terminal's own
+    SIGHUP never reaches it either; advisor/session.py)."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self, session: Session) -> None:
         self.session = session
         self.received: int | None = None
+        self.chosen = False  # the user chose "stop the training" on quitting the TUI
         self.on_stop: Callable[[], None] | None = None  # the TUI's exit, while it runs
+        self.on_hangup: Callable[[], None] | None = None  # the TUI's "leave it running" exit, while it runs
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> StopOnSignal:
@@ -47,6 +58,14 @@ class StopOnSignal:
             signal.signal(signum, previous)
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGHUP and self.on_hangup is not None:
+            hangup, self.on_hangup = self.on_hangup, None
+            _detach_output(self.session.dir / CONTROLLER_LOG)
+            # To the descriptor: while the UI runs, Textual holds sys.stderr.
+            _write_fd(2, f"advisor: the terminal closed: the UI is gone, training continues and is "
+                         f"recorded in {self.session.dir}\n")
+            threading.Thread(target=hangup, daemon=True).start()  # never touch the UI from a handler
+            return
         process = self.session.process
         if self.received is not None:
             if process is not None and process.poll() is None:
@@ -55,16 +74,53 @@ class StopOnSignal:
         self.received = signum
         _say(f"advisor: received {signal_name(signum)}: stopping the training job (SIGTERM, then SIGKILL "
              f"after {STOP_GRACE_S:.0f} s) and writing its report; send it again to kill the job at once")
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            timer = threading.Timer(STOP_GRACE_S, lambda: process.poll() is None and process.kill())
-            timer.daemon = True
-            timer.start()
+        self.stop_job()
         if self.on_stop is not None:
             threading.Thread(target=self.on_stop, daemon=True).start()  # never touch the UI from a handler
 
+    def stop_job(self) -> None:
+        """SIGTERM to the job now, SIGKILL after ``STOP_GRACE_S`` if it is still running."""
+        process = self.session.process
+        if process is not None and process.poll() is None:
+            # torchrun passes it on to every rank; each agent records its exit.
+            _signal_job(process, signal.SIGTERM)
+            timer = threading.Timer(STOP_GRACE_S, lambda: process.poll() is None and process.kill())
+            timer.daemon = True
+            timer.start()
+
     def note(self) -> str:
+        if self.chosen:
+            return "; the user stopped the job from the TUI (q, then s)"
         return f"; the advisor received {signal_name(self.received)} and stopped the job" if self.received else ""
+
+
+def _signal_job(process: Any, signum: int) -> None:
+    try:
+        process.send_signal(signum)
+    except ProcessLookupError:
+        pass
+
+
+def _write_fd(fd: int, text: str) -> None:
+    try:
+        os.write(fd, text.encode())
+    except OSError:
+        pass
+
+
+def _detach_output(log: Any) -> None:
+    """Point stdout and stderr at ``log``: writes to a hung-up terminal fail (EIO), and the
+    controller must keep recording the job without one."""
+    try:
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    except OSError:
+        fd = os.open(os.devnull, os.O_WRONLY)
+    for target in (1, 2):
+        try:
+            os.dup2(fd, target)
+        except OSError:
+            pass
+    os.close(fd)
 
 
 def _say(line: str) -> None:
@@ -134,14 +190,22 @@ def _follow_tui(session: Session, advice: Any, ns: argparse.Namespace, stop: Sto
     source = SessionSource(session, advice)
     app = tui.make_app(source, title=f"advisor · {ns.script}")
     stop.on_stop = lambda: app.call_from_thread(app.exit)
+    stop.on_hangup = lambda: app.call_from_thread(app.exit, RESULT_LEFT_RUNNING)
     watcher = threading.Thread(target=_watch_end, args=(session, stop, finished), name="advisor-end", daemon=True)
     watcher.start()
     try:
-        app.run()  # Textual restores the terminal when run() returns
+        result = app.run()  # Textual restores the terminal when run() returns
     finally:
-        stop.on_stop = None
+        stop.on_stop = stop.on_hangup = None
         source.stop()
     if stop.received is not None:
+        returncode = session.wait()
+    elif result == RESULT_STOP_TRAINING and session.poll() is None:
+        # The user chose "stop the training" on q: as a SIGTERM to the controller would.
+        stop.chosen = True
+        print(f"advisor: stopping the training job (SIGTERM, then SIGKILL after {STOP_GRACE_S:.0f} s) and "
+              "writing its report", file=sys.stderr, flush=True)
+        stop.stop_job()
         returncode = session.wait()
     elif session.poll() is None and "result" not in finished:
         # The UI is closed but training goes on: keep recording it, as headless does.

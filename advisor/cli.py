@@ -152,6 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--name", metavar="N", help="a name for the session (default: the first file's name)")
     imp.add_argument("--json", metavar="FILE", help="write the report as JSON instead of printing it")
 
+    opened = sub.add_parser("open", help="browse a recorded session in the TUI (read-only)",
+                            description="Open a recorded session in the terminal UI: every view, every rank; "
+                            "b recomputes the advice at another budget, p writes a recommendation to a plan.")
+    opened.add_argument("session", metavar="SESSION", help="session id, folder, .sqlite file, or 'latest'")
+    opened.add_argument("--memory-budget", type=_budget, metavar="SIZE", help="advise against this budget")
+
     diff = sub.add_parser("diff", help="compare two sessions (and gate CI on regressions)",
                           description="Compare session B against session A: step time and phases, memory "
                           "by category at the peak, ops, collectives, diagnosis and recommendations.")
@@ -333,6 +339,15 @@ def cmd_diff(ns: argparse.Namespace) -> int:
 COMMANDS = {"attach": cmd_attach, "sessions": cmd_sessions, "report": cmd_report,
             "plan": cmd_plan, "bench-comm": cmd_bench_comm}
 COMMANDS.update({"import": cmd_import, "diff": cmd_diff})  # kept apart so other commands merge cleanly
+
+
+def cmd_open(ns: argparse.Namespace) -> int:
+    from advisor.open_cli import run_open
+
+    return run_open(ns.session, budget_bytes=ns.memory_budget)
+
+
+COMMANDS["open"] = cmd_open
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:

@@ -107,9 +107,7 @@ def write_plan_from_session(db_path: Path, output: str, *, budget_bytes: int | N
         print(f"no plan written to {output}: {chosen.get('title') or chosen['remedy']} needs the training loop "
               "changed as printed above (every rank), then a restart", file=sys.stderr)
         return 0
-    save_plan(Plan(remedies=(PlanEntry(remedy=chosen["remedy"], params=chosen["params"],
-                                       recommendation_id=chosen["id"]),),
-                   env=_plan_env(chosen["remedy"])), output)
+    save_plan(plan_for(chosen), output)
     print(f"wrote plan {output}: {chosen.get('title') or chosen['remedy']}; run it with "
           f"`advisor attach --plan {output} ...`", file=sys.stderr)
     return 0
@@ -120,6 +118,18 @@ def _loop_change(rec: dict[str, Any]) -> str | None:
     per-rank ``schedule.step`` calls), or None."""
     change = (rec.get("params") or {}).get("loop_change")
     return change if isinstance(change, str) and change.strip() else None
+
+
+def plan_for(recommendation: dict[str, Any]) -> Plan:
+    """The plan that applies one recommendation (report-shaped dict) at the next attach."""
+    return Plan(remedies=(PlanEntry(remedy=recommendation["remedy"], params=recommendation.get("params") or {},
+                                    recommendation_id=recommendation["id"]),),
+                env=_plan_env(recommendation["remedy"]))
+
+
+def plannable(recommendation: dict[str, Any]) -> bool:
+    """Whether a plan can carry it: a live remedy, or a restart one with the environment it needs."""
+    return bool(recommendation.get("live") or _plan_env(recommendation["remedy"]))
 
 
 def _plan_env(remedy: str) -> dict[str, str]:

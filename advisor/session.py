@@ -175,10 +175,13 @@ class Session:
             # The script runs as under python: the user's umask (the controller's own files are
             # owner-only), and, headless, the terminal's stdin (pipes, input(), pdb). The TUI owns
             # the terminal, so there the script reads from /dev/null.
+            # Under the TUI the job runs in its own session: closing the terminal sends SIGHUP to
+            # the terminal's processes, and that must never kill training (advisor/attach.py).
             self.process = subprocess.Popen(
                 self.command_line(), env=self.environment(), umask=user_umask(),
                 stdout=out, stderr=subprocess.STDOUT if out else None,
                 stdin=subprocess.DEVNULL if self.options.capture_output else None,
+                start_new_session=self.options.capture_output,
             )
         finally:
             if out is not None:
@@ -196,6 +199,9 @@ class Session:
             except KeyboardInterrupt:
                 # The terminal sent SIGINT to the whole process group: the script
                 # got it too and decides (usually exits with KeyboardInterrupt).
+                # Under the TUI it runs in a session of its own: pass Ctrl-C on.
+                if self.options.capture_output and self.process.poll() is None:
+                    self.process.send_signal(signal.SIGINT)
                 continue
 
     def terminate(self, grace: float = 10.0) -> None:

@@ -157,7 +157,7 @@ def test_tui_applies_on_a_live_job_and_survives_an_injected_failure(monkeypatch,
             result = session.live.snapshot().applied[-1]
             assert result["status"] == "kept", result
             assert result["measured"]["after"]["peak_memory_bytes"] <= budget
-            await pilot.press("q")
+            await pilot.press("q", "l")  # quit, leaving the job running (the test stops it below)
 
     try:
         asyncio.run(scenario())

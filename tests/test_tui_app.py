@@ -14,7 +14,8 @@ from textual.widgets import DataTable
 from tui_fakes import FakeSource, applied, recommendation
 
 from advisor.tui import make_app
-from advisor.tui.app import RESULT_FINISHED, RESULT_STOPPED, AdvisorApp, last_kept
+from advisor.tui.app import RESULT_FINISHED, RESULT_LEFT_RUNNING, RESULT_STOP_TRAINING, AdvisorApp, last_kept
+from advisor.tui.quit_screen import QuitScreen
 from advisor.tui.evidence_screen import EvidenceScreen
 from advisor.tui.messages import (
     ApplyFinished,
@@ -104,8 +105,12 @@ def test_diagnosis_and_ranked_recommendations_show_predictions() -> None:
 def test_footer_lists_the_keys() -> None:
     async def scenario(app: AdvisorApp, pilot: Pilot[str], source: FakeSource, messages: list[Message]) -> None:
         shown = {b.binding.key: b.binding.description for b in app.active_bindings.values() if b.binding.show}
-        assert shown == {"enter": "Evidence", "a": "Apply", "r": "Revert", "q": "Quit"}
-        await pilot.press("tab")  # focus moves to the steps table: Enter still means Evidence there
+        views = {"1": "Overview", "2": "Memory", "3": "Compute", "4": "Comm", "5": "Ranks", "6": "Advice",
+                 "7": "Events"}
+        # A live job: apply, revert, ranks, plan; the budget key belongs to recorded sessions (advisor open).
+        assert shown == {**views, "enter": "Evidence", "a": "Apply", "r": "Revert", "left_square_bracket": "Rank-",
+                         "right_square_bracket": "Rank+", "p": "Plan", "q": "Quit"}
+        await pilot.press("6")  # the recommendations table: Enter still means Evidence there
         shown = {b.binding.key: b.binding.description for b in app.active_bindings.values() if b.binding.show}
         assert shown["enter"] == "Evidence"
 
@@ -176,7 +181,7 @@ def test_apply_failure_shows_error_and_app_stays_usable() -> None:
         text = app.result_view.plain
         assert "✗ failed" in text and "error: RuntimeError: hook already registered" in text
         # Usable: move to the next recommendation and apply it.
-        await pilot.press("down", "a")
+        await pilot.press("6", "down", "a")  # the Advice view holds the recommendations table
         await until(pilot, lambda: len(source.calls) == 2)
         assert source.calls[-1] == ("apply", "ac-2")
 
@@ -345,14 +350,19 @@ def test_memory_line_and_apply_cut_short_by_the_end() -> None:
     run(scenario)
 
 
-def test_quit_while_training_runs_stops_the_source() -> None:
+@pytest.mark.parametrize(("key", "result"), [("l", RESULT_LEFT_RUNNING), ("s", RESULT_STOP_TRAINING)])
+def test_quit_while_training_runs_asks_what_to_do_with_the_job(key: str, result: str) -> None:
     async def scenario(app: AdvisorApp, pilot: Pilot[str], source: FakeSource, messages: list[Message]) -> None:
         source.add_steps(2)
         await until(pilot, lambda: app.state.latest_step() == 1)
         await pilot.press("q")
+        assert isinstance(app.screen, QuitScreen)
+        await pilot.press("escape")  # back: nothing decided, the UI goes on
+        assert not isinstance(app.screen, QuitScreen) and app.is_running and source.calls == []
+        await pilot.press("q", key)
 
     app, _ = run(scenario)
-    assert app.return_value == RESULT_STOPPED
+    assert app.return_value == result  # the CLI stops the job, or goes on recording it (advisor/attach.py)
     assert app.source.calls == [("stop",)]  # type: ignore[attr-defined]
 
 

@@ -13,8 +13,8 @@ from rich.text import Text
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
-from textual.widgets import DataTable, Footer, Header
+from textual.css.query import NoMatches
+from textual.widgets import DataTable, Footer, Header, TabbedContent, TabPane
 
 from advisor.regime import apply_refusal, last_kept, revert_refusal
 from advisor.state import SessionState, Source
@@ -32,29 +32,56 @@ from advisor.tui.messages import (
     StateRefreshed,
     TrainingEnded,
 )
+from advisor.tui.navigation import Navigation, subtitle
 from advisor.tui.recommendations_view import RecommendationsView
 from advisor.tui.result_view import ResultView
+from advisor.tui.results import RESULT_FINISHED, RESULT_LEFT_RUNNING, RESULT_STOP_TRAINING  # noqa: F401 - callers' names
+from advisor.tui.session_actions import SessionActions
 from advisor.tui.steps_view import StepsView
+from advisor.tui.view_model import ViewModel
+from advisor.tui.views.advice import AdviceView
+from advisor.tui.views.comm import CommView
+from advisor.tui.views.compute import ComputeView
+from advisor.tui.views.events import EventsView
+from advisor.tui.views.memory import MemoryView
+from advisor.tui.views.overview import OverviewView
+from advisor.tui.views.ranks import RanksView
 
-# What ``App.run()`` returns, for the CLI: whether the user left a running job or a finished one.
-RESULT_STOPPED = "stopped"  # quit while training ran; source.stop() was called
-RESULT_FINISHED = "finished"  # quit after training had ended
+# (key, tab id, footer label): one view per tab, each reachable by its key from anywhere.
+VIEWS: tuple[tuple[str, str, str], ...] = (
+    ("1", "overview", "Overview"), ("2", "memory", "Memory"), ("3", "compute", "Compute"),
+    ("4", "comm", "Comm"), ("5", "ranks", "Ranks"), ("6", "advice", "Advice"), ("7", "events", "Events"),
+)
 
 
-class AdvisorApp(App[str]):
-    """Main screen: exit banner, steps, diagnosis and recommendations, apply results, footer."""
+class AdvisorApp(Navigation, SessionActions, App[str]):
+    """Main screen: exit banner, one tab per view (keys 1-7), footer. Every view reads one
+    ``ViewModel`` for the chosen rank, rebuilt in a worker when the session changes."""
 
     TITLE = "advisor"
-    # Stacked, not side by side: both tables need ~90 columns, more than half a usual terminal.
     CSS = """
-    #panes { height: 1fr; }
-    #panes > StepsView { height: 1fr; }
-    #panes > RecommendationsView { height: 1fr; }
+    #views { height: 1fr; }
+    #views > ContentSwitcher { height: 1fr; }
+    TabPane { padding: 0; height: 1fr; }
+    TabPane > Vertical { height: 1fr; }
+    OverviewView > StepsView { height: 1fr; }
+    /* A short terminal (80x24): the banner and the diagnosis shrink to their first lines, so the
+       views keep their rows; Enter (evidence) and the Events view have the rest. */
+    .-short ExitBanner { max-height: 3; border: none; border-left: heavy $error; }
+    .-short ExitBanner.-completed { border-left: heavy $success; }
+    .-short RecommendationsView > #diagnosis { max-height: 2; }
+    .-short AdviceView > Horizontal { height: 6; }
     """
+    SHORT_ROWS = 32  # below this many rows the app is "-short"
     BINDINGS = [
+        *(Binding(key, f"view('{tab}')", label) for key, tab, label in VIEWS),
         Binding("a", "apply", "Apply"),
         Binding("r", "revert", "Revert"),
         Binding("enter", "evidence", "Evidence"),
+        Binding("left_square_bracket", "rank(-1)", "Rank-"),
+        Binding("right_square_bracket", "rank(1)", "Rank+"),
+        Binding("b", "budget", "Budget"),
+        Binding("p", "plan", "Plan"),
         Binding("q", "quit", "Quit"),
     ]
 
@@ -69,16 +96,25 @@ class AdvisorApp(App[str]):
         self._reverting: dict[str, Any] | None = None
         self._ended_posted = False
         self._snapshot_error: str | None = None
+        self.read_only = bool(getattr(source, "read_only", False))
+        self.rank: int | None = None  # None: the slowest rank (the default), else the user's choice
+        self.model: ViewModel | None = None
+        self._budget: int | None = None  # a budget the user set with `b` (recorded sessions)
+        self._building = False  # a model build is running
+        self._rebuild = False  # and the state changed since it started
+        self._model_error: str | None = None
 
     # ----- layout -----
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
         yield ExitBanner(id="exit-banner")
-        with Vertical(id="panes"):
-            yield StepsView(id="steps")
-            yield RecommendationsView(id="recommendations")
-        yield ResultView(id="results")
+        views = {"overview": OverviewView, "memory": MemoryView, "compute": ComputeView, "comm": CommView,
+                 "ranks": RanksView, "advice": AdviceView, "events": EventsView}
+        with TabbedContent(id="views", initial="overview"):
+            for key, tab, label in VIEWS:
+                with TabPane(f"{key} {label}", id=tab):
+                    yield views[tab](id=f"{tab}-view")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -87,9 +123,16 @@ class AdvisorApp(App[str]):
         self.recs_view = self.query_one(RecommendationsView)
         self.result_view = self.query_one(ResultView)
         self.exit_banner = self.query_one(ExitBanner)
-        self.recs_view.query_one(DataTable).focus()
+        self.views = [self.query_one(cls) for cls in (OverviewView, MemoryView, ComputeView, CommView,
+                                                       RanksView, AdviceView, EventsView)]
+        self.steps_view.query_one(DataTable).focus()
+        if self.read_only and hasattr(self.source, "readvise"):
+            self._recompute(self._budget)  # a recorded session's advice, computed afresh from its records
         self.poll()
         self.set_interval(self.poll_interval, self.poll)
+
+    def on_resize(self) -> None:
+        self.set_class(self.size.height < self.SHORT_ROWS, "-short")
 
     # ----- polling -----
 
@@ -112,7 +155,11 @@ class AdvisorApp(App[str]):
         self._signature = signature
         self.state = state
         self._check_pending(state)
-        self._redraw()
+        try:
+            self._redraw()
+        except NoMatches:  # a tick while the app is torn down (a test's failure, an exit): no widgets
+            return
+        self._build_model()
         if state.finished and not self._ended_posted:
             self._ended_posted = True
             self.post_message(TrainingEnded(state.exit_code, state.exit_reason))
@@ -141,7 +188,7 @@ class AdvisorApp(App[str]):
 
     def _redraw(self) -> None:
         state = self.state
-        self.sub_title = _subtitle(state)
+        self.sub_title = subtitle(state, self.model)
         self.exit_banner.update_state(state)
         self.steps_view.update_state(state)
         self.recs_view.update_state(state)
@@ -154,6 +201,10 @@ class AdvisorApp(App[str]):
         # The evidence screen is already open: hide its key from that screen's footer.
         if action == "evidence" and isinstance(self.screen, EvidenceScreen):
             return False
+        if action in ("apply", "revert") and self.read_only:
+            return None  # shown greyed: a recorded session has no job to change
+        if action == "budget" and not self.read_only:
+            return False  # live advice follows --memory-budget; `advisor open` can change it afterwards
         return True
 
     def _selected(self) -> dict[str, Any] | None:
@@ -274,20 +325,8 @@ class AdvisorApp(App[str]):
         if event.data_table.id == "steps-table":
             self.action_evidence()
 
-    async def action_quit(self) -> None:
-        """Stop following a running job (the CLI decides its fate), then leave."""
-        try:
-            finished = self.source.snapshot().finished
-        except Exception:
-            finished = self.state.finished
-        if finished:
-            self.exit(RESULT_FINISHED)
-            return
-        try:
-            self.source.stop()
-        except Exception as exc:  # quitting must always work
-            self.log.error(f"source.stop() failed: {exc!r}")
-        self.exit(RESULT_STOPPED)
+    # Views, ranks and the model: advisor/tui/navigation.py; budget, plan and quit:
+    # advisor/tui/session_actions.py.
 
 
 def _signature(source: Source, state: SessionState) -> tuple[object, ...]:
@@ -309,23 +348,6 @@ def _signature(source: Source, state: SessionState) -> tuple[object, ...]:
     )
 
 
-def _subtitle(state: SessionState) -> str:
-    parts = []
-    if state.session_id:
-        parts.append(f"session {state.session_id}")
-    run = state.runs.get(0) or next(iter(state.runs.values()), None)
-    if run is not None:
-        parts.append(run.script)
-        device = run.device.get("name") or run.device.get("type")
-        if device:
-            parts.append(str(device))
-    if state.world_size > 1:
-        parts.append(f"{state.world_size} ranks")
-    latest = state.latest_step()
-    parts.append("finished" if state.finished else (f"step {latest}" if latest >= 0 else "starting"))
-    return " · ".join(parts)
-
-
 def _error_notice(what: str, error: str) -> Text:
     text = Text()
     text.append(f"✗ {what}: ", style="bold red")
@@ -333,6 +355,10 @@ def _error_notice(what: str, error: str) -> Text:
     return text
 
 
-def make_app(source: Source, *, title: str = "advisor", poll_interval: float = 0.25) -> AdvisorApp:
-    """Build the app over a live session or a fake; run it with ``.run()`` on the main thread."""
-    return AdvisorApp(source, title=title, poll_interval=poll_interval)
+def make_app(source: Source, *, title: str = "advisor", poll_interval: float = 0.25,
+             budget_bytes: int | None = None) -> AdvisorApp:
+    """Build the app over a live session, a recorded one (``RecordedSource``) or a fake; run it
+    with ``.run()`` on the main thread. ``budget_bytes``: advise a recorded session at this budget."""
+    app = AdvisorApp(source, title=title, poll_interval=poll_interval)
+    app._budget = budget_bytes
+    return app

@@ -87,3 +87,41 @@ class TrainingEnded(Message):
         super().__init__()
         self.exit_code = exit_code
         self.reason = reason
+
+
+class ModelBuilt(Message):
+    """A worker built the views' model (``advisor.tui.view_model.ViewModel``) for one rank."""
+
+    def __init__(self, model: Any, rank: int, error: str | None = None) -> None:
+        super().__init__()
+        self.model = model  # None when the build failed (``error`` says why)
+        self.rank = rank
+        self.error = error
+
+
+class RankSwitched(Message):
+    """The user chose another rank: every view now shows it."""
+
+    def __init__(self, rank: int) -> None:
+        super().__init__()
+        self.rank = rank
+
+
+class AdviceRecomputed(Message):
+    """A recorded session's advice was recomputed at another budget (or failed with ``error``)."""
+
+    def __init__(self, budget_bytes: int | None, count: int, error: str | None) -> None:
+        super().__init__()
+        self.budget_bytes = budget_bytes
+        self.count = count
+        self.error = error
+
+
+class PlanWritten(Message):
+    """A recommendation was written to a plan file (or failed with ``error``)."""
+
+    def __init__(self, path: str, recommendation_id: str, error: str | None) -> None:
+        super().__init__()
+        self.path = path
+        self.recommendation_id = recommendation_id
+        self.error = error

@@ -115,7 +115,7 @@ class RecommendationsView(Vertical):
             ("peak memory", "memory"),
             ("step time", "time"),
             ("conf", "confidence"),
-            ("", "flags"),
+            ("class", "flags"),
             ("status", "status"),
         ):
             table.add_column(label, key=key)
@@ -188,7 +188,8 @@ def _row(rank: int, rec: Recommendation, status: str | None) -> list[str | Text]
     time = _predicted(fmt_seconds, baseline.get("step_time_s"), predicted.get("step_time_s"))
     confidence = rec.get("confidence")
     conf = f"{confidence:.0%}" if isinstance(confidence, (int, float)) else str(confidence or "—")
-    flags = ("live" if rec.get("live") else "restart") + (" exact" if rec.get("exact") else "")
+    # The apply class (live-exact, live-equivalent, live-opt-in, restart) where the advice gives it.
+    flags = str(rec.get("apply_class") or (("live" if rec.get("live") else "restart") + (" exact" if rec.get("exact") else "")))
     style = {"kept": "green", "failed": "bold red", "reverted": "yellow", "applying…": "cyan"}.get(status or "", "")
     return [
         str(rank),

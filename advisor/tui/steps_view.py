@@ -26,7 +26,7 @@ _PHASE_LABELS: dict[str, str] = {
 class StepsTable(DataTable[str]):
     """A DataTable whose Enter is labelled for the footer: it opens the selected recommendation."""
 
-    BINDINGS = [Binding("enter", "select_cursor", "Evidence")]
+    BINDINGS = [Binding("enter", "app.evidence", "Evidence")]  # also on an empty table
 
 
 class StepsView(Vertical):

@@ -1,0 +1,82 @@
+"""A chart that becomes a text table when its room is too small to read a plot.
+
+The plot is drawn by plotext through textual-plotext's ``PlotextPlot``; each view hands
+``Chart.draw`` a function that plots on a plotext figure and the same figures as a rich
+table. Below ``MIN_WIDTH`` x ``MIN_HEIGHT`` cells the plot's axes eat the data, so the
+table is shown instead (an 80x24 terminal gives most charts their plot, a split pane may not).
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any, Callable
+
+from rich.console import Console, RenderableType
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Static
+from textual_plotext import PlotextPlot
+
+MIN_WIDTH = 36
+MIN_HEIGHT = 9  # a title and an x axis take 3 rows: fewer than 6 rows of data do not read
+
+Draw = Callable[[Any], None]  # receives textual_plotext's Plot (plotext's figure API)
+
+
+class Chart(Vertical):
+    """``draw(plot, table)``: the plot when there is room for it, else ``table``."""
+
+    DEFAULT_CSS = """
+    Chart { height: 1fr; min-height: 4; }
+    Chart > PlotextPlot { height: 1fr; }
+    Chart > .chart-table { height: 1fr; overflow-y: auto; }
+    """
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self._draw: Draw | None = None
+        self._table: RenderableType = Text("no data yet", style="dim")
+
+    def compose(self) -> ComposeResult:
+        yield PlotextPlot()
+        yield Static(self._table, classes="chart-table")
+
+    def on_mount(self) -> None:
+        self._show()
+
+    def draw(self, plot: Draw | None, table: RenderableType) -> None:
+        """Replace what the chart shows; ``plot`` None means no data (the table says why)."""
+        self._draw, self._table = plot, table
+        if self.is_mounted:
+            self._show()
+
+    @property
+    def plotted(self) -> bool:
+        """Whether the plot (not the table) is on screen."""
+        return bool(self.query_one(PlotextPlot).display)
+
+    @property
+    def table_plain(self) -> str:
+        """The fallback table as plain text (what a test or a screen reader sees)."""
+        if isinstance(self._table, Text):
+            return self._table.plain
+        console = Console(width=max(self.size.width, 40), record=True, file=io.StringIO())
+        console.print(self._table)
+        return console.export_text()
+
+    def on_resize(self) -> None:
+        self._show()
+
+    def _show(self) -> None:
+        plot_widget = self.query_one(PlotextPlot)
+        table = self.query_one(".chart-table", Static)
+        roomy = self.size.width >= MIN_WIDTH and self.size.height >= MIN_HEIGHT
+        show_plot = self._draw is not None and (roomy or self.size.width == 0)
+        plot_widget.display, table.display = show_plot, not show_plot
+        table.update(self._table)
+        if self._draw is not None:
+            plt = plot_widget.plt
+            plt.clear_figure()
+            self._draw(plt)
+            plot_widget.refresh()

@@ -1,0 +1,118 @@
+"""Compute: the roofline of the rank's ops, the top ops by time, MFU and the memory-bound share."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import DataTable, Static
+
+from advisor.records.units import fmt_seconds
+from advisor.tui.chart import Chart
+from advisor.tui.view_model import ViewModel
+
+TOP_OPS = 50
+
+
+def si(value: float | None, unit: str) -> str:
+    if value is None or not math.isfinite(value):
+        return "—"
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}"
+
+
+def ridge(model: ViewModel) -> float | None:
+    """The intensity (FLOP/byte) where the memory roof meets the compute roof."""
+    peak, bandwidth = model.peak_flops, model.memory_bandwidth
+    return peak / bandwidth if peak and bandwidth else None
+
+
+def summary_text(model: ViewModel) -> Text:
+    c = model.compute
+    text = Text()
+    mfu = c.get("mfu")
+    text.append("MFU ", style="dim")
+    text.append(f"{mfu:.1%}" if isinstance(mfu, (int, float)) else "—", style="bold")
+    share = c.get("memory_bound_share")
+    text.append("   memory-bound share ", style="dim")
+    text.append(f"{share:.0%}" if isinstance(share, (int, float)) else "—")
+    text.append("   achieved ", style="dim")
+    text.append(si(c.get("achieved_flops_per_s"), "FLOP/s"))
+    text.append("\nroof ", style="dim")
+    text.append(f"{si(model.peak_flops, 'FLOP/s')} ({c.get('dominant_dtype') or '?'}) · "
+                f"{si(model.memory_bandwidth, 'B/s')} · ridge {si(ridge(model), 'FLOP/B')}")
+    return text
+
+
+def ops_table(ops: list[dict[str, Any]], limit: int = 10) -> Table:
+    table = Table("op", "time", "bound", "roof", box=None, pad_edge=False)
+    for op in ops[:limit]:
+        table.add_row(op["name"], fmt_seconds(op.get("time_s")), str(op.get("bound") or "—"), _pct(op.get("roof_fraction")))
+    return table
+
+
+def _pct(value: Any) -> str:
+    return f"{value:.0%}" if isinstance(value, (int, float)) else "—"
+
+
+class ComputeView(Vertical):
+    DEFAULT_CSS = """
+    ComputeView > #compute-summary { height: auto; padding: 0 1; }
+    ComputeView > #roofline-chart { height: 1fr; }
+    ComputeView > #ops-table { height: 1fr; }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="compute-summary")
+        yield Chart(id="roofline-chart")
+        yield DataTable(id="ops-table", cursor_type="row", zebra_stripes=True)
+
+    def on_mount(self) -> None:
+        table = self.query_one("#ops-table", DataTable)
+        for label in ("op", "time", "share", "bound", "roof", "module", "phase"):
+            table.add_column(label, key=label)
+
+    @property
+    def summary_plain(self) -> str:
+        return str(self.query_one("#compute-summary", Static).content)
+
+    def update_model(self, model: ViewModel) -> None:
+        self.query_one("#compute-summary", Static).update(summary_text(model))
+        ops = [op for op in model.ops if op.get("intensity") and op.get("achieved_flops_per_s")]
+        chart = self.query_one(Chart)
+        if not ops:
+            chart.draw(None, Text("no ops measured (the compute probe samples deep steps)", style="dim"))
+        else:
+            chart.draw(self._plotter(model, ops), ops_table(model.ops))
+        table = self.query_one("#ops-table", DataTable)
+        table.clear()
+        total = sum(op.get("time_s") or 0.0 for op in model.ops) or 1e-12
+        for op in model.ops[:TOP_OPS]:
+            table.add_row(op["name"], fmt_seconds(op.get("time_s")), f"{(op.get('time_s') or 0) / total:.0%}",
+                          str(op.get("bound") or "—"), _pct(op.get("roof_fraction")), op.get("module") or "(model)",
+                          str(op.get("phase") or ""))
+
+    @staticmethod
+    def _plotter(model: ViewModel, ops: list[dict[str, Any]]) -> Any:
+        xs = [math.log10(op["intensity"]) for op in ops]
+        ys = [math.log10(op["achieved_flops_per_s"]) for op in ops]
+        peak, bandwidth, knee = model.peak_flops, model.memory_bandwidth, ridge(model)
+
+        def plot(plt: Any) -> None:
+            low, high = min(xs + ([math.log10(knee)] if knee else [])) - 0.5, max(xs) + 0.5
+            if peak and bandwidth:
+                roof_x = [low + (high - low) * i / 40 for i in range(41)]
+                plt.plot(roof_x, [math.log10(min(peak, bandwidth * 10 ** x)) for x in roof_x], label="roof", color="red")
+                plt.vline(math.log10(knee), "red")
+            plt.scatter(xs, ys, label="ops", color="cyan")
+            plt.xlabel("log10 FLOP/byte")
+            plt.title(f"roofline, rank {model.rank}: log10 achieved FLOP/s by op; ridge at "
+                      f"{si(knee, 'FLOP/B')}")
+
+        return plot
