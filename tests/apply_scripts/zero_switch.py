@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -38,12 +39,23 @@ AT_STEP = 5
 REVERT_AT = 12
 
 
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a tensor (a DTensor's local shard; a plain tensor itself)."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
 def state_bytes(opt: torch.optim.Optimizer) -> int:
-    return sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values()
+    return sum(local(v).numel() * v.element_size() for s in opt.state.values() for v in s.values()
                if isinstance(v, torch.Tensor))
 
 
 def worker(rank: int, world: int, port: int, scenario: str, out: str) -> None:
+    scenario, _, stage_text = scenario.partition(":")
+    stage = int(stage_text or 1)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
@@ -73,12 +85,13 @@ def worker(rank: int, world: int, port: int, scenario: str, out: str) -> None:
                 ctx.step = i
                 if i == 1:
                     executor.submit({"type": "apply", "at_step": AT_STEP, "measure_steps": 2,
-                                     "recommendation": {"id": "zero-1", "remedy": "zero", "params": {"stage": 1}}})
+                                     "recommendation": {"id": f"zero-{stage}", "remedy": "zero", "params": {"stage": stage}}})
                 executor.on_boundary(i)
             if scenario in ("switch", "switch_revert", "revert_before_step") and i == AT_STEP:
-                handle = apply_zero(target, stage=1)
-                info["owners"] = handle.owners
-                info["owned_param_bytes"] = sum(p.numel() * p.element_size() for p in handle.owned(handle.rank))
+                handle = apply_zero(target, stage=stage)
+                if stage == 1:
+                    info["owners"] = handle.owners
+                    info["owned_param_bytes"] = sum(p.numel() * p.element_size() for p in handle.owned(handle.rank))
                 if scenario == "revert_before_step":
                     handle.revert()
             if scenario == "switch_revert" and i == REVERT_AT:
@@ -101,7 +114,7 @@ def worker(rank: int, world: int, port: int, scenario: str, out: str) -> None:
             info["results"] = [r.to_dict() for r in executor.results]
         info["state_bytes_end"] = state_bytes(opt)
         info["full_state_bytes"] = 2 * sum(p.numel() * p.element_size() for p in model.parameters())
-        info["params"] = [p.detach().reshape(-1).tolist() for p in model.parameters()]
+        info["params"] = [full(p.detach()).reshape(-1).tolist() for p in model.parameters()]
         Path(out, f"rank{rank}.json").write_text(json.dumps({"losses": losses, **info}))
     finally:
         dist.destroy_process_group()
