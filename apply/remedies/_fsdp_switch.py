@@ -22,7 +22,7 @@ that optimizer; all of them keep working:
 Until ``commit()`` (the ranks' vote right after the apply, or the first forward) the old
 parameters, their gradients and their optimizer state are kept as they were: a revert then is
 local and needs no collective. ``commit()`` releases them (the old parameter objects stay, with
-their storage resized to 0, because DDP's reducer holds them). A later ``revert()`` gathers the
+empty data, because DDP's reducer holds them). A later ``revert()`` gathers the
 full parameters and optimizer state (``DTensor.full_tensor``, the same order on every rank) into
 the old objects, undoes ``fully_shard`` and restores DDP's forward.
 
@@ -123,6 +123,7 @@ class _Original:
     owner: nn.Module  # the module whose ``_parameters`` holds it
     attr: str
     param: nn.Parameter
+    shape: torch.Size
     grad: torch.Tensor | None
     state: dict[str, Any]  # its optimizer state (the full, replicated one)
 
@@ -155,8 +156,10 @@ class FsdpHandle:
             o.grad = None
             o.param.grad = None
             o.state = {}
-            # DDP's reducer keeps the parameter object; only its storage goes.
-            o.param.data.untyped_storage().resize_(0)
+            # DDP's reducer keeps the parameter object; only its data goes. Swapping ``.data`` (not
+            # resizing the storage to 0) drops the last reference, so a memory tracker that
+            # watches storages being freed sees it go.
+            o.param.data = o.param.data.new_empty(0)
 
     def revert(self) -> None:
         if self.reverted:
@@ -185,8 +188,7 @@ class FsdpHandle:
         for o, p in zip(self.originals, new):
             with torch.no_grad():
                 full = p.full_tensor() if isinstance(p, DTensor) else p.detach()
-                o.param.data.untyped_storage().resize_(o.param.numel() * o.param.element_size())
-                o.param.data.copy_(full.reshape(o.param.shape))
+                o.param.data = full.reshape(o.shape).clone(memory_format=torch.contiguous_format)
             state: dict[str, Any] = {}
             for key, value in self.opt.state.get(p, {}).items():
                 state[key] = value.full_tensor() if isinstance(value, DTensor) else value
@@ -251,7 +253,7 @@ def shard_ddp(ddp: nn.Module, opt: torch.optim.Optimizer, group: Any, *, stage: 
         name = names[id(p)]
         owner_name, _, attr = name.rpartition(".")
         owner = module.get_submodule(owner_name)
-        originals.append(_Original(name=name, owner=owner, attr=attr, param=p, grad=p.grad,
+        originals.append(_Original(name=name, owner=owner, attr=attr, param=p, shape=p.shape, grad=p.grad,
                                    state=dict(opt.state.get(p, {}))))
     params = [o.param for o in originals]
     if any(isinstance(p, DTensor) for p in params):
