@@ -86,7 +86,10 @@ def reshard_after_forward_of(module: nn.Module) -> bool | None:
     values = set()
     for m in fsdp_modules(module):
         state = m._get_fsdp_state()  # type: ignore[operator]
-        for group in state._fsdp_param_groups:
+        groups = getattr(state, "_fsdp_param_groups", None)  # torch 2.13; one group before it
+        if groups is None:
+            groups = [g for g in [getattr(state, "_fsdp_param_group", None)] if g is not None]
+        for group in groups:
             values.add(group.post_forward_mesh_info is not None)
     return values.pop() if len(values) == 1 else None
 
