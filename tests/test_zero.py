@@ -212,3 +212,35 @@ def test_zero_is_refused_with_the_reason_when_no_optimizer_was_identified() -> N
     evidence: list = []
     assert propose(_blocks_profile(optimizer_count=0), 1200, evidence) == []
     assert "no optimizer" in evidence[0]["value"]
+
+
+def _sharded_profile(gathered: int, exposed: float):
+    """A 2-rank FSDP job: each of steps 1-2 reduce-scatters 400 B and all-gathers ``gathered`` B,
+    ``exposed`` s of it exposed, in a 1 s step; sharded parameters 200 B at a 1000 B peak."""
+    from advisor.records.samples import CollectiveStat
+
+    calls = tuple(CollectiveStat(step=i, op=op, group_size=2, bytes=b, time_s=0.1, exposed_s=exposed / 2)
+                  for i in (0, 1, 2) for op, b in (("reduce_scatter", 400), ("all_gather", gathered)))
+    return _profile(data_parallel="fully_shard", step_time_s=1.0, collectives=calls, budget_bytes=2000,
+                    categories_at_peak={"parameter": 200, "optimizer_state": 400, "activation": 400})
+
+
+def test_a_communication_bound_zero3_job_is_offered_zero2() -> None:
+    from advisor.recommend.remedies.zero import RULE
+    from advisor.recommend.remedies.zero_lower import sharded_stage
+
+    assert sharded_stage(_sharded_profile(800, 0.3)) == 3 and sharded_stage(_sharded_profile(400, 0.3)) == 2
+    finding = RULE(_sharded_profile(800, 0.3))
+    [rec] = finding.recommendations
+    assert finding.bottleneck == "communication" and rec.id == "zero-2" and rec.params == {"stage": 2}
+    # a third of the exposed 0.3 s goes with the backward all-gathers; every rank keeps the other
+    # rank's 200 B of parameters gathered
+    assert rec.predicted.step_time_s == pytest.approx(0.9) and rec.predicted.peak_memory_bytes == 1200
+    assert rec.apply_class == "live-exact" and rec.fits
+
+
+def test_no_lower_stage_under_zero2_or_when_little_is_exposed() -> None:
+    from advisor.recommend.remedies.zero import RULE
+
+    assert RULE(_sharded_profile(400, 0.3)) is None  # ZeRO-2 already
+    assert RULE(_sharded_profile(800, 0.05)) is None  # 5% of the step exposed

@@ -26,6 +26,7 @@ from advisor.recommend.finding import gib
 from advisor.recommend.memory_model import measured_peak
 from advisor.recommend.profile import Profile
 from advisor.recommend.remedies import RemedySpec
+from advisor.recommend.remedies.zero_lower import lower_stage_rule
 from advisor.recommend.remedies.zero_model import STAGE_TRAFFIC, Measured, StageCost, stage_cost
 from advisor.recommend.rules._figures import comm_steps, median_per_step
 from advisor.records.advice import Prediction, Recommendation
@@ -197,3 +198,5 @@ SPEC = RemedySpec(
     addresses="memory",
     propose=propose,
 )
+
+RULE = lower_stage_rule  # a sharded job bound by exposed communication: a lower stage
