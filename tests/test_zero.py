@@ -244,3 +244,24 @@ def test_no_lower_stage_under_zero2_or_when_little_is_exposed() -> None:
 
     assert RULE(_sharded_profile(400, 0.3)) is None  # ZeRO-2 already
     assert RULE(_sharded_profile(800, 0.05)) is None  # 5% of the step exposed
+
+
+def test_fsdp_switch_refuses_tied_weights_and_shards_the_blocks() -> None:
+    import torch
+
+    from advisor.apply.remedies._fsdp_switch import blocks_of, unsupported
+
+    tied = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    assert unsupported(tied) is None
+    tied[1].weight = tied[0].weight
+    assert "shared" in unsupported(tied)
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Linear(4, 4)
+            self.layers = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 4)])
+
+    net = Net()
+    # FSDP units: the ModuleList's entries that hold parameters; the root takes the rest
+    assert blocks_of(net) == [net.layers[0], net.layers[2]]

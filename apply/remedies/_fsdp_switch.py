@@ -242,6 +242,18 @@ class _Route:
         return self.module(*args, **kwargs)
 
 
+def unsupported(module: nn.Module) -> str | None:
+    """Why FSDP2 cannot shard ``module`` in place here, or None."""
+    if type(module).__name__ == "OptimizedModule":
+        return "it is compiled (torch.compile) inside DDP; FSDP2 would shard the compiled wrapper"
+    shared = len(list(module.named_parameters(remove_duplicate=False))) - len(list(module.parameters()))
+    if shared:
+        return f"{shared} parameter(s) are shared between modules (tied weights), which would land in different units"
+    if any(is_sharded(m) for m in module.modules()):
+        return "parts of it are sharded by FSDP2 already"
+    return None
+
+
 def shard_ddp(ddp: nn.Module, opt: torch.optim.Optimizer, group: Any, *, stage: int) -> FsdpHandle:
     """Switch a DDP job to ZeRO-``stage`` (2 or 3) through FSDP2; atomic: raises with the job
     unchanged (every partial step undone locally)."""
@@ -250,6 +262,9 @@ def shard_ddp(ddp: nn.Module, opt: torch.optim.Optimizer, group: Any, *, stage: 
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     module = ddp.module
+    refusal = unsupported(module)
+    if refusal:
+        raise ValueError(f"ZeRO-{stage} through FSDP2 does not support this model: {refusal}")
     names = {id(p): n for n, p in module.named_parameters()}
     originals = []
     for p in (p for g in opt.param_groups for p in g["params"]):
