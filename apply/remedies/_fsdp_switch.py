@@ -187,6 +187,8 @@ class FsdpHandle:
         per tensor, in the same order on every rank)."""
         from torch.distributed.tensor import DTensor
 
+        for m in fsdp_modules(self.module):  # a forward without backward (an eval) may have left
+            m.reshard()  # type: ignore[operator]  # gathered parameters registered: the state is keyed by the shards
         new = self.new_params()
         for o, p in zip(self.originals, new):
             with torch.no_grad():
