@@ -122,3 +122,11 @@ def test_a_failed_switch_on_one_rank_reverts_both_without_a_hang(undisturbed, tm
     [r0], [r1] = got[0]["results"], got[1]["results"]
     assert r1["status"] == "failed" and "injected failure" in r1["error"]
     assert r0["status"] == "reverted" and "another rank" in r0["reason"]
+
+
+def test_a_revert_after_an_evaluation_forward_under_zero2_restores_everything(undisturbed, tmp_path):
+    got = run("eval_revert:2:mlp", tmp_path)
+    assert_same_training(got, undisturbed("mlp"))  # the evaluation draws from its own generator
+    for rank in got:
+        assert not rank["sharded_at_end"]
+        assert rank["state_bytes_end"] == rank["full_state_bytes"] + 4 * len(rank["shapes"])

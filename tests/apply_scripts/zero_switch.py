@@ -6,7 +6,8 @@ residual MLP, else a small Sequential). Names: ``none`` (undisturbed), ``switch`
 step 5 on), ``switch_revert`` (applied at step 5, reverted at step 12), ``revert_before_step``
 (applied and reverted at the same boundary, as after a failed vote), ``restage`` (2 or 3 at
 step 5, the other one at step 8 by ``set_reshard_after_forward``, that reverted at step 10, all
-reverted at step 12), ``executor_fail_on_1`` (the real executor applies it at step 5 on both
+reverted at step 12), ``eval_revert`` (as ``switch_revert``, with an evaluation forward under
+``no_grad`` just before the revert), ``executor_fail_on_1`` (the real executor applies it at step 5 on both
 ranks; on rank 1 the switch raises: both ranks must revert and train on). Each rank writes
 ``rank<r>.json``: losses, final parameters, and the bytes it holds after the switch.
 """
@@ -42,6 +43,10 @@ STEPS = 20
 AT_STEP = 5
 REVERT_AT = 12
 RESTAGE_AT = 8
+
+
+def model_inputs(model: torch.nn.Module) -> int:
+    return next(m for m in model.modules() if isinstance(m, torch.nn.Linear)).in_features
 
 
 def example_mlp() -> torch.nn.Module:
@@ -107,7 +112,7 @@ def worker(rank: int, world: int, port: int, scenario: str, out: str) -> None:
                     executor.submit({"type": "apply", "at_step": AT_STEP, "measure_steps": 2,
                                      "recommendation": {"id": f"zero-{stage}", "remedy": "zero", "params": {"stage": stage}}})
                 executor.on_boundary(i)
-            if scenario in ("switch", "switch_revert", "revert_before_step", "restage") and i == AT_STEP:
+            if scenario in ("switch", "switch_revert", "revert_before_step", "restage", "eval_revert") and i == AT_STEP:
                 handle = apply_zero(target, stage=stage)
                 if stage == 1:
                     info["owners"] = handle.owners
@@ -120,7 +125,10 @@ def worker(rank: int, world: int, port: int, scenario: str, out: str) -> None:
             if scenario == "restage" and i == RESTAGE_AT + 2:
                 restage.revert()
                 info["reshard_after_restage_revert"] = reshard_after_forward_of(model)
-            if scenario in ("switch_revert", "restage") and i == REVERT_AT:
+            if scenario == "eval_revert" and i == REVERT_AT:
+                with torch.no_grad():  # an evaluation forward at the boundary: under ZeRO-2 it leaves
+                    ddp(torch.randn(8, model_inputs(model), generator=torch.Generator().manual_seed(7)))  # gathered params
+            if scenario in ("switch_revert", "restage", "eval_revert") and i == REVERT_AT:
                 handle.revert()
                 info["state_bytes_after_revert"] = state_bytes(opt)
             x = torch.randn(8, 16, generator=gen)
