@@ -1,4 +1,5 @@
-"""ZeRO stage 1 on a running DDP job, the applier half: partition the script's own optimizer.
+"""ZeRO on a running DDP job, the applier half. Stage 1 (here): partition the script's own
+optimizer. Stages 2 and 3: FSDP2 in place, in ``_fsdp_switch.py`` (``apply_zero`` dispatches).
 
 In place, keeping every object the script holds (the DDP wrapper, its model, its optimizer and
 the LR schedulers over it):
@@ -18,7 +19,7 @@ Numerics are unchanged (``live-exact``). ``revert()`` brings every parameter's s
 every rank (each owner broadcasts it: the layout travels as JSON in a byte tensor, the state as
 tensors; nothing is pickled) and restores the param groups' original lists. Afterwards each
 rank's ``opt.state_dict()`` is complete again; while the remedy is in force it is partial, which
-the predictor names as a prerequisite. Stages 2 and 3 (FSDP2) are not built here yet.
+the predictor names as a prerequisite.
 The predictor is ``recommend/remedies/zero.py``.
 """
 
