@@ -1,14 +1,17 @@
-"""ZeRO-1 switched live on the 2-rank DDP example: predicted against measured, per rank.
+"""ZeRO stages 1-3 switched live on the 2-rank DDP example: predicted against measured, per rank.
 
     python bench/zero.py                               # examples/ddp.py --hidden 512 --layers 4
-    python bench/zero.py --script-args "--hidden 1024 --layers 6" --budget 0.8
+    python bench/zero.py --script-args "--hidden 1024 --layers 6" --stages 2 3
 
-One ``advisor attach --nproc-per-node 2`` run with a memory budget at ``--budget`` of the
-unremedied peak and ``--apply zero-1 --apply-at-step K``. From the recorded session it prints,
-for each rank, the memory by category at the peak of the deep steps before the apply and after
-it (source: the memory probe's ``MemorySample`` records, bytes), the median light step time
-before and after, and the collective time per step (``CollectiveStat``), beside the
-recommendation's predictions. Stages 2 and 3 are not built, so they are not measured.
+One unswitched ``advisor attach --nproc-per-node 2`` run first. From its session, for each
+stage, the memory budget under which the recommender proposes that stage (the middle of the
+range of budgets that select it: it proposes the lowest stage that fits), and the predictor's
+per-rank figures (``recommend/remedies/zero_model.py``, calibrated on that session). Then one
+attached run per stage with that budget and ``--apply zero-K --apply-at-step K``. It prints, for
+each stage and rank, the parameter, gradient and optimizer-state bytes and the peak (source: the
+memory probe's ``MemorySample`` records, the highest sample after the apply; bytes), the median
+light step time, and the collective time per deep step (``CollectiveStat.time_s``), beside the
+predictions, and whether the ranks kept the stage.
 """
 
 from __future__ import annotations
@@ -26,79 +29,96 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from advisor.store import load_state  # noqa: E402
+from advisor.advice import advise_state  # noqa: E402
+from advisor.recommend.profile import profile_from_records  # noqa: E402
+from advisor.recommend.remedies.zero import measured  # noqa: E402
+from advisor.recommend.remedies.zero_model import stage_cost  # noqa: E402
 from advisor.records.units import format_size  # noqa: E402
+from advisor.store import load_state  # noqa: E402
 
-CATEGORIES = ("parameter", "gradient", "optimizer_state", "activation", "temporary", "other")
+CATEGORIES = ("parameter", "gradient", "optimizer_state")
 
 
-def attach(args: list[str], home: str) -> None:
+def attach(args: list[str], home: Path) -> None:
+    home.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "advisor", "attach", "--headless", "--nproc-per-node", "2", *args]
-    subprocess.run(cmd, cwd=ROOT, env={**os.environ, "ADVISOR_HOME": home}, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=1200)
+    subprocess.run(cmd, cwd=ROOT, env={**os.environ, "ADVISOR_HOME": str(home), "OMP_NUM_THREADS": "1"},
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=1200)
 
 
-def peak_categories(samples) -> tuple[int, dict[str, int]]:
-    peak = max(samples, key=lambda s: s.total_bytes)
-    return peak.total_bytes, dict(peak.categories)
+def state_of(home: Path):
+    [db] = sorted(home.glob("sessions/*/session.sqlite"))
+    return load_state(db)
+
+
+def budget_selecting(state, stage: int) -> int | None:
+    peak = max(m.total_bytes for m in state.memory)
+    hits = [b for i in range(200) if (b := int(peak * (1 - i / 250)))
+            and any(r["id"] == f"zero-{stage}" and r["fits"] for r in advise_state(state, budget_bytes=b)[1])]
+    return (max(hits) + min(hits)) // 2 if hits else None
+
+
+def profile_of(state, budget: int):
+    ranks = sorted(state.runs)
+    return profile_from_records(
+        steps=[s for r in sorted(state.steps) for s in state.steps[r]], memory=state.memory, modules=state.modules,
+        ops=state.ops, collectives=state.collectives, events=state.events, runs=[state.runs[r] for r in ranks],
+        models=state.models, optimizers=state.optimizers, budget_bytes=budget)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--script-args", default="--hidden 512 --layers 4")
-    p.add_argument("--steps", type=int, default=24)
-    p.add_argument("--at-step", type=int, default=8)
-    p.add_argument("--budget", type=float, default=0.9, help="budget as a share of the unremedied peak")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--at-step", type=int, default=6)
+    p.add_argument("--stages", type=int, nargs="+", default=[1, 2, 3], choices=[1, 2, 3])
     ns = p.parse_args(argv)
     script = ["examples/ddp.py", *shlex.split(ns.script_args)]
-    with tempfile.TemporaryDirectory() as home:
-        report = Path(home) / "base.json"
-        attach(["--steps", "8", "--json", str(report), *script], home)
-        base_peak = json.loads(report.read_text())["memory"]["peak_bytes"]
-        budget = int(base_peak * ns.budget)
-        report = Path(home) / "zero.json"
-        attach(["--steps", str(ns.steps), "--memory-budget", str(budget), "--apply", "zero-1",
-                "--apply-at-step", str(ns.at_step), "--json", str(report), *script], home)
-        data = json.loads(report.read_text())
-        db = sorted(Path(home, "sessions").glob("*/session.sqlite"))[-1]
-        state = load_state(db)
-    applied = {a["rank"]: a for a in data.get("applied") or []}
-    if not applied:
-        print("ZeRO-1 was not applied; recommendations:", [r["id"] for r in data.get("recommendations", [])])
-        return 1
-    at = min(a["at_step"] for a in applied.values())
-    print(f"examples/ddp.py {ns.script_args} on 2 gloo ranks; budget {format_size(budget)} "
-          f"({ns.budget:.0%} of the unremedied peak {format_size(base_peak)}); ZeRO-1 at step {at}")
-    for rank in sorted(state.runs):
-        a = applied.get(rank, {})
-        before = [m for m in state.memory if m.rank == rank and m.step < at]
-        after = [m for m in state.memory if m.rank == rank and m.step > at]
-        steps = state.steps.get(rank, [])
-        t_before = statistics.median([s.time_s for s in steps if 0 < s.index < at and not s.deep] or [float("nan")])
-        t_after = statistics.median([s.time_s for s in steps if s.index > at + 4 and not s.deep] or [float("nan")])
-        comm = {}
-        for c in state.collectives:
-            if c.rank == rank:
-                key = "after" if c.step > at else "before"
-                comm.setdefault(key, {}).setdefault(c.step, 0.0)
-                comm[key][c.step] += c.time_s
-        predicted = a.get("predicted") or {}
-        print(f"\nrank {rank}: {a.get('status', '?')} ({a.get('reason', '')})")
-        if before and after:
-            pb, cb = peak_categories(before)
-            pa, ca = peak_categories(after)
-            pp = predicted.get("peak_memory_bytes")
-            print(f"  peak       before {format_size(pb):>11}  after {format_size(pa):>11}  predicted "
-                  f"{format_size(pp):>11}  error {100 * (pp - pa) / pa:+.1f}%" if pp else "")
-            for cat in CATEGORIES:
-                print(f"    {cat:16} {format_size(cb.get(cat, 0)):>11}        {format_size(ca.get(cat, 0)):>11}")
-        pt = predicted.get("step_time_s")
-        print(f"  step time  before {t_before * 1e3:8.1f} ms  after {t_after * 1e3:8.1f} ms  predicted "
-              + (f"{pt * 1e3:8.1f} ms  error {100 * (pt - t_after) / t_after:+.1f}%" if pt else "-"))
-        for key in ("before", "after"):
-            per_step = list(comm.get(key, {}).values())
-            if per_step:
-                print(f"  collectives {key:6} {statistics.median(per_step) * 1e3:8.1f} ms per deep step")
+    with tempfile.TemporaryDirectory() as tmp:
+        base_home = Path(tmp, "base")
+        attach(["--steps", str(ns.steps), "--json", str(base_home / "r.json"), *script], base_home)
+        base = state_of(base_home)
+        print(f"examples/ddp.py {ns.script_args} on 2 gloo ranks; ZeRO-K applied at step {ns.at_step} "
+              f"of {ns.steps}; measured = the memory probe's highest sample after the apply")
+        for stage in ns.stages:
+            budget = budget_selecting(base, stage)
+            if budget is None:
+                print(f"\nZeRO-{stage}: no budget makes the recommender propose it on this job")
+                continue
+            cost = stage_cost(measured(profile_of(base, budget)), stage)
+            home = Path(tmp, f"zero{stage}")
+            attach(["--steps", str(ns.steps), "--memory-budget", str(budget), "--apply", f"zero-{stage}",
+                    "--apply-at-step", str(ns.at_step), "--json", str(home / "r.json"), *script], home)
+            report = json.loads((home / "r.json").read_text())
+            state = state_of(home)
+            applied = {a["rank"]: a for a in report.get("applied") or [] if a["remedy"] == "zero"}
+            print(f"\nZeRO-{stage}: budget {format_size(budget)}; predicted per rank: " + ", ".join(
+                f"{c} {format_size(getattr(cost, c + '_bytes'))}" for c in CATEGORIES)
+                  + f", peak {format_size(cost.peak_bytes)}, step "
+                  + (f"{cost.step_time_s * 1e3:.1f} ms" if cost.step_time_s is not None else "-")
+                  + (f", collectives {cost.comm_s * 1e3:.1f} ms" if cost.comm_s is not None else ""))
+            for rank in sorted(state.runs):
+                a = applied.get(rank)
+                if a is None:
+                    print(f"  rank {rank}: not applied")
+                    continue
+                at = a["at_step"]
+                after = [m for m in state.memory if m.rank == rank and at <= m.step <= at + 3]
+                if not after:
+                    print(f"  rank {rank}: {a['status']}, no memory sample after the apply")
+                    continue
+                peak = max(after, key=lambda m: m.total_bytes)
+                steps = [s for s in state.steps.get(rank, []) if s.index > at and not s.deep]
+                t = statistics.median([s.time_s for s in steps]) if steps else float("nan")
+                comm: dict[int, float] = {}
+                for c in state.collectives:
+                    if c.rank == rank and c.step > at:
+                        comm[c.step] = comm.get(c.step, 0.0) + c.time_s
+                cells = ", ".join(f"{c} {format_size(peak.categories.get(c, 0))}" for c in CATEGORIES)
+                error = 100 * (cost.peak_bytes - peak.total_bytes) / peak.total_bytes
+                print(f"  rank {rank}: {a['status']:8} measured {cells}, peak {format_size(peak.total_bytes)} "
+                      f"(prediction {error:+.1f}%), step {t * 1e3:.1f} ms"
+                      + (f", collectives {statistics.median(comm.values()) * 1e3:.1f} ms per deep step" if comm else ""))
     return 0
 
 

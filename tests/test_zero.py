@@ -126,9 +126,10 @@ def test_the_memory_rule_proposes_zero_when_model_states_dominate() -> None:
 def test_stage_validation_names_the_built_stages() -> None:
     from advisor.recommend.remedies import check_params
 
-    check_params("zero", {"stage": 1})
-    with pytest.raises(ValueError, match=r"valid: \[1\]"):
-        check_params("zero", {"stage": 3})
+    for stage in (1, 2, 3):
+        check_params("zero", {"stage": stage})
+    with pytest.raises(ValueError, match=r"valid: \[1, 2, 3\]"):
+        check_params("zero", {"stage": 4})
 
 
 def test_zero1_prediction_bounds_the_busiest_rank_and_counts_the_smaller_optimizer_step() -> None:
@@ -149,5 +150,118 @@ def test_zero1_is_not_proposed_when_one_parameter_holds_most_of_the_state() -> N
 
     modules = (ModuleProfile(name="a", parameter_bytes=150), ModuleProfile(name="b", parameter_bytes=50))
     evidence: list = []
-    assert propose(_profile(modules=modules), 700, evidence) == []
-    assert "largest parameter" in evidence[0]["value"]
+    [rec] = propose(_profile(modules=modules), 700, evidence)
+    assert "largest parameter" in evidence[0]["value"] and evidence[0]["what"] == "ZeRO-1"
+    # stage 2 still shards the gradients and the state: 200/2 + 200 + 200/2 + 400/2 = 600 of model states
+    assert rec.id == "zero-2" and rec.predicted.peak_memory_bytes == 800 and not rec.fits
+
+
+def _blocks_profile(**kw):
+    """P = 400, G = 400, S = 800 at a 1800 B peak on 2 ranks; four blocks of 90 B in a ModuleList
+    and 40 B at the root (the largest FSDP unit: 90 B). Steps 1 and 2 all-reduce 400 B in 40 ms,
+    10 ms of it exposed (step 0, DDP's start-up, is left out)."""
+    from advisor.recommend.profile import ModuleProfile
+    from advisor.records.samples import CollectiveStat
+
+    modules = (ModuleProfile(name="", parameter_bytes=400),
+               *(ModuleProfile(name=f"layers.{i}", parameter_bytes=90) for i in range(4)))
+    calls = tuple(CollectiveStat(step=i, op="all_reduce", group_size=2, bytes=400, time_s=0.04 if i else 1.0,
+                                 exposed_s=0.01 if i else 1.0) for i in range(3))
+    base = dict(categories_at_peak={"parameter": 400, "gradient": 400, "optimizer_state": 800, "activation": 200},
+                peak_bytes=1800, step_time_s=1.0, phases={"optimizer_s": 0.1}, modules=modules, collectives=calls)
+    base.update(kw)
+    return _profile(**base)
+
+
+def test_each_stage_follows_the_table_and_the_measured_traffic() -> None:
+    from advisor.recommend.remedies.zero import measured
+    from advisor.recommend.remedies.zero_model import stage_cost
+
+    m = measured(_blocks_profile())
+    assert m.largest_unit_bytes == 90 and m.busbw == pytest.approx(400 * 1.0 / 0.04)
+    s1, s2, s3 = (stage_cost(m, k) for k in (1, 2, 3))
+    # stage 1: S/2 plus the largest parameter's share of the state (800 x 90/400) on the busiest rank
+    assert (s1.parameter_bytes, s1.gradient_bytes, s1.optimizer_state_bytes) == (400, 400, 400 + 180)
+    # stage 2: sharded parameters P/2 beside all of them gathered (kept from forward to backward)
+    assert (s2.parameter_bytes, s2.gradient_bytes, s2.optimizer_state_bytes) == (200 + 400, 200, 400)
+    # stage 3: sharded parameters plus two gathered units (the one in use and the prefetched one)
+    assert (s3.parameter_bytes, s3.gradient_bytes, s3.optimizer_state_bytes) == (200 + 180, 200, 400)
+    assert (s1.peak_bytes, s2.peak_bytes, s3.peak_bytes) == (1580, 1400, 1180)
+    # 3/4 of today's 40 ms of collectives hide behind compute; stage 3 moves 1.5x DDP's bytes;
+    # stage 1 adds the owners' 400 B broadcast at 1e4 B/s, exposed; every stage halves the 0.1 s step.
+    assert s2.comm_s == pytest.approx(0.04) and s2.step_time_s == pytest.approx(1.0 - 0.01 + 0.01 - 0.05)
+    assert s3.comm_s == pytest.approx(0.06) and s3.step_time_s == pytest.approx(1.0 - 0.01 + 0.015 - 0.05)
+    assert s1.step_time_s == pytest.approx(1.0 - 0.01 + 0.01 + 0.04 - 0.05)
+
+
+@pytest.mark.parametrize(("budget", "stage", "fits"), [(1600, 1, True), (1500, 2, True), (1200, 3, True),
+                                                       (1000, 3, False)])
+def test_the_lowest_stage_that_fits_the_budget_is_proposed(budget, stage, fits) -> None:
+    from advisor.recommend.remedies.zero import propose
+
+    evidence: list = []
+    [rec] = propose(_blocks_profile(), budget, evidence)
+    assert rec.id == f"zero-{stage}" and rec.params == {"stage": stage} and rec.fits is fits
+    assert rec.apply_class == ("live-exact" if stage == 1 else "live-equivalent")
+    assert [e["what"] for e in evidence] == ["ZeRO-1 predicted", "ZeRO-2 predicted", "ZeRO-3 predicted"]
+
+
+def test_zero_is_refused_with_the_reason_when_no_optimizer_was_identified() -> None:
+    from advisor.recommend.remedies.zero import propose
+
+    evidence: list = []
+    assert propose(_blocks_profile(optimizer_count=0), 1200, evidence) == []
+    assert "no optimizer" in evidence[0]["value"]
+
+
+def _sharded_profile(gathered: int, exposed: float):
+    """A 2-rank FSDP job: each of steps 1-2 reduce-scatters 400 B and all-gathers ``gathered`` B,
+    ``exposed`` s of it exposed, in a 1 s step; sharded parameters 200 B at a 1000 B peak."""
+    from advisor.records.samples import CollectiveStat
+
+    calls = tuple(CollectiveStat(step=i, op=op, group_size=2, bytes=b, time_s=0.1, exposed_s=exposed / 2)
+                  for i in (0, 1, 2) for op, b in (("reduce_scatter", 400), ("all_gather", gathered)))
+    return _profile(data_parallel="fully_shard", step_time_s=1.0, collectives=calls, budget_bytes=2000,
+                    categories_at_peak={"parameter": 200, "optimizer_state": 400, "activation": 400})
+
+
+def test_a_communication_bound_zero3_job_is_offered_zero2() -> None:
+    from advisor.recommend.remedies.zero import RULE
+    from advisor.recommend.remedies.zero_lower import sharded_stage
+
+    assert sharded_stage(_sharded_profile(800, 0.3)) == 3 and sharded_stage(_sharded_profile(400, 0.3)) == 2
+    finding = RULE(_sharded_profile(800, 0.3))
+    [rec] = finding.recommendations
+    assert finding.bottleneck == "communication" and rec.id == "zero-2" and rec.params == {"stage": 2}
+    # a third of the exposed 0.3 s goes with the backward all-gathers; every rank keeps the other
+    # rank's 200 B of parameters gathered
+    assert rec.predicted.step_time_s == pytest.approx(0.9) and rec.predicted.peak_memory_bytes == 1200
+    assert rec.apply_class == "live-exact" and rec.fits
+
+
+def test_no_lower_stage_under_zero2_or_when_little_is_exposed() -> None:
+    from advisor.recommend.remedies.zero import RULE
+
+    assert RULE(_sharded_profile(400, 0.3)) is None  # ZeRO-2 already
+    assert RULE(_sharded_profile(800, 0.05)) is None  # 5% of the step exposed
+
+
+def test_fsdp_switch_refuses_tied_weights_and_shards_the_blocks() -> None:
+    import torch
+
+    from advisor.apply.remedies._fsdp_switch import blocks_of, unsupported
+
+    tied = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    assert unsupported(tied) is None
+    tied[1].weight = tied[0].weight
+    assert "shared" in unsupported(tied)
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Linear(4, 4)
+            self.layers = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 4)])
+
+    net = Net()
+    # FSDP units: the ModuleList's entries that hold parameters; the root takes the rest
+    assert blocks_of(net) == [net.layers[0], net.layers[2]]

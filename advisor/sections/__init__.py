@@ -22,6 +22,7 @@ from advisor.sections.compute import (
 )
 from advisor.sections.memory import build_memory_section
 from advisor.sections.regimes import build_regimes_section
+from advisor.sections.zero import build_zero_section
 from advisor.state import SessionState
 
 
@@ -48,8 +49,13 @@ def _advice(state: SessionState, report: dict[str, Any], budget: int | None) -> 
     return {"diagnosis": diagnosis, "recommendations": recommendations, "applied": list(state.applied)}
 
 
+def _zero(state: SessionState, report: dict[str, Any], budget: int | None) -> dict[str, Any]:
+    return {"zero": build_zero_section(state)}
+
+
 SECTIONS: list[tuple[str, Callable[[SessionState, dict[str, Any], int | None], dict[str, Any]]]] = [
     ("memory", _memory), ("compute", _compute), ("comm", _comm), ("advice", _advice),
+    ("zero", _zero),
 ]
 
 

@@ -1,4 +1,5 @@
-"""ZeRO stage 1 on a running DDP job, the applier half: partition the script's own optimizer.
+"""ZeRO on a running DDP job, the applier half. Stage 1 (here): partition the script's own
+optimizer. Stages 2 and 3: FSDP2 in place, in ``_fsdp_switch.py`` (``apply_zero`` dispatches).
 
 In place, keeping every object the script holds (the DDP wrapper, its model, its optimizer and
 the LR schedulers over it):
@@ -18,13 +19,14 @@ Numerics are unchanged (``live-exact``). ``revert()`` brings every parameter's s
 every rank (each owner broadcasts it: the layout travels as JSON in a byte tensor, the state as
 tensors; nothing is pickled) and restores the param groups' original lists. Afterwards each
 rank's ``opt.state_dict()`` is complete again; while the remedy is in force it is partial, which
-the predictor names as a prerequisite. Stages 2 and 3 (FSDP2) are not built here yet.
+the predictor names as a prerequisite.
 The predictor is ``recommend/remedies/zero.py``.
 """
 
 from __future__ import annotations
 
 import json
+import weakref
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,12 +35,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from advisor.apply.remedies._fsdp_switch import FsdpHandle, Reshard, is_sharded, set_stage, shard_ddp
 from advisor.apply.target import Target, as_target
 
 logger = logging.getLogger("advisor.apply")
 
 PHASE = "layout"  # advisor.records.remedy.PHASES: sharding goes after every other remedy
-STAGES = (1,)
+STAGES = (1, 2, 3)
+_ZERO1: "weakref.WeakValueDictionary[int, ZeroHandle]" = weakref.WeakValueDictionary()  # by id(optimizer)
 
 
 def partition(sizes: list[int], world: int) -> list[int]:
@@ -180,25 +184,39 @@ def _broadcast_json(value: Any, *, src: int, group: Any) -> Any:
     return json.loads(bytes(buf.tolist()).decode())
 
 
-def apply_zero(target: Target | nn.Module, *, stage: int) -> ZeroHandle:
-    """Partition the optimizer of a DDP job across its ranks (ZeRO stage ``stage``; 1 is built).
+def apply_zero(target: Target | nn.Module, *, stage: int) -> ZeroHandle | FsdpHandle | Reshard:
+    """Shard a data-parallel job's model states across its ranks: ZeRO stage ``stage``.
+
+    - 1: partition the DDP job's optimizer in place (``ZeroHandle``);
+    - 2 or 3 on a DDP job: FSDP2 in place (``apply/remedies/_fsdp_switch.py``);
+    - 2 or 3 on a model already sharded by FSDP2 (by this remedy or by the script): only
+      ``set_reshard_after_forward``.
 
     ``ValueError`` and nothing changed when the job is not one this applier supports."""
-    if stage not in STAGES:
+    if isinstance(stage, bool) or stage not in STAGES:
         raise ValueError(f"ZeRO stage {stage!r} is not built; valid: {list(STAGES)}")
     target = as_target(target)
+    sharded = [m for m in target.models if is_sharded(m)]
+    if sharded:
+        if stage == 1:
+            raise ValueError("the model is sharded by FSDP2 already (ZeRO-2/3); revert that before ZeRO-1")
+        return set_stage(sharded[0], stage)
     ddp = _ddp_of(target)
     if len(target.optimizers) != 1:
-        raise ValueError(f"ZeRO-1 needs exactly one optimizer over the model; found {len(target.optimizers)}")
+        raise ValueError(f"ZeRO needs exactly one optimizer over the model; found {len(target.optimizers)}")
     opt = target.optimizers[0]
     params = [p for g in opt.param_groups for p in g["params"]]
     model_params = {id(p) for p in ddp.module.parameters() if p.requires_grad}
     if {id(p) for p in params} != model_params or len(params) != len(model_params):
-        raise ValueError("ZeRO-1 needs the optimizer to hold exactly the DDP model's trainable parameters")
+        raise ValueError("ZeRO needs the optimizer to hold exactly the DDP model's trainable parameters")
+    if any(h is not None and h.opt is opt and not h.reverted for h in _ZERO1.values()):
+        raise ValueError("ZeRO-1 is in force on this optimizer; revert it before another stage")
     group = getattr(ddp, "process_group", None) or dist.group.WORLD
     world = dist.get_world_size(group)
     if world < 2:
         raise ValueError("ZeRO needs a data-parallel degree above 1")
+    if stage in (2, 3):
+        return shard_ddp(ddp, opt, group, stage=stage)
     rank = dist.get_rank(group)
     ranks = dist.get_process_group_ranks(group) if group is not dist.group.WORLD else list(range(world))
     owners = partition([p.numel() * p.element_size() for p in params], world)
@@ -212,5 +230,6 @@ def apply_zero(target: Target | nn.Module, *, stage: int) -> ZeroHandle:
             handle.dropped[p] = (opt.state.pop(p, {}), p.grad)
             p.grad = None
     handle.hook = opt.register_step_post_hook(handle.after_step)
+    _ZERO1[id(opt)] = handle
     logger.info("Applied ZeRO-1 over %d ranks: this rank owns %d of %d parameters", world, len(mine), len(params))
     return handle

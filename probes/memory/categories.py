@@ -23,9 +23,12 @@ PRIORITY: tuple[str, ...] = MEMORY_CATEGORIES
 
 
 def storage_of(tensor: "torch.Tensor") -> "torch.UntypedStorage | None":
-    """The tensor's untyped storage, or None for tensors without one (sparse, wrapper subclasses)."""
+    """The tensor's untyped storage, or None for tensors without one (sparse, wrapper subclasses).
+
+    A ``DTensor``'s is its local shard's: the wrapper reports a storage of the global size that
+    holds no memory (FSDP2's parameters and the optimizer state and gradients sharded with them)."""
     try:
-        return tensor.untyped_storage()
+        return local_part(tensor).untyped_storage()
     except (RuntimeError, NotImplementedError, TypeError):
         return None
 
@@ -55,6 +58,19 @@ def tensors_in(value: object) -> Iterator["torch.Tensor"]:
             yield from tensors_in(item)
 
 
+def local_part(tensor: "torch.Tensor") -> "torch.Tensor":
+    """This process's part of a tensor: a ``DTensor``'s local shard (FSDP2's sharded parameters,
+    their gradients and optimizer state), else the tensor itself. A DTensor is a wrapper without
+    a storage of its own, so its bytes on this rank are its local tensor's."""
+    import sys
+
+    module = sys.modules.get("torch.distributed.tensor")  # imported by whoever made a DTensor
+    dtensor = getattr(module, "DTensor", None) if module is not None else None
+    if dtensor is not None and isinstance(tensor, dtensor):
+        return tensor.to_local()
+    return tensor
+
+
 def role_tensors(
     models: Iterable["torch.nn.Module"], optimizers: Iterable["torch.optim.Optimizer"]
 ) -> Iterator[tuple[str, "torch.Tensor"]]:
@@ -70,14 +86,14 @@ def role_tensors(
         for group in opt.param_groups:
             params.extend(group["params"])
     for p in params:
-        yield "parameter", p
+        yield "parameter", local_part(p)
     for p in params:
         if p.grad is not None:
-            yield "gradient", p.grad
+            yield "gradient", local_part(p.grad)
     for opt in optimizers:
         for state in opt.state.values():
             for value in tensors_in(state):
-                yield "optimizer_state", value
+                yield "optimizer_state", local_part(value)
 
 
 def choose_category(

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from advisor.probes.memory.budget import apply_cuda_budget
-from advisor.probes.memory.categories import role_tensors, storage_key
+from advisor.probes.memory.categories import local_part, role_tensors, storage_key
 from advisor.probes.device.nvml import Nvml
 from advisor.probes.memory.cuda import (
     allocator_view,
@@ -338,7 +338,7 @@ class MemoryProbe(Probe):
         for p in self._params:
             grad = p.grad
             if grad is not None:
-                grads += grad.untyped_storage().nbytes()
+                grads += local_part(grad).untyped_storage().nbytes()
         categories = dict.fromkeys(MEMORY_CATEGORIES, 0)
         categories.update(self._light)
         categories["gradient"] = grads

@@ -20,6 +20,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from advisor.probes.memory.categories import choose_category, role_tensors, storage_of, tensors_in
+from advisor.probes.memory.resized import ResizeWatch
 from advisor.records import host_memory
 from advisor.records.samples import MEMORY_CATEGORIES
 
@@ -117,6 +118,7 @@ class StorageTracker(TorchDispatchMode):
         self.active = False
         self.failed_op: tuple[str, str | None] | None = None
         self._hooks: Any = None
+        self._resizes = ResizeWatch(self._resized_away, self._resized_back)
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -127,6 +129,7 @@ class StorageTracker(TorchDispatchMode):
         self.__enter__()
         self.active = True
         host_memory.listeners.append(self._reclassify)
+        self._resizes.ensure()
 
     def stop(self) -> None:
         """Leave the mode and hooks (in reverse order) and forget every storage."""
@@ -135,6 +138,7 @@ class StorageTracker(TorchDispatchMode):
         self.active = False
         if self._reclassify in host_memory.listeners:
             host_memory.listeners.remove(self._reclassify)
+        self._resizes.stop()
         self.__exit__(None, None, None)
         self._hooks.__exit__(None, None, None)
         self._hooks = None
@@ -179,6 +183,8 @@ class StorageTracker(TorchDispatchMode):
             self._reclassify(key)
 
     def set_step(self, step: int) -> None:
+        if self.active:
+            self._resizes.ensure()  # FSDP2 may have been imported since (a live ZeRO switch)
         if step != self.step:
             self.step = step
             for key in list(self.entries):
@@ -250,6 +256,20 @@ class StorageTracker(TorchDispatchMode):
         if entry is not None:
             self.totals[entry.category] -= entry.nbytes
             self.total -= entry.nbytes
+
+    def _resized_away(self, tensor: torch.Tensor) -> None:
+        """FSDP2 is about to free ``tensor``'s storage by resizing it to 0 (``resized.py``)."""
+        storage = storage_of(tensor)
+        entry = self.entries.get(storage._cdata) if storage is not None else None
+        if entry is not None:
+            if entry.finalizer is not None:
+                entry.finalizer.detach()
+            self._freed(storage._cdata, self.generation)  # type: ignore[union-attr]
+
+    def _resized_back(self, tensor: torch.Tensor) -> None:
+        """FSDP2 re-allocated ``tensor``'s storage: count it again, from now."""
+        if self._ensure(tensor, origin="temporary", step=self.step, op="fsdp.alloc_storage") is not None:
+            self._note_peak()
 
     def _note_peak(self) -> None:
         if self.total > self.peak_total:

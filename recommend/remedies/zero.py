@@ -1,22 +1,20 @@
-"""ZeRO stage 1 on a DDP job, the predictor half: spec, memory and time model, proposal.
+"""ZeRO stages 1-3 on a DDP job, the predictor half: spec, per-stage proposals.
 
-Memory (REFERENCE.md, "ZeRO"): stage 1 partitions the optimizer state across the N_d
-data-parallel ranks. The applier balances the partition by parameter bytes, largest first, so
-the busiest rank holds at most 1/N_d of the state plus the state of one parameter (the
-largest); the prediction is that bound, for the busiest rank:
+The figures come from ``zero_model.py`` (its docstring has the formulas: per-rank parameter,
+gradient and optimizer-state bytes of each stage from REFERENCE.md's table, calibrated by the
+categories measured at the peak, plus FSDP's gathered units; collective time from the bytes
+each stage moves at the job's measured bus bandwidth, with today's hidden share).
 
-    peak' = peak - optimizer_state * (1 - 1/N_d) + optimizer_state * largest_parameter / parameters
+Every stage that lowers the peak is proposed with its own prediction; the advice ranking (fits
+the budget first, then by step time) puts the cheapest stage that fits first, and the rest
+after it. Refused, with the reason in the finding's evidence: no optimizer identified, more than
+one optimizer, a model wrapped otherwise than by DDP. A script's own checkpointing cannot be
+seen from the records: each recommendation says in its prerequisites what it changes there.
 
-Time: DDP's gradient all-reduce is unchanged; each rank's optimizer step now updates 1/N_d of
-the parameters, and after it each owner broadcasts its updated parameters, Ψ parameter bytes in
-all, which nothing overlaps:
-
-    step' = step - optimizer_s * (1 - 1/N_d) + parameter_bytes / bus bandwidth
-
-with the bus bandwidth this job measured on its own all-reduces (the comm probe's collectives,
-nccl-tests' convention; a broadcast's bus factor is 1). Without measured collectives the time is
-not predicted. The applier is ``apply/remedies/zero.py`` (stage 1 only: stages 2 and 3 through
-FSDP2 are not built yet); numerics are unchanged, so it is ``live-exact``.
+Apply classes: stage 1 is ``live-exact`` (the same all-reduce, the same per-element updates);
+stages 2 and 3 are ``live-equivalent``: FSDP2 reduce-scatters where DDP all-reduces (another
+summation order beyond 2 ranks or on NCCL rings), and a gradient-norm clip sums DTensor shards
+before the all-reduce. The applier is ``apply/remedies/zero.py``.
 """
 
 from __future__ import annotations
@@ -28,18 +26,34 @@ from advisor.recommend.finding import gib
 from advisor.recommend.memory_model import measured_peak
 from advisor.recommend.profile import Profile
 from advisor.recommend.remedies import RemedySpec
+from advisor.recommend.remedies.zero_lower import lower_stage_rule
+from advisor.recommend.remedies.zero_model import STAGE_TRAFFIC, Measured, StageCost, stage_cost
+from advisor.recommend.rules._figures import comm_steps, median_per_step
 from advisor.records.advice import Prediction, Recommendation
 from advisor.records.bandwidth import busbw
 
-STAGES = (1,)
-COST_MODEL = ("peak - optimizer state x (1 - 1/N_d) + the largest parameter's state; step - optimizer step "
-              "x (1 - 1/N_d) + parameter bytes / measured bus bandwidth (owners broadcast after each step)")
+STAGES = (1, 2, 3)
+COST_MODELS = {
+    1: "peak - optimizer state x (1 - 1/N_d) + the largest parameter's state; step - optimizer step "
+       "x (1 - 1/N_d) + parameter bytes / measured bus bandwidth (owners broadcast after each step)",
+    2: "peak - (P + G + S) + P/N_d + P + (G + S)/N_d (FSDP2 keeps gathered parameters from forward to "
+       "backward); step - exposed collectives + the same traffic (reduce-scatter + all-gather) exposed "
+       "as today - optimizer step x (1 - 1/N_d)",
+    3: "peak - (P + G + S) + (P + G + S)/N_d + two gathered units; step - exposed collectives + 1.5x "
+       "DDP's traffic (all-gather in forward and backward) exposed as today - optimizer step x (1 - 1/N_d)",
+}
+COST_MODEL = COST_MODELS[1]
+APPLY_CLASSES = {1: "live-exact", 2: "live-equivalent", 3: "live-equivalent"}
+CHECKPOINT_CAVEAT = ("while it is in force each rank's optimizer.state_dict() (and, for stages 2 and 3, "
+                     "model.state_dict()) holds only its own shard: a script that saves a checkpoint with "
+                     "torch.save on one rank needs every rank's file, torch.distributed.checkpoint, or a "
+                     "revert first")
 
 
 def parse_stage(value: Any) -> int:
     """The ZeRO stage as an int; ``ValueError`` naming the built stages."""
     if isinstance(value, bool) or not isinstance(value, int) or value not in STAGES:
-        raise ValueError(f"ZeRO stage {value!r} is not built; valid: {list(STAGES)} (2 and 3 need FSDP2, not built yet)")
+        raise ValueError(f"ZeRO stage {value!r} is not built; valid: {list(STAGES)}")
     return value
 
 
@@ -55,54 +69,124 @@ def measured_busbw(profile: Profile) -> float | None:
     return statistics.median(values) if values else None
 
 
-def propose(profile: Profile, budget: int, evidence: list[dict[str, object]]) -> list[Recommendation]:
-    """ZeRO-1 when a DDP job's optimizer state is a share of its peak worth partitioning."""
-    n = profile.world_size
-    state = int(profile.categories_at_peak.get("optimizer_state", 0))
-    if n < 2 or profile.data_parallel != "DistributedDataParallel" or state <= 0:
-        return []
+def largest_unit_bytes(profile: Profile, params: int) -> int:
+    """Parameter bytes of the largest unit FSDP2 would gather at once: the applier's blocks are
+    the entries of ModuleLists (module names ending in an index), the root takes the rest.
+    Without module records: the whole model (the cautious bound)."""
+    blocks = [m for m in profile.modules if m.name.rpartition(".")[2].isdigit()]
+    top = [m for m in blocks if not any(m.name.startswith(b.name + ".") for b in blocks)]
+    if not top:
+        return params
+    rest = max(0, params - sum(m.parameter_bytes for m in top))
+    return max(max(m.parameter_bytes for m in top), rest)
+
+
+def measured(profile: Profile) -> Measured:
+    """The figures ``zero_model`` calibrates on, from one rank's profile."""
+    cats = profile.categories_at_peak
+    params = int(cats.get("parameter", 0))
+    by_step = comm_steps(profile.collectives)
+    reduces = {k: [c for c in v if c.op == "all_reduce"] for k, v in by_step.items()}
+    return Measured(
+        world=profile.world_size,
+        peak_bytes=measured_peak(profile),
+        parameter_bytes=params,
+        gradient_bytes=int(cats.get("gradient", 0)),
+        optimizer_state_bytes=int(cats.get("optimizer_state", 0)),
+        largest_parameter_bytes=max((m.parameter_bytes for m in profile.modules if not profile.children(m.name)),
+                                    default=0),
+        largest_unit_bytes=largest_unit_bytes(profile, params),
+        step_time_s=profile.step_time_s,
+        optimizer_s=profile.phases.get("optimizer_s", 0.0),
+        busbw=measured_busbw(profile),
+        comm_s=median_per_step(by_step, "time_s") or None,
+        exposed_s=median_per_step(by_step, "exposed_s") if by_step else None,
+        grad_bytes_reduced=int(median_per_step(reduces, "bytes")) or None,
+    )
+
+
+def refusal(profile: Profile) -> str | None:
+    """Why no stage can be applied to this job (None: it can)."""
+    if profile.optimizer_count == 0:
+        return "no optimizer of the job was identified"
     if profile.optimizer_count != 1:
-        evidence.append({"what": "ZeRO-1", "value": f"not proposed: {profile.optimizer_count} optimizers "
-                                                    "(the applier partitions exactly one)"})
+        return f"{profile.optimizer_count} optimizers (the appliers shard exactly one, over the whole model)"
+    if profile.data_parallel != "DistributedDataParallel":
+        return f"the model is wrapped by {profile.data_parallel or 'nothing'}, not DistributedDataParallel"
+    return None
+
+
+def propose(profile: Profile, budget: int, evidence: list[dict[str, object]]) -> list[Recommendation]:
+    """The lowest ZeRO stage whose predicted peak fits ``budget`` (its time cost predicted too);
+    when none fits, the stage with the lowest peak, marked as not fitting. Every stage's
+    predicted peak and step time go into ``evidence``."""
+    n = profile.world_size
+    if n < 2 or int(profile.categories_at_peak.get("optimizer_state", 0)) <= 0:
         return []
-    baseline_peak = measured_peak(profile)
-    params = int(profile.categories_at_peak.get("parameter", 0))
-    largest = max((m.parameter_bytes for m in profile.modules if not profile.children(m.name)), default=0)
-    imbalance = int(state * largest / params) if params else 0
-    saved = int(state * (1 - 1 / n)) - imbalance
-    if saved <= 0:
-        evidence.append({"what": "ZeRO-1", "value": "not proposed: the largest parameter holds so much of the "
-                                                    "state that the busiest rank would save nothing"})
+    why = refusal(profile)
+    if why is not None:
+        if profile.data_parallel in ("DistributedDataParallel", None):
+            evidence.append({"what": "ZeRO", "value": f"not proposed: {why}"})
         return []
-    peak = baseline_peak - saved
-    bw = measured_busbw(profile)
-    step = profile.step_time_s
-    extra = params / bw if bw and params else None
-    optimizer_saved = profile.phases.get("optimizer_s", 0.0) * (1 - 1 / n)
-    predicted_time = step - optimizer_saved + extra if step is not None and extra is not None else None
-    ev = [f"optimizer state {gib(state)} of a {gib(baseline_peak)} peak, replicated on {n} ranks",
-          f"ZeRO-1 keeps about 1/{n} of it per rank: {gib(saved)} less at the peak"]
-    ev.append(f"owners broadcast {gib(params)} of parameters after each step at the measured "
-              f"{bw / 1e9:.2f} GB/s bus bandwidth: +{extra * 1e3:.1f} ms" if extra is not None else
-              "step time not predicted: no all-reduce of this job was measured (comm probe off?)")
-    return [Recommendation(
-        id="zero-1",
+    m = measured(profile)
+    costs = []
+    for stage in STAGES:
+        cost = stage_cost(m, stage)
+        if cost.peak_bytes >= m.peak_bytes:
+            reason = ("the largest parameter holds so much of the state that the busiest rank would save "
+                      "nothing" if stage == 1 else "gathered parameters outweigh what sharding saves")
+            evidence.append({"what": f"ZeRO-{stage}", "value": f"not proposed: {reason}"})
+            continue
+        costs.append(cost)
+        time = f"{cost.step_time_s * 1e3:.1f} ms" if cost.step_time_s is not None else "not predicted"
+        evidence.append({"what": f"ZeRO-{stage} predicted", "value": f"peak {gib(cost.peak_bytes)}, step {time}"
+                         + ("" if cost.peak_bytes <= budget else " (over the budget)")})
+    if not costs:
+        return []
+    fitting = [c for c in costs if c.peak_bytes <= budget]
+    chosen = fitting[0] if fitting else min(costs, key=lambda c: (c.peak_bytes, c.stage))
+    return [_recommendation(profile, m, stage_cost(m, 0), chosen, budget)]
+
+
+def _recommendation(profile: Profile, m: Measured, base: StageCost, cost: StageCost, budget: int) -> Recommendation:
+    n, stage = m.world, cost.stage
+    ev = [f"model states {gib(base.model_state_bytes)} per rank of a {gib(m.peak_bytes)} peak, replicated on {n} ranks "
+          f"(parameters {gib(m.parameter_bytes)}, gradients {gib(m.gradient_bytes)}, optimizer state "
+          f"{gib(m.optimizer_state_bytes)} at the peak)",
+          f"ZeRO-{stage} keeps {gib(cost.model_state_bytes)} of them per rank: parameters {gib(cost.parameter_bytes)}, "
+          f"gradients {gib(cost.gradient_bytes)}, optimizer state {gib(cost.optimizer_state_bytes)}; "
+          f"{gib(m.peak_bytes - cost.peak_bytes)} less at the peak"]
+    if cost.comm_s is not None and m.busbw:
+        ev.append(f"collectives {cost.comm_s * 1e3:.1f} ms per step ({STAGE_TRAFFIC[stage]:g}x DDP's traffic"
+                  + (", plus the owners' broadcast" if stage == 1 else "")
+                  + f", at the measured {m.busbw / 1e9:.2f} GB/s bus bandwidth), {cost.exposed_s * 1e3:.1f} ms "
+                  f"exposed against {(m.exposed_s or 0) * 1e3:.1f} ms today")
+    else:
+        ev.append("step time not predicted: no all-reduce of this job was measured (comm probe off?)")
+    prereq = ["one optimizer holding exactly the DDP model's trainable parameters", CHECKPOINT_CAVEAT]
+    if stage > 1:
+        prereq.append("FSDP2 (torch.distributed.fsdp.fully_shard) shards each block and the root in place; "
+                      "the DDP wrapper's forward is routed to the sharded module")
+    title = {1: f"ZeRO-1: partition the optimizer state across the {n} data-parallel ranks",
+             2: f"ZeRO-2: shard gradients and optimizer state across the {n} ranks (FSDP2, "
+                "parameters kept gathered through backward)",
+             3: f"ZeRO-3: shard parameters, gradients and optimizer state across the {n} ranks (FSDP2)"}[stage]
+    return Recommendation(
+        id=f"zero-{stage}",
         remedy=SPEC.name,
-        title=f"ZeRO-1: partition the optimizer state across the {n} data-parallel ranks",
-        params={"stage": 1},
-        predicted=Prediction(peak_memory_bytes=peak, step_time_s=predicted_time),
-        baseline=Prediction(peak_memory_bytes=baseline_peak, step_time_s=step),
-        cost_model=COST_MODEL,
-        confidence="high" if bw else "medium",
-        exact=True,
+        title=title,
+        params={"stage": stage},
+        predicted=Prediction(peak_memory_bytes=cost.peak_bytes, step_time_s=cost.step_time_s),
+        baseline=Prediction(peak_memory_bytes=m.peak_bytes, step_time_s=m.step_time_s),
+        cost_model=COST_MODELS[stage],
+        confidence="high" if m.busbw and stage == 1 else "medium" if m.busbw else "low",
+        exact=stage == 1,
         live=True,
-        apply_class=SPEC.apply_class,
-        prerequisites=["one optimizer holding exactly the DDP model's trainable parameters",
-                       "while it is in force each rank's optimizer.state_dict() holds only its own share: "
-                       "a checkpoint of the optimizer needs every rank's file (or revert first)"],
+        apply_class=APPLY_CLASSES[stage],
+        prerequisites=prereq,
         evidence=ev,
-        fits=peak <= budget,
-    )]
+        fits=cost.peak_bytes <= budget,
+    )
 
 
 SPEC = RemedySpec(
@@ -114,3 +198,5 @@ SPEC = RemedySpec(
     addresses="memory",
     propose=propose,
 )
+
+RULE = lower_stage_rule  # a sharded job bound by exposed communication: a lower stage

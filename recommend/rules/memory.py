@@ -19,7 +19,7 @@ from advisor.records.advice import Prediction, Recommendation
 
 MEMORY_PRESSURE = 0.90  # peak above this share of the budget deserves advice
 NOT_BUILT = (
-    "ZeRO-2/3 (FSDP2) sharding of model states",
+    "more data-parallel ranks, to shard the model states with ZeRO (remedies/zero.py shards a DDP job's)",
     "a smaller micro-batch with gradient accumulation",
     "more devices, to split the model into a pipeline",
 )
