@@ -74,10 +74,17 @@ STEP_LINE = re.compile(r"^step (\d+) loss (\S+)\s*$")
 MIB = 2**20
 
 
-def run(cmd: list[str], env: dict[str, str]) -> list[str]:
-    """Run to completion; the script's step lines. Raises RuntimeError with stderr's tail on failure."""
+UNAPPLIED = "never happened"  # attach --headless --apply exits 1 when nothing was applied
+
+
+def run(cmd: list[str], env: dict[str, str], *, unapplied_ok: bool = False) -> list[str]:
+    """Run to completion; the script's step lines. Raises RuntimeError with stderr's tail on failure.
+
+    ``unapplied_ok``: a budgeted run whose ``--apply auto`` found nothing to apply (attach exits 1
+    and says so) is a row of the table ("nothing applied"), not a failure of the bench."""
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    if proc.returncode != 0:
+    unapplied = unapplied_ok and proc.returncode == 1 and UNAPPLIED in proc.stderr[-2000:]
+    if proc.returncode != 0 and not unapplied:
         raise RuntimeError(f"{display(cmd)} exited with {proc.returncode}:\n{proc.stderr[-2000:]}")
     return [line for line in proc.stdout.splitlines() if STEP_LINE.match(line)]
 
@@ -237,7 +244,7 @@ def run_model(args: argparse.Namespace, script: Path, extra: list[str], tmp: Pat
         print(f"\n== budget {fraction:.0%} of P = {budget} B ({mib(budget)})", flush=True)
         print(f"  {display(cmd)}", flush=True)
         offline(report0, budget)
-        printed = run(cmd, env)
+        printed = run(cmd, env, unapplied_ok=True)
         report = json.loads(path.read_text())
         row = live(report, budget)
         rows.append({"fraction": fraction, **(row or {"remedy": None})})
