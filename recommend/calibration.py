@@ -2,7 +2,8 @@
 
 After every apply the executor measures the step time with the remedy in force
 (``ApplyResult.after.step_time_s``, the median of the light steps at the end of its
-window) beside the cost model's prediction (``ApplyResult.predicted.step_time_s``). Per
+window; a window timed on deep steps, ``step_kind`` "deep", is left out: predictions are for
+ordinary steps) beside the cost model's prediction (``ApplyResult.predicted.step_time_s``). Per
 remedy kind (``Recommendation.remedy``) this module keeps that history and the model's
 relative error
 
@@ -123,7 +124,10 @@ def model_errors(applied: Iterable[Mapping[str, Any]]) -> dict[str, RemedyErrors
         predicted = [e.get("predicted") or {} for e in entries]
         after = [((e.get("measured") or {}).get("after") or {}) for e in entries]
         p_time = _median([p["step_time_s"] for p in predicted if p.get("step_time_s") is not None])
-        m_time = _median([a["step_time_s"] for a in after if a.get("step_time_s") is not None])
+        # Predictions are for ordinary (light) steps: a window timed on deep steps (the probes
+        # running, 2-6x slower) says nothing about the model's error, so it is left out.
+        m_time = _median([a["step_time_s"] for a in after
+                          if a.get("step_time_s") is not None and (a.get("step_kind") or "light") == "light"])
         p_peak = _median([p["peak_memory_bytes"] for p in predicted if p.get("peak_memory_bytes") is not None])
         m_peak = _median([a["peak_memory_bytes"] for a in after if a.get("peak_memory_bytes") is not None])
         error = ApplyError(

@@ -57,6 +57,18 @@ def test_errors_per_remedy_one_per_apply_failed_and_user_reverts_left_out():
     assert row["history"][1]["predicted_step_time_s"] == 2.0 and row["history"][1]["measured_step_time_s"] == 1.6
 
 
+def test_a_window_timed_on_deep_steps_gives_no_step_time_error():
+    """Predictions are for ordinary steps; a deep-timed window (probes on) is not a measurement of them."""
+    deep = _applied("activation_checkpointing", 5, 1.0, 1.6, peak=(100, 100))
+    deep["measured"]["after"]["step_kind"] = "deep"
+    light = _applied("activation_checkpointing", 9, 1.2, 1.0)
+    light["measured"]["after"]["step_kind"] = "light"
+    errors = model_errors([deep, light])["activation_checkpointing"]
+    assert [a.step_time_error for a in errors.applies] == [None, pytest.approx(0.2)]
+    assert errors.applies[0].peak_error == 0.0  # the deep window's peak still counts
+    assert errors.step_time_error == pytest.approx(0.2)
+
+
 def test_one_apply_shifts_the_prediction_and_keeps_the_model_in_the_interval():
     errors = model_errors([_applied("activation_checkpointing", 5, 1.2, 1.0)])
     rec = calibrate(_rec("activation_checkpointing", 3.0), errors["activation_checkpointing"])
