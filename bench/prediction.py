@@ -272,7 +272,8 @@ def summary(table: list[tuple[str, dict[str, Any]]]) -> None:
         if not r.get("remedy"):
             print(f"| {label} | {r['fraction']:.0%} | nothing applied | - | - | - | - |")
             continue
-        print(f"| {label} | {r['fraction']:.0%} | {r['blocks']} blocks, {r['status']} | "
+        plan = f"{r['blocks']} blocks" if r["remedy"] == "activation_checkpointing" else r["remedy"]
+        print(f"| {label} | {r['fraction']:.0%} | {plan}, {r['status']} | "
               f"{mib(r['p_peak'])} / {mib(r['m_peak'])} | {_err(r['p_peak'], r['m_peak'])} | "
               f"{ms(r['p_time'])} / {ms(r['m_time'])} | {_err(r['p_time'], r['m_time'])} |")
 
