@@ -1,14 +1,15 @@
 """The agent's end of the channel: send records, receive commands, never block training.
 
 ``emit`` only appends to a bounded buffer (dropping, and counting drops, when it
-is full) and wakes nothing. A daemon thread wakes every ``SEND_INTERVAL_S`` (or at
+is full) and wakes nothing. A daemon thread wakes every ``SEND_INTERVAL_S`` (50 ms, or at
 ``close``), encodes what accumulated and sends it over the Unix socket in one write;
 another thread reads commands. Why not wake the sender on every record: its encoding
 (JSON and HMAC) needs the GIL, and a sender woken at each step boundary takes it at the
 training thread's next GIL release (inside the optimizer step, the autograd engine, the
 next batch's ops), so every step paid a thread hand-off at a random place: measured on
 2 cores, 0.5-9 ms inside ``Optimizer.step`` on a 7 ms step (issue 15's trace-vs-attach
-gap). Batched, the hand-off happens a few times a second whatever the step rate. When the controller is gone (never reachable, or the socket broke),
+gap). Batched, the hand-off happens at most 20 times a second whatever the step rate,
+and a SIGKILLed training process still loses no more than the last 50 ms of records. When the controller is gone (never reachable, or the socket broke),
 the sender appends the remaining records as JSON lines to a spill file in the
 session folder, readable by its owner only, which ``advisor report`` merges
 into the session store. Training never waits on any of this, except for a
@@ -29,7 +30,7 @@ from advisor.records.wire import FrameReader, WireError, encode
 
 QUEUE_LIMIT = 50_000
 CONNECT_TIMEOUT_S = 5.0
-SEND_INTERVAL_S = 0.25  # the live view's refresh is slower than this
+SEND_INTERVAL_S = 0.05  # a SIGKILLed training process loses at most this much of its records
 
 
 class AgentChannel:
