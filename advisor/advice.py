@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from advisor.recommend.advise import advise
+from advisor.recommend.calibration import model_errors
 from advisor.recommend.profile import has_measurements, profile_from_records
 from advisor.records.commands import ApplyCommand, RevertCommand
 from advisor.records.remedy import command_digest
@@ -39,7 +40,8 @@ def advise_state(state: SessionState, *, budget_bytes: int | None = None
                  ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """Diagnosis and ranked recommendations (report-shaped dicts) for the job as it runs now.
 
-    Reads the current regime's records (advisor/regime.py); ``budget_bytes`` overrides the
+    Reads the current regime's records (advisor/regime.py), and every apply of the session to
+    calibrate step-time predictions (``recommend/calibration.py``); ``budget_bytes`` overrides the
     budget the session was recorded with. ``(None, [])`` when nothing is measured yet.
     """
     regime = current_regime(state)
@@ -51,7 +53,8 @@ def advise_state(state: SessionState, *, budget_bytes: int | None = None
         collectives=regime.collectives, events=regime.events,
         runs=[regime.runs[r] for r in sorted(regime.runs)], models=regime.models,
         optimizers=regime.optimizers, budget_bytes=budget_bytes or recorded_budget(state))
-    diagnosis, recommendations = advise(profile)
+    # Calibration reads the whole session's applies, not only the current regime's.
+    diagnosis, recommendations = advise(profile, errors=model_errors(state.applied))
     return diagnosis.to_dict(), [r.to_dict() for r in recommendations]
 
 

@@ -13,7 +13,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from advisor.phrases import exit_line
+from advisor.phrases import applied_time_line, calibration_line, exit_line
 from advisor.records.units import fmt_bytes, fmt_seconds
 from advisor.report_markdown import report_markdown
 
@@ -62,13 +62,15 @@ def _advice_panel(report: dict[str, Any]) -> Panel | None:
         lines.append(f"  [b]{_t(rec['id'])}[/b] {_t(rec.get('title') or rec['remedy'])} → peak "
                      f"{fmt_bytes(predicted.get('peak_memory_bytes'))}, step "
                      f"{fmt_seconds(predicted.get('step_time_s'))}"
-                     + ("" if rec.get("live", True) else " (not live)"))
+                     + ("" if rec.get("live", True) else " (not live)")
+                     + (f" · {calibration_line(rec)}" if calibration_line(rec) else ""))
     for applied in report.get("applied") or []:
         after = (applied.get("measured") or {}).get("after") or {}
         predicted = applied.get("predicted") or {}
         lines.append(f"  applied {_t(applied.get('remedy'))} at step {applied.get('at_step')}: "
                      f"[b]{_t(applied.get('status'))}[/b] · peak predicted {fmt_bytes(predicted.get('peak_memory_bytes'))} "
                      f"measured {fmt_bytes(after.get('peak_memory_bytes'))}"
+                     + (f" · {applied_time_line(applied)}" if applied_time_line(applied) else "")
                      + (f" · error: {_t(applied['error'])}" if applied.get("error") else ""))
     return Panel("\n".join(lines), title="diagnosis", expand=False)
 

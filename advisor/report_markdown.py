@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from advisor.phrases import exit_line
+from advisor.phrases import calibration_line, exit_line
 from advisor.records.units import fmt_bytes, fmt_quantity, fmt_seconds
 from advisor.sections.compute import time_base_note
 
@@ -73,7 +73,9 @@ def report_markdown(report: dict[str, Any], *, top: int = 10) -> str:
         out += ["## Recommendations", ""]
         out += _table(("id", "remedy", "predicted peak", "predicted step", "live"),
                       ((r["id"], r.get("title") or r["remedy"], fmt_bytes((r.get("predicted") or {}).get("peak_memory_bytes")),
-                        fmt_seconds((r.get("predicted") or {}).get("step_time_s")), "yes" if r.get("live") else "no")
+                        fmt_seconds((r.get("predicted") or {}).get("step_time_s"))
+                        + (f" ({calibration_line(r)})" if calibration_line(r) else ""),
+                        "yes" if r.get("live") else "no")
                        for r in recs))
     for warning in report.get("warnings") or []:
         out.append(f"> warning: {warning}")

@@ -6,7 +6,9 @@
 
 One process, one model, one optimizer. Blocks of ``--block-steps`` training steps alternate
 between the agent's global hooks *installed* (with the enabled probes built as ``advisor attach``
-builds them, and every record serialised as the channel would) and *not installed*; the pair order
+builds them, and every record handed to a real ``AgentChannel`` whose sender thread encodes it as
+JSON and writes it to ``os.devnull``: the thread's share of the GIL is part of the cost) and *not
+installed*; the pair order
 flips every other pair (ABBA) so drift hits both sides alike. Each block's figure is the median of
 its step times (``time.perf_counter()`` around one whole loop iteration), leaving out the first two
 steps of the block (hook installation, caches). The overhead of a pair is agent / bare; printed are
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import statistics
 import sys
 import time
@@ -38,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from advisor.agent.agent import Agent  # noqa: E402
+from advisor.agent.channel import AgentChannel  # noqa: E402
 from advisor.agent.hooks import install  # noqa: E402
 from advisor.agent.probe_registry import build_probes  # noqa: E402
 from advisor.records.samples import StepSample  # noqa: E402
@@ -88,17 +92,27 @@ def gpt_step(args: list[str]) -> Step:
     return step
 
 
-def make_agent(probes: str, deep: bool) -> tuple[Agent, list]:
-    """An agent as ``advisor attach`` builds it, emitting into a list after serialising each record."""
+class _Sink(list):
+    """The records emitted, and the channel they went through (closed with the agent)."""
+
+    channel: AgentChannel
+
+
+def make_agent(probes: str, deep: bool) -> tuple[Agent, _Sink]:
+    """An agent as ``advisor attach`` builds it; every record goes through an ``AgentChannel``
+    (no controller: its sender spills them, JSON-encoded, to ``os.devnull``) and into a list."""
     names = [] if probes == "none" else ["memory", "compute", "comm"]
     config = {"probes": names, "deep_steps": [], "deep_every": 0}
     built, warnings = build_probes(config)
     if warnings:
         print("\n".join(warnings), file=sys.stderr)
-    sink: list = []
+    sink = _Sink()
+    sink.channel = AgentChannel(None, b"bench", spill_path=os.devnull)
 
-    def emit(record) -> None:  # what the channel does on the training thread: build the JSON dict
-        sink.append({"kind": record.KIND, "data": record.to_dict()})
+    def emit(record) -> None:  # what bootstrap's emit does on the training thread
+        message = {"kind": record.KIND, "data": record.to_dict()}
+        sink.channel.emit(message)
+        sink.append(message)
 
     agent = Agent(emit=emit, config=config, probes=built)
     for probe in list(agent.probes):
@@ -146,6 +160,7 @@ def light_overhead(step: Step, probes: str, blocks: int, block_steps: int) -> di
         if hooks is not None:
             hooks.remove()
         agent.close()
+        sink.channel.close()
     low, high = bootstrap_ci(ratios)
     return {"median": statistics.median(ratios), "low": low, "high": high, "pairs": len(ratios)}
 
@@ -162,6 +177,7 @@ def deep_cost(step: Step, steps: int, deep_at: tuple[int, ...]) -> dict[str, flo
     finally:
         hooks.remove()
         agent.close()
+        sink.channel.close()
     deep = {r["data"]["index"] for r in sink if r["kind"] == StepSample.KIND and r["data"].get("deep")}
     # Iteration i runs step i; the deep probes start at the boundary ending step i-1 (inside
     # iteration i-1) and stop at the boundary ending step i (inside iteration i).

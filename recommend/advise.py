@@ -8,20 +8,23 @@ and ``advisor plan`` share, and stores the ``to_dict()`` forms in ``SessionState
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
+from advisor.recommend.calibration import RemedyErrors, calibrate
 from advisor.recommend.profile import Profile
 from advisor.recommend.rules import RULES, Finding, Rule
 from advisor.records.advice import Diagnosis, Recommendation
 
 
-def advise(profile: Profile, rules: Sequence[Rule] | None = None) -> tuple[Diagnosis, list[Recommendation]]:
+def advise(profile: Profile, rules: Sequence[Rule] | None = None,
+           errors: Mapping[str, RemedyErrors] | None = None) -> tuple[Diagnosis, list[Recommendation]]:
     """Run the rules; the most severe finding names the bottleneck.
 
     Recommendations are ranked by the severity of the finding that proposed them (the
     bottleneck that blocks the run or costs the most comes first: an over-budget job's memory
-    remedies before a faster optimizer), then plans that fit first, by predicted step time,
-    then by predicted peak; ids are unique (first kept).
+    remedies before a faster optimizer), then plans that fit first, by predicted step time
+    (calibrated by ``errors``, the session's earlier applies per remedy, where there are
+    any: ``recommend/calibration.py``), then by predicted peak; ids are unique (first kept).
     """
     findings: list[Finding] = [f for rule in (RULES if rules is None else rules) if (f := rule(profile)) is not None]
     if not findings:
@@ -41,11 +44,13 @@ def advise(profile: Profile, rules: Sequence[Rule] | None = None) -> tuple[Diagn
     for order, finding in enumerate(findings):
         for rec in finding.recommendations:
             recs.setdefault(rec.id, (order, rec))
+    if errors:
+        recs = {key: (order, calibrate(rec, errors.get(rec.remedy))) for key, (order, rec) in recs.items()}
     return diagnosis, [rec for _, rec in sorted(recs.values(), key=lambda pair: _rank(*pair))]
 
 
 def _rank(order: int, rec: Recommendation) -> tuple[int, int, float, float]:
-    time = rec.predicted.step_time_s
+    time = rec.calibration.step_time_s if rec.calibration is not None else rec.predicted.step_time_s
     peak = rec.predicted.peak_memory_bytes
     return (
         order,

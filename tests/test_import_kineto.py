@@ -231,10 +231,14 @@ def _steady_median(samples: list[StepSample]) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="open in issue 15: since the agent's step-period change the imported "
-                   "trace and the attached session of the same run read 5-40% apart on step and phase times")
 def test_import_matches_an_attach_session_of_the_same_run(tmp_path):
-    """The script profiles itself while the advisor's agent records it: same steps, times within 5%."""
+    """The script profiles itself while the advisor's agent records it: same steps, times within 5%.
+
+    The trace's steps include the agent's own work at each boundary (it runs in the optimizer's
+    post-hook, inside ``Optimizer.step``'s span); the agent's steps leave it out. The two agree
+    because that work is small: the channel sends records in batches from its own thread, so no
+    step pays a thread hand-off for its record (issue 15: with a send per record the optimizer
+    phase read 5-40% apart)."""
     out = tmp_path / "traces"
     report_path = tmp_path / "attach.json"
     env = {**os.environ, "ADVISOR_HOME": str(tmp_path / "home")}
@@ -249,16 +253,11 @@ def test_import_matches_an_attach_session_of_the_same_run(tmp_path):
     assert sorted(live) == [s.index for s in imported]
     steady = [s for s in imported if s.index > 0]
     ratio = sum(s.time_s for s in steady) / sum(live[s.index]["time_s"] for s in steady)
-    # 5% was met before the agent's step-period change; since it landed the two read about 5%
-    # apart (open in issue 15's closing note): held at 10% until the cause is found.
-    assert ratio == pytest.approx(1.0, abs=0.10)
-    # Held at 10% like the step time above (issue 15's closing note): the agent's backward runs
-    # from torch.autograd.backward's entry to its return, the trace's from the first autograd node
-    # to the last, and since the step-period change the phases read up to about 5% apart.
-    for phase, tolerance in (("forward_s", 0.10), ("backward_s", 0.10), ("optimizer_s", 0.10)):
+    assert ratio == pytest.approx(1.0, abs=0.05)
+    for phase in ("forward_s", "backward_s", "optimizer_s"):
         mine = sum(s.phases[phase] for s in steady)
         theirs = sum(live[s.index]["phases"][phase] for s in steady)
-        assert mine == pytest.approx(theirs, rel=tolerance), phase
+        assert mine == pytest.approx(theirs, rel=0.05), phase
 
 
 def test_gpu_trace_kernel_times_nccl_exposure_and_memory_peaks(tmp_path):

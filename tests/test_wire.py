@@ -122,6 +122,33 @@ def test_commands_reach_connected_agents():
         server.close()
 
 
+def test_agent_sends_records_in_batches_not_one_write_per_record():
+    """Records emitted within one send interval go out in one write: the training thread's emit
+    wakes no thread, so a step boundary pays no thread hand-off for its record (issue 15)."""
+    from advisor.agent.channel import AgentChannel
+
+    secret = new_secret()
+    received = []
+    server = ChannelServer(secret, received.append)
+    channel = AgentChannel(server.path, secret, spill_path=None)
+    try:
+        deadline = time.monotonic() + 5
+        while not channel.connected and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert channel.connected
+        writes = channel.writes
+        for i in range(40):
+            channel.emit({"kind": "step", "data": StepSample(index=i, time_s=0.1).to_dict()})
+        deadline = time.monotonic() + 5
+        while len(received) < 40 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [r.index for r in received] == list(range(40))
+        assert channel.sent == 40 and channel.writes - writes <= 2  # at most split by one send round
+    finally:
+        channel.close(1)
+        server.close()
+
+
 def test_agent_spills_locally_when_controller_is_gone(tmp_path):
     import json
 

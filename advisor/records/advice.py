@@ -90,6 +90,30 @@ class CurvePoint:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Calibration:
+    """A prediction corrected by how far the same remedy's cost model missed on this session's
+    applies (``recommend/calibration.py``): seconds, and the model's median relative error
+    ``(predicted - measured) / measured`` over ``applies`` applies."""
+
+    model_step_time_s: float  # the cost model's prediction, as in ``Recommendation.predicted``
+    step_time_s: float  # shifted: model / (1 + model_error)
+    low_s: float  # the interval the past applies' errors (and, with few, the model itself) span
+    high_s: float
+    model_error: float
+    applies: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model_step_time_s": to_json(self.model_step_time_s),
+            "step_time_s": to_json(self.step_time_s),
+            "low_s": to_json(self.low_s),
+            "high_s": to_json(self.high_s),
+            "model_error": to_json(self.model_error),
+            "applies": self.applies,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
 class Diagnosis:
     """The bottleneck class and the measurements that point to it.
 
@@ -133,6 +157,7 @@ class Recommendation:
     curve: list[CurvePoint] | None = None
     fits: bool = True  # False: the best plan this remedy has still exceeds the budget
     apply_class: str | None = None
+    calibration: Calibration | None = None  # set from the session's earlier applies of this remedy
 
     def __post_init__(self) -> None:
         _check(self.remedy, remedy_names(), "remedy")
@@ -160,4 +185,5 @@ class Recommendation:
             "curve": None if self.curve is None else [p.to_dict() for p in self.curve],
             "fits": self.fits,
             "apply_class": self.apply_class,
+            "calibration": None if self.calibration is None else self.calibration.to_dict(),
         }

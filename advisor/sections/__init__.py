@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from advisor.advice import advise_state
+from advisor.recommend.calibration import model_errors
 from advisor.sections.comm import (
     build_collectives_section,
     build_comm_section,
@@ -46,7 +47,9 @@ def _comm(state: SessionState, report: dict[str, Any], budget: int | None) -> di
 def _advice(state: SessionState, report: dict[str, Any], budget: int | None) -> dict[str, Any]:
     # The same call the live advice loop makes, on the same records: the report only serialises it.
     diagnosis, recommendations = advise_state(state, budget_bytes=budget)
-    return {"diagnosis": diagnosis, "recommendations": recommendations, "applied": list(state.applied)}
+    calibration = [errors.to_dict() for errors in model_errors(state.applied).values()]
+    return {"diagnosis": diagnosis, "recommendations": recommendations, "applied": list(state.applied),
+            "calibration": calibration}
 
 
 def _zero(state: SessionState, report: dict[str, Any], budget: int | None) -> dict[str, Any]:

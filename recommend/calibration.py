@@ -1,0 +1,160 @@
+"""Step-time calibration: how far each remedy's cost model missed on this session's applies.
+
+After every apply the executor measures the step time with the remedy in force
+(``ApplyResult.after.step_time_s``, the median of the light steps at the end of its
+window; a window timed on deep steps, ``step_kind`` "deep", is left out: predictions are for
+ordinary steps) beside the cost model's prediction (``ApplyResult.predicted.step_time_s``). Per
+remedy kind (``Recommendation.remedy``) this module keeps that history and the model's
+relative error
+
+    error = (predicted - measured) / measured      (+0.12: the model said 12% too slow)
+
+and corrects later predictions of the same remedy with it:
+
+- **shift**: the calibrated step time is ``predicted / (1 + e)``, ``e`` the median error of
+  the remedy's applies (one error per apply: the median over its ranks). A model that was
+  12% high once is taken to be 12% high again.
+- **widen**: the calibrated interval is spanned by ``predicted / (1 + e_i)`` over every
+  observed error, so it holds what each past apply would have said. With fewer than
+  ``TRUSTED_APPLIES`` applies one error says little about the next, so the interval also
+  holds the uncorrected prediction: the shift is a guess until it repeats.
+
+The model's own prediction (``predicted``) is never overwritten: errors are always measured
+against it, so a correction never feeds on itself. Ranking uses the calibrated value.
+Peak errors are recorded beside the step-time errors but correct nothing (the peak model is
+a simulation of the measured step, and the budget check must see what it says).
+
+Inputs are the report's ``applied`` entries (``ApplyResult.to_dict()``), so the live advice
+loop, ``advisor report`` and ``advisor plan`` compute the same figures from the same records.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, replace
+from typing import Any, Iterable, Mapping
+
+from advisor.records.advice import Calibration, Recommendation
+from advisor.records.jsonable import to_json
+
+TRUSTED_APPLIES = 3  # below this many applies the interval keeps the uncorrected prediction
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApplyError:
+    """One apply of a remedy: predicted against measured (seconds, bytes) and the relative errors."""
+
+    at_step: int | None
+    ranks: tuple[int, ...]
+    predicted_step_time_s: float | None
+    measured_step_time_s: float | None
+    step_time_error: float | None
+    predicted_peak_bytes: int | None
+    measured_peak_bytes: int | None
+    peak_error: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "at_step": self.at_step,
+            "ranks": list(self.ranks),
+            "predicted_step_time_s": to_json(self.predicted_step_time_s),
+            "measured_step_time_s": to_json(self.measured_step_time_s),
+            "step_time_error": to_json(self.step_time_error),
+            "predicted_peak_bytes": self.predicted_peak_bytes,
+            "measured_peak_bytes": self.measured_peak_bytes,
+            "peak_error": to_json(self.peak_error),
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class RemedyErrors:
+    """A remedy kind's applies in this session and its models' median relative errors."""
+
+    remedy: str
+    applies: tuple[ApplyError, ...]
+
+    @property
+    def step_time_errors(self) -> list[float]:
+        return [a.step_time_error for a in self.applies if a.step_time_error is not None]
+
+    @property
+    def step_time_error(self) -> float | None:
+        errors = self.step_time_errors
+        return statistics.median(errors) if errors else None
+
+    @property
+    def peak_error(self) -> float | None:
+        errors = [a.peak_error for a in self.applies if a.peak_error is not None]
+        return statistics.median(errors) if errors else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "remedy": self.remedy,
+            "applies": len(self.applies),
+            "step_time_error": to_json(self.step_time_error),
+            "step_time_samples": len(self.step_time_errors),
+            "peak_error": to_json(self.peak_error),
+            "history": [a.to_dict() for a in self.applies],
+        }
+
+
+def _relative(predicted: float | None, measured: float | None) -> float | None:
+    if predicted is None or measured is None or measured <= 0:
+        return None
+    return (predicted - measured) / measured
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def model_errors(applied: Iterable[Mapping[str, Any]]) -> dict[str, RemedyErrors]:
+    """Per remedy kind, its applies' errors in session order (failed applies and user reverts left out).
+
+    The ranks of one apply (same remedy, same ``at_step``) make one entry: the median of
+    their figures, so a wide job does not count one apply world-size times.
+    """
+    groups: dict[tuple[str, Any], list[Mapping[str, Any]]] = {}
+    for entry in applied:
+        if entry.get("status") not in ("kept", "reverted") or "measured" not in entry:
+            continue  # failed: nothing ran; no "measured": a user's revert of a kept remedy
+        groups.setdefault((entry.get("remedy"), entry.get("at_step")), []).append(entry)
+    out: dict[str, list[ApplyError]] = {}
+    for (remedy, at_step), entries in groups.items():
+        predicted = [e.get("predicted") or {} for e in entries]
+        after = [((e.get("measured") or {}).get("after") or {}) for e in entries]
+        p_time = _median([p["step_time_s"] for p in predicted if p.get("step_time_s") is not None])
+        # Predictions are for ordinary (light) steps: a window timed on deep steps (the probes
+        # running, 2-6x slower) says nothing about the model's error, so it is left out.
+        m_time = _median([a["step_time_s"] for a in after
+                          if a.get("step_time_s") is not None and (a.get("step_kind") or "light") == "light"])
+        p_peak = _median([p["peak_memory_bytes"] for p in predicted if p.get("peak_memory_bytes") is not None])
+        m_peak = _median([a["peak_memory_bytes"] for a in after if a.get("peak_memory_bytes") is not None])
+        error = ApplyError(
+            at_step=at_step, ranks=tuple(sorted(int(e.get("rank", 0)) for e in entries)),
+            predicted_step_time_s=p_time, measured_step_time_s=m_time, step_time_error=_relative(p_time, m_time),
+            predicted_peak_bytes=None if p_peak is None else int(p_peak),
+            measured_peak_bytes=None if m_peak is None else int(m_peak), peak_error=_relative(p_peak, m_peak))
+        if error.step_time_error is not None or error.peak_error is not None:
+            out.setdefault(str(remedy), []).append(error)
+    return {remedy: RemedyErrors(remedy=remedy, applies=tuple(errors)) for remedy, errors in out.items()}
+
+
+def calibrate(rec: Recommendation, errors: RemedyErrors | None) -> Recommendation:
+    """``rec`` with its step time shifted and widened by its remedy's errors (unchanged without any)."""
+    predicted = rec.predicted.step_time_s
+    observed = errors.step_time_errors if errors is not None else []
+    if predicted is None or not observed:
+        return rec
+    error = statistics.median(observed)
+    candidates = [predicted / (1.0 + e) for e in observed if e > -1.0]
+    if len(observed) < TRUSTED_APPLIES:
+        candidates.append(predicted)
+    shifted = predicted / (1.0 + error) if error > -1.0 else predicted
+    return replace(rec, calibration=Calibration(
+        model_step_time_s=predicted, step_time_s=shifted, low_s=min(candidates + [shifted]),
+        high_s=max(candidates + [shifted]), model_error=error, applies=len(observed)))
+
+
+def calibrate_all(recs: Iterable[Recommendation], errors: Mapping[str, RemedyErrors]) -> list[Recommendation]:
+    return [calibrate(rec, errors.get(rec.remedy)) for rec in recs]
