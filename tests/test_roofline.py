@@ -66,9 +66,9 @@ def test_step_summary() -> None:
     assert s.unaccounted_share == pytest.approx(0.2)
 
 
-def _state():
+def _state(device_type: str = "cpu"):
     live = LiveState()
-    spec = {"type": "cuda", "name": "NVIDIA H200", "peak_flops": {"bf16": 1e12}, "memory_bandwidth": 1e10,
+    spec = {"type": device_type, "name": "NVIDIA H200", "peak_flops": {"bf16": 1e12}, "memory_bandwidth": 1e10,
             "memory_capacity": 141 * 10**9, "source": "spec", "spec_peak_flops": {"bf16": 1e12}}
     live.add(Event(name="device_spec", data=spec))
     for index, deep, t in ((0, False, 0.05), (1, False, 0.05), (2, True, 0.1), (3, True, 0.1)):
@@ -98,6 +98,15 @@ def test_ops_section_averages_per_step_and_sorts_by_time() -> None:
     assert mm["achieved_flops_per_s"] == pytest.approx(2 * MM_FLOPS / 0.02)
     assert mm["intensity"] == pytest.approx(MM_INTENSITY) and mm["bound"] == "memory"  # ridge 100
     assert items[1]["bound"] == "memory"
+
+
+def test_cuda_kernel_times_are_not_scaled_by_the_profiled_steps_slowdown() -> None:
+    state = _state("cuda")
+    mm = build_ops_section(state, device_spec_from_state(state))[0]
+    assert mm["time_s"] == mm["profiled_time_s"] == pytest.approx(0.04)  # kernels run as fast under the profiler
+    c = build_compute_section(state, device_spec_from_state(state))
+    assert c["op_time_base"] == "device kernels"
+    assert c["op_time_s"] == pytest.approx(0.061) and c["step_time_s"] == pytest.approx(0.05)  # 0.04 + 0.02 + 0.001
 
 
 def test_compute_section_and_device_fields() -> None:
