@@ -11,6 +11,8 @@ from typing import Any
 
 from advisor import __version__
 from advisor.errors import AdvisorError, UsageError
+from advisor.multinode import add_options as add_multinode_options
+from advisor.multinode import from_namespace as multinode_from_namespace
 from advisor.records.settings import probe_names
 from advisor.records.units import parse_size
 
@@ -108,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     attach.add_argument("--plan", metavar="FILE", help="apply a plan file's remedies before the first step")
     attach.add_argument("--allow-inexact", action="store_true",
                         help="allow live remedies that change numerics (apply class live-opt-in)")
+    add_multinode_options(attach)
     # Optional to argparse so that a missing SCRIPT gets an accurate message (cmd_attach).
     attach.add_argument("script", metavar="SCRIPT", nargs="?", help="the training script")
     attach.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's own arguments")
@@ -243,6 +246,7 @@ def cmd_attach(ns: argparse.Namespace) -> int:
         check_output_path(ns.json, "--json", protected=[ns.script])
     if ns.apply_at_step and not ns.apply:
         raise UsageError("--apply-at-step needs --apply", hint="e.g. --apply auto --apply-at-step 5")
+    ns.multinode = multinode_from_namespace(ns)
     return run_attach(ns, agent_config(ns))
 
 
