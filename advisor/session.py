@@ -57,6 +57,7 @@ class Session:
                                     on_disconnect=self._on_disconnect)
         self._dead_rank_timer: threading.Timer | None = None
         self._gone: list[int] = []  # ranks whose agents disconnected, in order
+        self._peers_gone: list[Event] = []  # multi-node: other nodes' ranks reported lost or failed
         self._gone_lock = threading.Lock()
         self.process: subprocess.Popen | None = None
         self.output_path = self.dir / "output.log"
@@ -115,6 +116,8 @@ class Session:
         if isinstance(record, (RunInfo, Event)):
             self._note_job(record)
         self.store.put(record)
+        if isinstance(record, Event) and record.name in ("peer_lost", "peer_exit") and self.multinode:
+            self._peer_gone(record)
         self.live.add(record)
         for listener in self._listeners:
             try:
@@ -183,6 +186,24 @@ class Session:
         self._dead_rank_timer = threading.Timer(DEAD_RANK_GRACE_S, self._stop_after_dead_rank)
         self._dead_rank_timer.daemon = True
         self._dead_rank_timer.start()
+
+    def _peer_gone(self, record: Event) -> None:
+        """A rank on another node is gone (no heartbeat) or failed: say so now, and stop this node's
+        ranks after a bounded grace if they do not end by themselves (they may wait in a collective)."""
+        with self._gone_lock:
+            first = not self._peers_gone
+            self._peers_gone.append(record)
+            if self._dead_rank_timer is not None or self.poll() is not None:
+                first = False
+        message = str(record.data.get("message") or "a peer rank is gone")
+        self._on_record(Event(rank=record.rank, step=record.step, name="warning", data={
+            "message": f"{message} (reported by rank {record.rank}); this node's ranks are stopped in "
+                       f"{DEAD_RANK_GRACE_S:.0f} s unless they end first", "source": "multinode"}))
+        if first:
+            with self._gone_lock:
+                self._dead_rank_timer = threading.Timer(DEAD_RANK_GRACE_S, self._stop_after_dead_rank)
+                self._dead_rank_timer.daemon = True
+                self._dead_rank_timer.start()
 
     def _expected_ranks(self) -> list[int]:
         """The global ranks this controller hosts (those that said hello, else 0..nproc-1)."""
@@ -271,7 +292,12 @@ class Session:
         self.server.wait_readers(timeout=5.0)
         state = self.live.snapshot()
         launcher = read_launcher_exits(self.dir)
-        code, reason = decide_exit(state, returncode, self.options.nproc_per_node, launcher)
+        code, reason = decide_exit(state, returncode, self.options.nproc_per_node, launcher,
+                                   ranks=self.hosted_ranks() or None)
+        with self._gone_lock:
+            peers = list(self._peers_gone)
+        if peers and code != 0:  # the cause was on another node: name it first
+            reason = f"{peers[0].data.get('message')}; here: {reason}"
         reason += note
         self.live.update(finished=True, exit_code=code, exit_reason=reason, pending_apply=None)
         self.store.set_meta(finished=True, exit_code=code, exit_reason=reason)
