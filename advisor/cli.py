@@ -118,7 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("sessions", help="list recorded sessions")
 
     report = sub.add_parser("report", help="report a recorded session")
-    report.add_argument("session", metavar="SESSION", help="session id, folder, .sqlite file, or 'latest'")
+    report.add_argument("session", metavar="SESSION", nargs="+",
+                        help="session id, folder, .sqlite file, or 'latest'; several sessions of one "
+                             "multi-node job (one per node) are merged into one report")
     report.add_argument("--json", metavar="FILE", help="write the report as JSON instead of printing it")
     report.add_argument("--trace", metavar="FILE", help="export the timelines as Chrome/Perfetto trace JSON")
     report.add_argument("--memory-budget", type=_budget, metavar="SIZE", help="re-advise against this budget")
@@ -257,16 +259,15 @@ def cmd_sessions(ns: argparse.Namespace) -> int:
 
 
 def cmd_report(ns: argparse.Namespace) -> int:
+    from advisor.job import load_job
     from advisor.paths import resolve_session
     from advisor.report import build_report, write_json
-    from advisor.store import load_state
 
-    db_path = resolve_session(ns.session)
-    script = _session_script(db_path)
+    script = [s for ref in ns.session for s in _session_script(resolve_session(ref))]
     for path, flag in ((ns.json, "--json"), (ns.trace, "--trace")):
         if path:
             check_output_path(path, flag, protected=script)
-    state = load_state(db_path)
+    state = load_job(ns.session)
     report = build_report(state, budget_bytes=ns.memory_budget)
     if ns.trace:
         from advisor.trace import write_trace
