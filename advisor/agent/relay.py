@@ -149,6 +149,7 @@ class Heartbeat:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._seen: dict[int, tuple[int, float]] = {}  # rank -> (counter, when it last moved)
+        self._moves: dict[int, int] = {}  # rank -> how many times its counter was seen to move
         self.lost: set[int] = set()
         self.ended: dict[int, int] = {}  # rank -> exit code, for ranks that said they ended
         self.store_lost = False
@@ -189,6 +190,8 @@ class Heartbeat:
             last = self._seen.get(other)
             if last is None or count != last[0]:
                 self._seen[other] = (count, now)
+                # A new dict, not an update in place: settle() reads it from another thread.
+                self._moves = {**self._moves, other: self._moves.get(other, 0) + 1}
                 continue
             if now - last[1] < 2 * self.every_s:
                 continue
@@ -215,18 +218,20 @@ class Heartbeat:
             self._checked.notify_all()
 
     def settle(self) -> None:
-        """Wait until the peers' counters were seen to move since now, or one is found lost
-        (at most ``lost_after_s`` plus two beats)."""
+        """Wait until every peer's counter was seen to move twice since now (once could be a beat
+        sent just before it died), or one is found lost or failed (at most ``lost_after_s`` plus
+        two beats)."""
         if not self.watch or self._thread is None or not self._thread.is_alive():
             return
-        start = time.monotonic()
-        deadline = start + self.lost_after_s + 2 * self.every_s
+        deadline = time.monotonic() + self.lost_after_s + 2 * self.every_s
         with self._checked:
+            before = dict(self._moves)
             while time.monotonic() < deadline and not (self.lost or self.store_lost):
                 if any(self.ended.values()):
                     return  # a peer failed and said so
-                seen = list(self._seen.items())
-                if seen and all(when > start for r, (_, when) in seen if r not in self.ended):
+                moves = dict(self._moves)
+                peers = [r for r in range(self.world_size) if r != self.rank and r not in self.ended]
+                if all(moves.get(r, 0) >= before.get(r, 0) + 2 for r in peers):
                     return
                 self._checked.wait(self.every_s)
 
