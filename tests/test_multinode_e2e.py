@@ -141,3 +141,24 @@ def test_killing_the_other_nodes_training_process_is_reported_on_the_rank_0_node
     assert meta(deciding)["exit_code"] != 0
     assert "rank(s) 1 stopped responding" in reason or "rank 1 exited" in reason, reason
     assert all(code != 0 for code, _, _ in ran)
+
+
+def test_under_an_outer_launcher_each_process_is_one_rank_with_its_own_controller(tmp_path) -> None:
+    """As under Slurm's srun: the launcher sets RANK, WORLD_SIZE, LOCAL_RANK and MASTER_ADDR, and
+    each process runs `advisor attach` (no torchrun)."""
+
+    def launch(command: list[str]) -> list[subprocess.Popen]:
+        port = str(free_port())
+        return [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r),
+                                      "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "SLURM_JOB_ID": "77"})
+                for r in range(2)]
+
+    plain = finish(launch([sys.executable, *SCRIPT, "--steps", "6"]))
+    ran = finish(launch([sys.executable, "-m", "advisor", "attach", "--headless", "--probes", "none",
+                         *SCRIPT, "--steps", "6"]))
+    assert [code for code, _, _ in ran] == [0, 0], [err[-2000:] for _, _, err in ran]
+    assert losses(ran[0][1]) == losses(plain[0][1]) and len(losses(plain[0][1])) == 6
+    jobs = [meta(db)["job"] for db in sessions()]
+    assert sorted((j["id"], j["launcher"], j["ranks_hosted"][0]) for j in jobs) == [
+        ("slurm-77", "env", 0), ("slurm-77", "env", 1)]

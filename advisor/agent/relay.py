@@ -171,7 +171,9 @@ class Heartbeat:
                 if self.watch:
                     self._check()
             except Exception as exc:  # noqa: BLE001 - the store's host is gone (or unreachable)
-                if not self._stop.is_set() and self.watch:
+                # The store may live in rank 0's process (an outer launcher): when the job ends it goes
+                # first. A rank that is itself ending stops within a beat or two: say nothing then.
+                if not self._stop.wait(2 * self.every_s) and self.watch:
                     self.store_lost = True
                     self._emit("peer_lost", {"ranks": [], "message": "lost contact with the job's key-value "
                                              f"store ({type(exc).__name__}): the node hosting it may be gone"})
