@@ -149,7 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     diff = sub.add_parser("diff", help="compare two sessions (and gate CI on regressions)",
                           description="Compare session B against session A: step time and phases, memory "
                           "by category at the peak, ops, collectives, diagnosis and recommendations.")
-    diff.add_argument("a", metavar="A", help="the baseline session (id, folder, .sqlite file or 'latest')")
+    diff.add_argument("a", metavar="A", help="the baseline session (id, folder, .sqlite file or 'latest'; "
+                      "the sessions of one multi-node job comma-separated, e.g. node0,node1)")
     diff.add_argument("b", metavar="B", help="the session to compare with it")
     diff.add_argument("--json", metavar="FILE", help="write the comparison as JSON (schema advisor.diff/1)")
     diff.add_argument("--fail-on", metavar="SPEC", help="exit 1 when B regresses past a threshold, e.g. "

@@ -81,6 +81,14 @@ class _Ended:
         self.exit_reason = str(meta.get("exit_reason") or "")
 
 
+def split_refs(ref: str) -> list[str]:
+    """``A1,A2``: the sessions of one job, for commands that take one session per argument
+    (``advisor diff``); a path that itself contains a comma stays whole."""
+    if "," not in ref or Path(ref).exists():
+        return [ref]
+    return [part for part in ref.split(",") if part]
+
+
 def load_job(refs: list[str]) -> SessionState:
     """One session (as ``load_state``), or several of one job merged into one state."""
     paths = [resolve_session(ref) for ref in refs]

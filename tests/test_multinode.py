@@ -255,3 +255,14 @@ def test_sessions_that_are_not_one_run_of_one_job_are_refused(second, words, cap
     assert main(["report", str(first), str(other)]) == 2
     lines = capsys.readouterr().err.splitlines()
     assert lines[0].startswith("advisor: error: ") and words in lines[0] and lines[1].startswith("hint: ")
+
+
+def test_diff_takes_each_side_as_the_sessions_of_one_job(tmp_path) -> None:
+    a = [_node_session("a", [0], decides=True), _node_session("a", [1])]
+    b = [_node_session("b", [0], decides=True), _node_session("b", [1])]
+    out = tmp_path / "diff.json"
+    assert main(["diff", ",".join(map(str, a)), ",".join(map(str, b)), "--json", str(out)]) == 0
+    diff = json.loads(out.read_text())
+    assert diff["schema"] == "advisor.diff/1"
+    assert (diff["a"]["job"], diff["a"]["ranks"], diff["b"]["job"], diff["b"]["ranks"]) == ("a", [0, 1], "b", [0, 1])
+    assert main(["diff", f"{a[0]},{b[1]}", str(b[0])]) == 2  # one side mixes two jobs
