@@ -266,3 +266,24 @@ def test_diff_takes_each_side_as_the_sessions_of_one_job(tmp_path) -> None:
     assert diff["schema"] == "advisor.diff/1"
     assert (diff["a"]["job"], diff["a"]["ranks"], diff["b"]["job"], diff["b"]["ranks"]) == ("a", [0, 1], "b", [0, 1])
     assert main(["diff", f"{a[0]},{b[1]}", str(b[0])]) == 2  # one side mixes two jobs
+
+
+def test_collectives_are_split_into_intra_and_inter_node_links() -> None:
+    from advisor.records.samples import CollectiveStat
+    from advisor.sections.links import build_links_section, classify
+    from advisor.state import SessionState
+
+    runs = {r: RunInfo(script="s", argv=[], rank=r, world_size=4, hostname=f"h{r // 2}") for r in range(4)}
+    calls = [CollectiveStat(rank=r, step=1, op="all_reduce", group_size=g, bytes=1000, time_s=0.001)
+             for r in range(4) for g in (4, 2)]
+    state = SessionState(runs=runs, collectives=calls)
+    links = build_links_section(state)
+    assert links["nodes"] == {"h0": [0, 1], "h1": [2, 3]}
+    rows = {(row["link"], row["group_size"]): row for row in links["links"]}
+    assert set(rows) == {("inter_node", 4), ("unknown", 2)}  # a subgroup's members are not recorded
+    assert rows[("inter_node", 4)]["busbw"] == pytest.approx(4 * 1000 / 0.004 * 2 * 3 / 4)
+    one_host = {r: "h" for r in range(4)}
+    assert classify(4, 4, one_host, None) == "intra_node"
+    # One node's own session of a torchrun job: the ranks it did not host are on other nodes.
+    assert classify(2, 2, {0: "node0"}, {0}) == "inter_node"
+    assert classify(2, 2, {0: "h"}, None) == "unknown"

@@ -89,6 +89,8 @@ def test_two_nodes_train_as_plain_torchrun_and_merge_into_one_report(tmp_path) -
     assert merged["run"]["ranks"] == [0, 1] and merged["job"]["merged"]
     assert {s["rank"] for s in merged["steps"]} == {0, 1}
     assert merged["straggler"] and merged["straggler"]["matched_calls"] > 0  # DDP's all-reduces paired across nodes
+    across = [row for row in merged["comm_links"]["links"] if row["link"] == "inter_node" and row["op"] == "all_reduce"]
+    assert across and across[0]["ranks"] == [0, 1] and across[0]["busbw"] > 0
 
 
 def test_a_live_apply_decided_on_the_rank_0_node_lands_on_both_at_the_same_step() -> None:
