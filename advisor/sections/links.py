@@ -80,3 +80,20 @@ def build_links_section(state: SessionState) -> dict[str, Any] | None:
     for rank, label in sorted(nodes.items()):
         by_node.setdefault(label, []).append(rank)
     return {"nodes": by_node, "links": out}
+
+
+def render_links_section(section: dict[str, Any] | None) -> list[Any]:
+    """A rich table of the links, shown when any call crossed nodes or nodes are known to differ."""
+    from rich.table import Table  # the section's data is torch- and rich-free; only this renders
+
+    if not section or not any(row["link"] == "inter_node" for row in section["links"]):
+        return []
+    table = Table(title="Collectives within and across nodes "
+                        + " · ".join(f"{label}: ranks {ranks}" for label, ranks in section["nodes"].items()))
+    for col in ("link", "op", "n", "calls", "bytes", "transfer", "busbw"):
+        table.add_column(col, justify="left" if col in ("link", "op") else "right")
+    for row in section["links"]:
+        busbw = "-" if row["busbw"] is None else f"{row['busbw'] / 1e9:.3f} GB/s"
+        table.add_row(row["link"].replace("_", "-"), row["op"], str(row["group_size"]), str(row["calls"]),
+                      f"{row['bytes']:,}", f"{row['transfer_s'] * 1e3:.1f} ms", busbw)
+    return [table]
