@@ -130,8 +130,10 @@ class CommandRelay:
         return commands, token
 
     def close(self, code: int) -> None:
-        """At exit: a failing rank first waits (bounded) for the verdict on its peers."""
-        if code:
+        """At exit: a failing rank first waits (bounded) for the verdict on its peers. Not one
+        stopped on purpose (Ctrl-C: 130, SIGTERM from its launcher or controller: 143): the cause
+        of that is known where the stop came from, and the launcher's kill timeout is running."""
+        if code not in (0, 130, 143):
             self.heartbeat.settle()
         self.heartbeat.stop(code)
 
