@@ -287,3 +287,23 @@ def test_collectives_are_split_into_intra_and_inter_node_links() -> None:
     # One node's own session of a torchrun job: the ranks it did not host are on other nodes.
     assert classify(2, 2, {0: "node0"}, {0}) == "inter_node"
     assert classify(2, 2, {0: "h"}, None) == "unknown"
+
+
+def test_a_node_controller_names_the_lost_peer_first_and_counts_only_its_own_ranks(tmp_path) -> None:
+    multi = from_namespace(attach_ns(*RDZV, "--node-rank", "1"), environ={})
+    session = Session(AttachOptions(script=str(tmp_path / "train.py"), multinode=multi))
+    try:
+        session._on_hello(1)  # this node hosts global rank 1 only
+        assert session.decides() is False and session.hosted_ranks() == [1]
+        session._on_record(Event(rank=1, step=4, name="peer_lost", data={
+            "ranks": [0], "silent_s": 10.0, "message": "rank(s) 0 stopped responding (no heartbeat for 10 s)"}))
+        session._on_record(ExitInfo(rank=1, code=1, reason="exception", exc_type="RuntimeError",
+                                    message="Connection closed by peer", steps=4))
+        warnings = [e.data["message"] for e in session.live.snapshot().events if e.name == "warning"]
+        assert any("rank(s) 0 stopped responding" in w and "stopped in 30 s" in w for w in warnings)
+        code, reason = session.finish(1)
+    finally:
+        session.close()
+    assert code == 1
+    assert reason.startswith("rank(s) 0 stopped responding") and "RuntimeError" in reason
+    assert "died without reporting" not in reason  # rank 0 is not this node's to report
