@@ -70,10 +70,13 @@ class MultiNode:
         return self.mode == "torchrun"
 
     def torchrun_options(self) -> list[str]:
-        """torchrun's options for a multi-node job (none on one node, where it runs --standalone)."""
-        if self.mode != "torchrun":
-            return []
-        return [f"{TORCHRUN_OPTIONS[k]}={v}" for k, v in self.options.items()]
+        """torchrun's options for a multi-node job; on one node (``--standalone``) only
+        ``--max-restarts``, the one that still means something there."""
+        if self.mode == "torchrun":
+            return [f"{TORCHRUN_OPTIONS[k]}={v}" for k, v in self.options.items()]
+        if self.mode == "single" and self.options.get("max_restarts") is not None:
+            return ["--standalone", f"--max-restarts={self.options['max_restarts']}"]
+        return []
 
     def uses_torchrun(self, nproc_per_node: int) -> bool:
         return self.mode == "torchrun" or (self.mode == "single" and nproc_per_node > 1)

@@ -195,10 +195,11 @@ class Session:
             self._peers_gone.append(record)
             if self._dead_rank_timer is not None or self.poll() is not None:
                 first = False
-        message = str(record.data.get("message") or "a peer rank is gone")
-        self._on_record(Event(rank=record.rank, step=record.step, name="warning", data={
-            "message": f"{message} (reported by rank {record.rank}); this node's ranks are stopped in "
-                       f"{DEAD_RANK_GRACE_S:.0f} s unless they end first", "source": "multinode"}))
+        message = f"{record.data.get('message') or 'a peer rank is gone'} (reported by rank {record.rank})"
+        if first:
+            message += f"; this node's ranks are stopped in {DEAD_RANK_GRACE_S:.0f} s unless they end first"
+        self._on_record(Event(rank=record.rank, step=record.step, name="warning",
+                              data={"message": message, "source": "multinode"}))
         if first:
             with self._gone_lock:
                 self._dead_rank_timer = threading.Timer(DEAD_RANK_GRACE_S, self._stop_after_dead_rank)

@@ -307,3 +307,14 @@ def test_a_node_controller_names_the_lost_peer_first_and_counts_only_its_own_ran
     assert code == 1
     assert reason.startswith("rank(s) 0 stopped responding") and "RuntimeError" in reason
     assert "died without reporting" not in reason  # rank 0 is not this node's to report
+
+
+def test_max_restarts_alone_stays_on_one_node_and_reaches_torchrun(tmp_path) -> None:
+    multi = from_namespace(attach_ns("--nproc-per-node", "2", "--max-restarts", "3"), environ={})
+    assert multi.mode == "single" and not multi.active
+    session = Session(AttachOptions(script=str(tmp_path / "train.py"), nproc_per_node=2, multinode=multi))
+    try:
+        line = session.command_line()
+        assert line.count("--standalone") == 1 and "--max-restarts=3" in line
+    finally:
+        session.close()
