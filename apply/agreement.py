@@ -64,11 +64,6 @@ class Agreement:
                                          timeout=datetime.timedelta(seconds=self.timeout_s))
         return self._group
 
-    def side_group(self) -> Any:
-        """The dedicated gloo group (created on first use, by every rank at the same boundary); the
-        multi-node command relay (advisor/agent/relay.py) broadcasts over it too."""
-        return self._gloo_group()
-
     def bind(self, process_group: Any) -> None:
         """Vote among the ranks of ``process_group`` (the job's, from the target); before the first vote."""
         if self._group is None:

@@ -3,7 +3,7 @@
     python bench/relay.py [--steps N] [--hidden H]
 
 Two gloo ranks on this host train examples/ddp.py's MLP with DDP; each step is timed, then the
-relay's exchange (advisor/agent/relay.py: one 8-byte broadcast over the gloo side group when
+relay's exchange (advisor/agent/relay.py: one 8-byte broadcast over its gloo group when
 nothing is to be relayed) is timed at the same boundary. Prints, per rank, the median step, the
 median exchange, and their ratio. Over real nodes the exchange costs one network round trip
 more or less; the ratio here is a lower bound of that.
@@ -33,7 +33,6 @@ def worker(rank: int, world: int, port: int, steps: int, hidden: int, folder: st
     from ddp import MLP  # examples/ddp.py
 
     from advisor.agent.relay import CommandRelay
-    from advisor.apply.agreement import Agreement
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)  # two ranks on a shared host: no oversubscription in the timings
@@ -41,17 +40,18 @@ def worker(rank: int, world: int, port: int, steps: int, hidden: int, folder: st
     gen = torch.Generator().manual_seed(rank)  # our own generator: the global ones stay untouched
     model = torch.nn.parallel.DistributedDataParallel(MLP(64, hidden, 4))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    agreement = Agreement(timeout_s=30)
+    side = dist.new_group(backend="gloo")  # for the barriers the relay's steps are compared with
     relay = CommandRelay(rank=rank, local_rank=rank, world_size=world, config={"heartbeat_s": 1.0},
-                         group=agreement.side_group, deliver=lambda c: None, emit=lambda n, d: None)
+                         deliver=lambda c: None, emit=lambda n, d: None)
     # Blocks of steps with and without the exchange, alternated so load drift hits both alike.
     # A step's time runs to the end of the exchange: waiting there for the other rank is waiting
     # the next step's first all-reduce would otherwise do, so only the difference is the cost.
+    relay.exchange(0)  # the first exchange makes the relay's group: not timed
     times: dict[str, list[float]] = {"without": [], "with": []}
     for block in range(2 * (steps // 20)):
         mode = "with" if block % 2 else "without"
         for _ in range(10):
-            dist.barrier(group=agreement.side_group())
+            dist.barrier(group=side)
             t0 = time.perf_counter()
             x = torch.randn(32, 64, generator=gen)
             loss = model(x).square().mean()
@@ -61,7 +61,7 @@ def worker(rank: int, world: int, port: int, steps: int, hidden: int, folder: st
             if mode == "with":
                 relay.exchange(0)
             else:
-                dist.barrier(group=agreement.side_group())  # the same end: every rank done with its step
+                dist.barrier(group=side)  # the same end: every rank done with its step
             times[mode].append(time.perf_counter() - t0)
     relay.close(0)
     Path(folder, f"rank{rank}.json").write_text(json.dumps(times))

@@ -162,7 +162,7 @@ class Agent:
         if self.config.get("multinode"):
             self.relay = CommandRelay(
                 rank=rank, local_rank=env_rank()[1], world_size=world_size, config=dict(self.config["multinode"]),
-                group=lambda: self._ensure_executor().agreement.side_group(), deliver=self._run_command,
+                deliver=self._run_command,
                 emit=lambda name, data: self.emit(Event(rank=self.rank, step=self._step, name=name, data=data)))
 
     # -- AgentContext ----------------------------------------------------------------

@@ -5,8 +5,12 @@ Why: each node has its own controller, reachable only by its own ranks over a lo
 the controller that hosts global rank 0 decides. Its commands reach the other nodes over the
 job's own process group: at every step boundary each rank calls ``CommandRelay.exchange``, where
 rank 0 broadcasts the commands its controller sent since the last boundary as JSON bytes (one
-int64 length, then, only when there is something, a uint8 tensor) over the executor's dedicated
-gloo group (``Agreement.side_group``). Every rank, rank 0 included, hands the decoded commands
+int64 length, then, only when there is something, a uint8 tensor) over a gloo group of its own
+(made at the first boundary, by every rank). Not the keep/revert agreement's gloo group: that one
+times out after a minute, by design, and a rank that spends longer than that between boundaries
+(rank 0 alone saving a checkpoint, an evaluation) would make the relay give up and stall its
+peers; the relay's group waits as long as the job's own default group would (``timeout_s``,
+torch's default 30 minutes), and a peer that is gone is found by the heartbeat. Every rank, rank 0 included, hands the decoded commands
 to its executor at the same boundary, so an apply lands at the same step everywhere and the
 keep/revert votes that follow pair up. Nothing received is unpickled: ``json.loads`` of at most
 ``MAX_PAYLOAD`` bytes, then the executor's own checks. Commands a non-deciding controller sends
@@ -38,16 +42,17 @@ import torch.distributed as dist
 from advisor.probes.comm.intercept import advisor_internal
 
 MAX_PAYLOAD = 1 << 20  # bytes of JSON commands per boundary (a command is a few KiB)
+DEFAULT_TIMEOUT_S = 1800.0  # torch's default for a gloo process group
 
 
 class CommandRelay:
     """Rank 0's commands to every rank at each step boundary (see the module docstring)."""
 
     def __init__(self, *, rank: int, local_rank: int, world_size: int, config: dict[str, Any],
-                 group: Callable[[], Any], deliver: Callable[[dict[str, Any]], None],
-                 emit: Callable[[str, dict[str, Any]], None]) -> None:
+                 deliver: Callable[[dict[str, Any]], None], emit: Callable[[str, dict[str, Any]], None]) -> None:
         self.rank, self.local_rank, self.world_size = rank, local_rank, world_size
-        self._group = group  # the executor's gloo side group, made on first use
+        self.timeout_s = float(config.get("timeout_s", DEFAULT_TIMEOUT_S))
+        self._group: Any = None  # made at the first exchange: a collective call, on every rank alike
         self._deliver = deliver
         self._emit = emit
         self._lock = threading.Lock()
@@ -98,7 +103,9 @@ class CommandRelay:
                 self._emit("warning", {"message": f"relayed command refused: {exc}"})
 
     def _broadcast(self) -> tuple[list[Any], str | None]:
-        group = self._group()
+        if self._group is None:
+            self._group = dist.new_group(backend="gloo", timeout=timedelta(seconds=self.timeout_s))
+        group = self._group
         payload = b""
         if self.rank == 0:
             with self._lock:

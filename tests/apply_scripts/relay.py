@@ -22,7 +22,6 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from advisor.agent.relay import CommandRelay  # noqa: E402
-from advisor.apply.agreement import Agreement  # noqa: E402
 from advisor.probes.comm.intercept import CollectiveInterceptor  # noqa: E402
 
 APPLY = {"type": "apply", "recommendation": {"id": "fused-optimizer", "remedy": "fused_optimizer",
@@ -36,9 +35,7 @@ def worker(rank: int, world: int, port: int, folder: str) -> None:
     delivered: list[dict] = []
     events: list[tuple[str, dict]] = []
     step = {"now": 0}
-    agreement = Agreement(timeout_s=30)
-    relay = CommandRelay(rank=rank, local_rank=0, world_size=world, config={"heartbeat_s": 0.2, "lost_after_s": 5},
-                         group=agreement.side_group,
+    relay = CommandRelay(rank=rank, local_rank=0, world_size=world, config={"heartbeat_s": 0.2, "lost_after_s": 5, "timeout_s": 60},
                          deliver=lambda c: delivered.append({"step": step["now"], "command": c}),
                          emit=lambda name, data: events.append((name, data)))
     interceptor = CollectiveInterceptor()
