@@ -82,7 +82,7 @@ class CommandRelay:
         try:
             with advisor_internal():
                 commands, token = self._broadcast()
-        except Exception as exc:  # a peer gone, or the side group timed out: stop relaying, never hang twice
+        except Exception as exc:  # a peer gone (gloo noticed), or the group timed out: stop relaying, never wait twice
             self.disabled = True
             self._emit("warning", {"message": f"multi-node command relay stopped at step {step}: "
                                               f"{type(exc).__name__}: {exc}"})
