@@ -155,6 +155,9 @@ class AdviceLoop:
         ``confirmed``: the user accepted a live-opt-in remedy's numerics change (the TUI's dialog);
         without it such a remedy needs ``--allow-inexact`` (``allow_inexact`` in the agent config).
         """
+        refusal = self._not_decider()
+        if refusal:
+            return refusal
         state = self.session.live.snapshot()
         rec = next((r for r in state.recommendations if r["id"] == recommendation_id), None)
         if rec is None:
@@ -176,10 +179,23 @@ class AdviceLoop:
 
     def revert(self) -> str | None:
         """Send a revert of the remedy in force; returns why it was not sent, or None."""
-        refusal = revert_refusal(self.session.live.snapshot())
+        refusal = self._not_decider() or revert_refusal(self.session.live.snapshot())
         if refusal:
             return refusal
         return None if self.session.send_command(RevertCommand()) else "no training process is connected"
+
+    def _not_decider(self) -> str | None:
+        """In a multi-node job only the controller that hosts global rank 0 decides (advisor/multinode.py):
+        the others show its decisions and results, and refuse to issue conflicting commands."""
+        decides = getattr(self.session, "decides", None)
+        verdict = decides() if callable(decides) else True
+        if verdict:
+            return None
+        job = getattr(self.session, "job", None) or {}
+        if verdict is None:
+            return "this node's ranks have not connected yet: it is not known whether this controller decides"
+        return (f"not the deciding controller: job {job.get('id')} is decided by the controller on the node that "
+                f"hosts global rank 0 (this one hosts rank(s) {job.get('ranks_hosted')}); apply or revert there")
 
     def finish(self) -> None:
         self.refresh()

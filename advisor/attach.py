@@ -145,6 +145,8 @@ def run_attach(ns: argparse.Namespace, config: dict[str, Any]) -> int:
         ns.headless = True
     options = AttachOptions(script=ns.script, args=list(ns.args), nproc_per_node=ns.nproc_per_node,
                             max_steps=ns.steps, capture_output=not ns.headless, agent_config=config)
+    if getattr(ns, "multinode", None) is not None:
+        options.multinode = ns.multinode
     session = Session(options)
     advice = AdviceLoop(session, budget_bytes=config.get("memory_budget_bytes"),
                         apply=ns.apply, apply_at_step=ns.apply_at_step)

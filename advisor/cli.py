@@ -11,6 +11,8 @@ from typing import Any
 
 from advisor import __version__
 from advisor.errors import AdvisorError, UsageError
+from advisor.multinode import add_options as add_multinode_options
+from advisor.multinode import from_namespace as multinode_from_namespace
 from advisor.records.settings import probe_names
 from advisor.records.units import parse_rate, parse_size
 
@@ -117,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     attach.add_argument("--plan", metavar="FILE", help="apply a plan file's remedies before the first step")
     attach.add_argument("--allow-inexact", action="store_true",
                         help="allow live remedies that change numerics (apply class live-opt-in)")
+    add_multinode_options(attach)
     # Optional to argparse so that a missing SCRIPT gets an accurate message (cmd_attach).
     attach.add_argument("script", metavar="SCRIPT", nargs="?", help="the training script")
     attach.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's own arguments")
@@ -124,7 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("sessions", help="list recorded sessions")
 
     report = sub.add_parser("report", help="report a recorded session")
-    report.add_argument("session", metavar="SESSION", help="session id, folder, .sqlite file, or 'latest'")
+    report.add_argument("session", metavar="SESSION", nargs="+",
+                        help="session id, folder, .sqlite file, or 'latest'; several sessions of one "
+                             "multi-node job (one per node) are merged into one report")
     report.add_argument("--json", metavar="FILE", help="write the report as JSON instead of printing it")
     report.add_argument("--trace", metavar="FILE", help="export the timelines as Chrome/Perfetto trace JSON")
     report.add_argument("--memory-budget", type=_budget, metavar="SIZE", help="re-advise against this budget")
@@ -161,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     diff = sub.add_parser("diff", help="compare two sessions (and gate CI on regressions)",
                           description="Compare session B against session A: step time and phases, memory "
                           "by category at the peak, ops, collectives, diagnosis and recommendations.")
-    diff.add_argument("a", metavar="A", help="the baseline session (id, folder, .sqlite file or 'latest')")
+    diff.add_argument("a", metavar="A", help="the baseline session (id, folder, .sqlite file or 'latest'; "
+                      "the sessions of one multi-node job comma-separated, e.g. node0,node1)")
     diff.add_argument("b", metavar="B", help="the session to compare with it")
     diff.add_argument("--json", metavar="FILE", help="write the comparison as JSON (schema advisor.diff/1)")
     diff.add_argument("--fail-on", metavar="SPEC", help="exit 1 when B regresses past a threshold, e.g. "
@@ -261,6 +267,7 @@ def cmd_attach(ns: argparse.Namespace) -> int:
         check_output_path(ns.json, "--json", protected=[ns.script])
     if ns.apply_at_step and not ns.apply:
         raise UsageError("--apply-at-step needs --apply", hint="e.g. --apply auto --apply-at-step 5")
+    ns.multinode = multinode_from_namespace(ns)
     return run_attach(ns, agent_config(ns))
 
 
@@ -271,16 +278,15 @@ def cmd_sessions(ns: argparse.Namespace) -> int:
 
 
 def cmd_report(ns: argparse.Namespace) -> int:
+    from advisor.job import load_job
     from advisor.paths import resolve_session
     from advisor.report import build_report, write_json
-    from advisor.store import load_state
 
-    db_path = resolve_session(ns.session)
-    script = _session_script(db_path)
+    script = [s for ref in ns.session for s in _session_script(resolve_session(ref))]
     for path, flag in ((ns.json, "--json"), (ns.trace, "--trace")):
         if path:
             check_output_path(path, flag, protected=script)
-    state = load_state(db_path)
+    state = load_job(ns.session)
     report = build_report(state, budget_bytes=ns.memory_budget)
     if ns.trace:
         from advisor.trace import write_trace

@@ -46,7 +46,8 @@ def _session(state: SessionState, report: Mapping[str, Any]) -> dict[str, Any]:
     imported = (first.config.get("imported_from") if first else None)
     return {"id": state.session_id, "path": state.session_path, "script": run.get("script"),
             "world_size": run.get("world_size"), "imported_from": imported,
-            "steps": (report.get("summary") or {}).get("steps", 0)}
+            "steps": (report.get("summary") or {}).get("steps", 0),
+            "ranks": run.get("ranks"), "job": (report.get("job") or {}).get("id")}
 
 
 def _phases(report: Mapping[str, Any]) -> dict[str, float | None]:

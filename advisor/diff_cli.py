@@ -7,9 +7,8 @@ import sys
 from advisor.diff import check_gate, compute_diff, parse_gate
 from advisor.diff_render import print_diff
 from advisor.errors import UsageError
-from advisor.paths import resolve_session
+from advisor.job import load_job, split_refs
 from advisor.report import build_report, write_json
-from advisor.store import load_state
 
 
 def run_diff(a_ref: str, b_ref: str, *, json_path: str | None, fail_on: str | None, top: int = 10) -> int:
@@ -21,8 +20,9 @@ def run_diff(a_ref: str, b_ref: str, *, json_path: str | None, fail_on: str | No
             thresholds = parse_gate(fail_on)
         except ValueError as exc:
             raise UsageError(str(exc), hint="e.g. --fail-on step_time:+5%,peak_memory:+10%") from None
-    a_state = load_state(resolve_session(a_ref))
-    b_state = load_state(resolve_session(b_ref))
+    # Either side may be the sessions of one multi-node job, comma-separated (advisor/job.py).
+    a_state = load_job(split_refs(a_ref))
+    b_state = load_job(split_refs(b_ref))
     diff = compute_diff(a_state, build_report(a_state), b_state, build_report(b_state), top=top)
     failures = check_gate(diff, thresholds) if thresholds else []
     diff["gate"] = {"spec": fail_on, "failures": failures}

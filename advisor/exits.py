@@ -97,11 +97,14 @@ def _consequences(exits: list[ExitInfo], culprit: int) -> str:
 
 
 def decide_exit(state: SessionState, returncode: int | None, nproc: int,
-                launcher: dict[int, dict[str, Any]] | None = None) -> tuple[int, str]:
+                launcher: dict[int, dict[str, Any]] | None = None,
+                ranks: list[int] | None = None) -> tuple[int, str]:
     """The job's exit code and a one-line reason.
 
     ``returncode`` is the launched process's own status (None when unknown: a session
-    recovered after the controller died); ``launcher`` is ``read_launcher_exits``.
+    recovered after the controller died); ``launcher`` is ``read_launcher_exits``;
+    ``ranks`` the global ranks this controller hosts (default ``0 .. nproc-1``; a node of a
+    multi-node job hosts others).
     """
     exits: list[ExitInfo] = list(state.exits.values())  # arrival order: the first failure first
     launcher = launcher or {}
@@ -127,7 +130,7 @@ def decide_exit(state: SessionState, returncode: int | None, nproc: int,
     if causes:
         first = causes[0]
         return first.code, f"{_describe(first)}{where(first)}{_consequences(exits, first.rank) if nproc > 1 else ''}"
-    missing = sorted(set(range(nproc)) - set(state.exits))
+    missing = sorted(set(ranks if ranks else range(nproc)) - set(state.exits))
     if failing and missing and nproc > 1:
         code = _code_of(returncode) if returncode else 1
         return code, (f"rank(s) {missing} died without reporting{_last_step(state, missing[0])}"

@@ -27,8 +27,12 @@ def python_command(module: str, args: list[str]) -> list[str]:
     return [sys.executable, "-c", code, *args]
 
 
-def torchrun_command(nproc_per_node: int, module: str, args: list[str]) -> list[str]:
-    """PyTorch's own launcher (``--standalone`` picks a free rendezvous port on this host), each
-    rank started through ``python_command`` (``--no-python`` runs it as given)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+def torchrun_command(nproc_per_node: int, module: str, args: list[str],
+                     rendezvous: list[str] | None = None) -> list[str]:
+    """PyTorch's own launcher, each rank started through ``python_command`` (``--no-python`` runs
+    it as given). Without ``rendezvous`` options (one node) it runs ``--standalone``, which picks a
+    free rendezvous port on this host; with them (``--nnodes``, ``--rdzv-endpoint``, ... as
+    ``MultiNode.torchrun_options`` gives them) they go to torchrun as they are."""
+    where = list(rendezvous) if rendezvous else ["--standalone"]
+    return [sys.executable, "-m", "torch.distributed.run", *where,
             f"--nproc-per-node={nproc_per_node}", "--no-python", *python_command(module, args)]

@@ -35,6 +35,13 @@ def _run_panel(report: dict[str, Any]) -> Panel:
         + (f" · last loss {summary['last_loss']:.4f}" if isinstance(summary.get("last_loss"), float) else ""),
         f"[b]exit[/b] {_t(exit_line(exit_))}",
     ]
+    job = report.get("job") or {}
+    if job.get("launcher") in ("torchrun", "env"):  # a multi-node job: which part of it this is
+        sessions = job.get("sessions") or []
+        lines.append(f"[b]job[/b] {_t(job.get('id'))} · ranks {job.get('ranks')}"
+                     + (f" · merged from {len(sessions)} sessions: "
+                        + ", ".join(f"{_t(s.get('id'))} (ranks {s.get('ranks')}{', decides' if s.get('decides') else ''})"
+                                    for s in sessions) if job.get("merged") else ""))
     for model in run.get("models", []):
         lines.append(f"[b]model[/b] {_t(model['name'])}" + (f" in {_t(model['wrapper'])}" if model.get("wrapper") else "")
                      + f" · {model['parameter_count']:,} parameters ({fmt_bytes(model['parameter_bytes'])})")
@@ -85,6 +92,7 @@ def report_renderables(report: dict[str, Any]) -> list[Any]:
         ("compute", "advisor.sections.compute", "render_compute_section", ("ops", "compute")),
         ("comm", "advisor.sections.comm", "render_comm_sections", ("collectives", "comm", "straggler")),
         ("regimes", "advisor.sections.regimes", "render_regimes", ("regimes",)),
+        ("comm_links", "advisor.sections.links", "render_links_section", ("comm_links",)),
     ):
         if not any(report.get(k) for k in keys):
             continue

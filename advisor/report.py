@@ -13,6 +13,7 @@ import tempfile
 from typing import Any
 
 from advisor.advice import recorded_budget
+from advisor.job import job_section
 from advisor.sections import build_sections
 from advisor.state import SessionState
 
@@ -89,6 +90,7 @@ def build_report(state: SessionState, *, budget_bytes: int | None = None) -> dic
     report: dict[str, Any] = {
         "schema": SCHEMA,
         "session": {"id": state.session_id, "path": state.session_path},
+        "job": job_section(state),
         "run": run,
         "steps": steps_section(state),
         "summary": summary_section(state),

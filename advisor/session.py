@@ -18,9 +18,10 @@ from advisor.exits import (
     read_launcher_exits,
 )
 from advisor.launch import BOOTSTRAP, python_command, torchrun_command
+from advisor.multinode import MultiNode
 from advisor.paths import DB_NAME, new_session_dir, user_umask
 from advisor.records.commands import Command
-from advisor.records.samples import Event, Record
+from advisor.records.samples import Event, Record, RunInfo
 from advisor.records.wire import SECRET_ENV, SOCKET_ENV, new_secret, write_secret_file
 from advisor.server import ChannelServer
 from advisor.state import LiveState
@@ -37,6 +38,7 @@ class AttachOptions:
     max_steps: int | None = None
     capture_output: bool = False  # TUI mode: the script's output goes to output.log
     agent_config: dict[str, Any] = field(default_factory=dict)
+    multinode: MultiNode = field(default_factory=MultiNode)  # this controller's place in a multi-node job
 
 
 class Session:
@@ -55,18 +57,67 @@ class Session:
                                     on_disconnect=self._on_disconnect)
         self._dead_rank_timer: threading.Timer | None = None
         self._gone: list[int] = []  # ranks whose agents disconnected, in order
+        self._peers_gone: list[Event] = []  # multi-node: other nodes' ranks reported lost or failed
         self._gone_lock = threading.Lock()
         self.process: subprocess.Popen | None = None
         self.output_path = self.dir / "output.log"
         self.store.set_meta(session_id=self.id, script=os.path.abspath(options.script), argv=options.args,
                             created=time.time(), nproc_per_node=options.nproc_per_node, finished=False)
+        # The job this session is part of (advisor/multinode.py): its id, and the global ranks hosted
+        # here as their agents say hello. A single-node job is a job of its own session.
+        self.job: dict[str, Any] = options.multinode.describe(nproc_per_node=options.nproc_per_node)
+        if self.job["id"] is None:
+            self.job["id"] = self.id
+        self._job_lock = threading.Lock()
+        self._save_job()
+
+    # -- the job (multi-node) ----------------------------------------------------------
+    @property
+    def multinode(self) -> bool:
+        return self.options.multinode.active
+
+    def hosted_ranks(self) -> list[int]:
+        with self._job_lock:
+            return list(self.job["ranks_hosted"])
+
+    def decides(self) -> bool | None:
+        """Whether this controller decides for the job: it hosts global rank 0 (None: no rank yet)."""
+        if not self.multinode:
+            return True
+        ranks = self.hosted_ranks()
+        return (0 in ranks) if ranks else None
+
+    def _save_job(self) -> None:
+        with self._job_lock:
+            job = dict(self.job)
+        self.live.update(job=job)
+        self.store.set_meta(job=job)
+
+    def _note_job(self, record: Record) -> None:
+        """Fold what the agents say about the job into its metadata (hello, run info, job token)."""
+        changed = False
+        with self._job_lock:
+            if isinstance(record, RunInfo):
+                if self.job.get("world_size") != record.world_size:
+                    self.job["world_size"] = record.world_size
+                    changed = True
+            elif isinstance(record, Event) and record.name == "job" and isinstance(record.data.get("token"), str):
+                if self.job.get("token") != record.data["token"]:
+                    self.job["token"] = record.data["token"]
+                    changed = True
+        if changed:
+            self._save_job()
 
     # -- records -----------------------------------------------------------------------
     def add_listener(self, listener: Callable[[Record], None]) -> None:
         self._listeners.append(listener)
 
     def _on_record(self, record: Record) -> None:
+        if isinstance(record, (RunInfo, Event)):
+            self._note_job(record)
         self.store.put(record)
+        if isinstance(record, Event) and record.name in ("peer_lost", "peer_exit") and self.multinode:
+            self._peer_gone(record)
         self.live.add(record)
         for listener in self._listeners:
             try:
@@ -79,6 +130,10 @@ class Session:
         return self.server.broadcast(command if isinstance(command, dict) else command.to_dict())
 
     def _on_hello(self, rank: int) -> None:
+        with self._job_lock:
+            self.job["ranks_hosted"] = sorted({*self.job["ranks_hosted"], rank})
+            self.job["decides"] = 0 in self.job["ranks_hosted"] if self.multinode else True
+        self._save_job()
         if len(self.server.ranks) >= self.options.nproc_per_node:
             self._remove_secret()  # every rank has read it: nothing is left behind if we are killed
 
@@ -120,7 +175,7 @@ class Session:
         what = (f"exited with code {info.code}" if info is not None
                 else "stopped reporting (its connection closed without an exit record)")
         others = []
-        for other in sorted(set(range(self.options.nproc_per_node)) - set(gone)):
+        for other in sorted(set(self._expected_ranks()) - set(gone)):
             last = next((c.op for c in reversed(state.collectives) if c.rank == other), None)
             others.append(f"rank {other}" + (f" (last collective: {last})" if last else ""))
         if not others:
@@ -132,6 +187,29 @@ class Session:
         self._dead_rank_timer.daemon = True
         self._dead_rank_timer.start()
 
+    def _peer_gone(self, record: Event) -> None:
+        """A rank on another node is gone (no heartbeat) or failed: say so now, and stop this node's
+        ranks after a bounded grace if they do not end by themselves (they may wait in a collective)."""
+        with self._gone_lock:
+            first = not self._peers_gone
+            self._peers_gone.append(record)
+            if self._dead_rank_timer is not None or self.poll() is not None:
+                first = False
+        message = f"{record.data.get('message') or 'a peer rank is gone'} (reported by rank {record.rank})"
+        if first:
+            message += f"; this node's ranks are stopped in {DEAD_RANK_GRACE_S:.0f} s unless they end first"
+        self._on_record(Event(rank=record.rank, step=record.step, name="warning",
+                              data={"message": message, "source": "multinode"}))
+        if first:
+            with self._gone_lock:
+                self._dead_rank_timer = threading.Timer(DEAD_RANK_GRACE_S, self._stop_after_dead_rank)
+                self._dead_rank_timer.daemon = True
+                self._dead_rank_timer.start()
+
+    def _expected_ranks(self) -> list[int]:
+        """The global ranks this controller hosts (those that said hello, else 0..nproc-1)."""
+        return self.hosted_ranks() or list(range(self.options.nproc_per_node))
+
     def _stop_after_dead_rank(self) -> None:
         if self.poll() is None:
             self.terminate(grace=10.0)
@@ -139,8 +217,9 @@ class Session:
     # -- the training process ----------------------------------------------------------
     def command_line(self) -> list[str]:
         opts = self.options
-        if opts.nproc_per_node > 1:
-            command = torchrun_command(opts.nproc_per_node, BOOTSTRAP, [opts.script, *opts.args])
+        if opts.multinode.uses_torchrun(opts.nproc_per_node):
+            command = torchrun_command(opts.nproc_per_node, BOOTSTRAP, [opts.script, *opts.args],
+                                       rendezvous=opts.multinode.torchrun_options())
             # torchrun as it is, run through LAUNCHER_CODE so that it says which worker failed first.
             assert command[1:3] == ["-m", "torch.distributed.run"], command
             return [command[0], "-c", LAUNCHER_CODE, *command[3:]]
@@ -155,6 +234,8 @@ class Session:
         config = dict(self.options.agent_config)
         if self.options.max_steps is not None:
             config["max_steps"] = self.options.max_steps
+        if self.multinode:  # several controllers: commands relayed from rank 0, heartbeats kept
+            config["multinode"] = self.options.multinode.agent_config()
         env.update({
             SOCKET_ENV: self.server.path,
             SECRET_ENV: str(self._secret_file),
@@ -218,7 +299,12 @@ class Session:
         self.server.wait_readers(timeout=5.0)
         state = self.live.snapshot()
         launcher = read_launcher_exits(self.dir)
-        code, reason = decide_exit(state, returncode, self.options.nproc_per_node, launcher)
+        code, reason = decide_exit(state, returncode, self.options.nproc_per_node, launcher,
+                                   ranks=self.hosted_ranks() or None)
+        with self._gone_lock:
+            peers = list(self._peers_gone)
+        if peers and code != 0:  # the cause was on another node: name it first
+            reason = f"{peers[0].data.get('message')}; here: {reason}"
         reason += note
         self.live.update(finished=True, exit_code=code, exit_reason=reason, pending_apply=None)
         self.store.set_meta(finished=True, exit_code=code, exit_reason=reason)

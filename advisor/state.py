@@ -58,6 +58,7 @@ class SessionState:
     recommendations: list[dict[str, Any]] = field(default_factory=list)
     applied: list[dict[str, Any]] = field(default_factory=list)
     pending_apply: dict[str, Any] | None = None
+    job: dict[str, Any] | None = None  # the multi-node job this session belongs to (advisor/session.py)
     finished: bool = False
     exit_code: int | None = None
     exit_reason: str = ""

@@ -303,6 +303,14 @@ def iter_records(db_path: Path) -> Iterator[Record]:
     yield from RecordReader(db_path)
 
 
+def _ranks_expected(meta: dict[str, Any], state: SessionState) -> int:
+    """How many ranks' exits finish the session: those this node hosted in a multi-node job."""
+    job = meta.get("job") if isinstance(meta.get("job"), dict) else {}
+    if job.get("launcher") in ("torchrun", "env") and job.get("ranks_hosted"):
+        return len(job["ranks_hosted"])
+    return max(int(meta.get("nproc_per_node") or 1), state.world_size)
+
+
 def load_state(db_path: Path) -> SessionState:
     """Replay a stored session (and any spill files) into a ``SessionState``; reads, never writes."""
     meta = read_meta(db_path)
@@ -326,6 +334,8 @@ def load_state(db_path: Path) -> SessionState:
     for message in warnings:
         live.add(Event(name="warning", data={"message": message}))
     extra = {k: meta[k] for k in ("diagnosis", "recommendations") if k in meta}
+    if isinstance(meta.get("job"), dict):  # a multi-node job's id and the ranks this node hosted
+        extra["job"] = meta["job"]
     if extra:
         live.update(**extra)
     state = live.snapshot()
@@ -333,7 +343,7 @@ def load_state(db_path: Path) -> SessionState:
         code = meta.get("exit_code")
         live.update(finished=True, exit_code=code if isinstance(code, int) else None,
                     exit_reason=str(meta.get("exit_reason", "")))
-    elif state.exits and len(state.exits) >= max(int(meta.get("nproc_per_node") or 1), state.world_size):
+    elif state.exits and len(state.exits) >= _ranks_expected(meta, state):
         # The controller died, but every rank reported its exit (through a spill file): finished.
         code, reason = decide_exit(state, None, len(state.exits))
         live.update(finished=True, exit_code=code, exit_reason=f"{reason} (recovered: the controller had stopped)")

@@ -46,6 +46,7 @@ from advisor.agent.capture import Capture
 from advisor.agent.models import ModelRegistry
 from advisor.agent.naming import unique_label
 from advisor.agent.period import OptimizerPeriod
+from advisor.agent.relay import CommandRelay
 from advisor.apply.executor import Executor
 from advisor.apply.plan import apply_plan_before_first_step, load_plan
 from advisor.apply.target import Target, unwrap  # noqa: F401  (unwrap: re-exported)
@@ -156,6 +157,13 @@ class Agent:
         self._spec_sent = False
         self._stop_pending = False
         self._scaled_loss: tuple[weakref.ref, torch.Tensor] | None = None  # (scale(loss), loss)
+        # Several controllers (a multi-node job): rank 0's commands reach every rank at boundaries.
+        self.relay: CommandRelay | None = None
+        if self.config.get("multinode"):
+            self.relay = CommandRelay(
+                rank=rank, local_rank=env_rank()[1], world_size=world_size, config=dict(self.config["multinode"]),
+                deliver=self._run_command,
+                emit=lambda name, data: self.emit(Event(rank=self.rank, step=self._step, name=name, data=data)))
 
     # -- AgentContext ----------------------------------------------------------------
     @property
@@ -216,6 +224,12 @@ class Agent:
 
     # -- commands from the controller (called on the channel's reader thread) ---------
     def submit_command(self, command: dict[str, Any]) -> None:
+        if self.relay is not None:  # every rank gets it from rank 0 at the next boundary
+            self.relay.submit(command)
+            return
+        self._run_command(command)
+
+    def _run_command(self, command: dict[str, Any]) -> None:
         kind = command.get("type")
         if kind == "stop":
             # Stop cleanly at the next boundary, like --steps.
@@ -564,6 +578,8 @@ class Agent:
             self.flush(sync=True)
             self._stop_pending = True
             return
+        if self.relay is not None:
+            self.relay.exchange(self._step)
         if self.executor is not None:
             self.executor.on_boundary(self._step)
         if not self._spec_sent:

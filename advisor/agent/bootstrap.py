@@ -151,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         hooks.remove()
         signal.signal(signal.SIGTERM, previous_term)
         agent.close()
+    if agent.relay is not None:  # a failing rank first learns whether a peer on another node went away
+        agent.relay.close(code)
     if agent.step == 0 and code == 0:
         agent.emit(Event(rank=rank, name="warning", data={
             "message": "the script never called an optimizer step nor backward(): no training steps were recorded"}))

@@ -21,6 +21,7 @@ from advisor.sections.compute import (
     device_fields,
     device_spec_from_state,
 )
+from advisor.sections.links import build_links_section
 from advisor.sections.memory import build_memory_section
 from advisor.sections.regimes import build_regimes_section
 from advisor.sections.zero import build_zero_section
@@ -41,7 +42,7 @@ def _compute(state: SessionState, report: dict[str, Any], budget: int | None) ->
 
 def _comm(state: SessionState, report: dict[str, Any], budget: int | None) -> dict[str, Any]:
     return {"collectives": build_collectives_section(state), "comm": build_comm_section(state),
-            "straggler": build_straggler_section(state)}
+            "straggler": build_straggler_section(state), "comm_links": build_links_section(state)}
 
 
 def _advice(state: SessionState, report: dict[str, Any], budget: int | None) -> dict[str, Any]:

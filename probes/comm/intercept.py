@@ -23,6 +23,7 @@ import itertools
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -53,6 +54,20 @@ C10D_OPS: dict[str, tuple[str, int, int]] = {
     "barrier": ("barrier", -1, 1),
 }
 P2P_OPS = frozenset({"send", "recv"})
+
+_internal = threading.local()
+
+
+@contextmanager
+def advisor_internal() -> Any:
+    """The advisor's own collectives on this thread (the multi-node command relay): run, not recorded,
+    so the job's collectives, their sequence numbers and its comm figures stay the script's own."""
+    previous = getattr(_internal, "active", False)
+    _internal.active = True
+    try:
+        yield
+    finally:
+        _internal.active = previous
 
 
 @dataclass
@@ -172,6 +187,8 @@ class CollectiveInterceptor:
         async_index = names.index("async_op") if "async_op" in names else None
 
         def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+            if getattr(_internal, "active", False):
+                return op.redispatch(keyset & after_autograd, *args, **kwargs)
             start = time.time()
             out = op.redispatch(keyset & after_autograd, *args, **kwargs)
             # On torch 2.13 a synchronous torch.distributed call passes async_op=False and the
