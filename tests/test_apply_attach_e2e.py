@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 
 AT = 5
 BUDGET = "1GiB"  # far above either job's peak (kilobytes to a few MiB)
-BF16_TOLERANCE = 2e-2  # relative, per loss: bf16 keeps 8 mantissa bits of each summed gradient
+BF16_TOLERANCE = 1e-3  # relative, per loss: gradients summed in bf16 (measured here: 9e-6 over 11 steps)
 REASSOCIATION_TOLERANCE = 1e-5  # relative, per loss: fusion reorders fp32 work only
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
