@@ -176,7 +176,9 @@ class AdviceLoop:
         refusal = revert_refusal(self.session.live.snapshot())
         if refusal:
             return refusal
-        return None if self.session.send_command(RevertCommand()) else "no training process is connected"
+        # Every rank reverts at the same boundary, after voting on it: one past the furthest rank.
+        command = RevertCommand(at_step=self.session.live.snapshot().latest_step() + 2)
+        return None if self.session.send_command(command) else "no training process is connected"
 
     def finish(self) -> None:
         self.refresh()
