@@ -67,6 +67,7 @@ import torch.distributed as dist
 from advisor.apply import registry
 from advisor.apply.agreement import DEFAULT_TIMEOUT_S, Agreement
 from advisor.apply.command_check import as_command, checked_apply, checked_revert
+from advisor.apply.model_names import resolve_model_names
 from advisor.apply.user_revert import vote_user_revert
 from advisor.apply.target import Target
 from advisor.records.commands import ApplyCommand, Command, RevertCommand
@@ -425,7 +426,9 @@ class Executor:
         target = self.target()
         self.agreement.bind(target.process_group)
         try:
-            handle = registry.apply_remedy(target, request.remedy, request.params)
+            # A multi-model script's names carry the model's label (netG.main.3): relative to it here.
+            resolved, params = resolve_model_names(target, request.params)
+            handle = registry.apply_remedy(resolved, request.remedy, params)
         except Exception as exc:  # atomic apply: the job is as it was
             error = exc
         if self._multi_rank():

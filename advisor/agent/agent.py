@@ -177,6 +177,10 @@ class Agent:
     def wrapped_models(self) -> list[torch.nn.Module]:
         return self._models.wrapped_models()
 
+    def model_labels(self) -> list[str]:
+        """Each of ``wrapped_models()``'s name in the script, in the same order."""
+        return self._models.labels()
+
     def optimizers(self) -> list[torch.optim.Optimizer]:
         return [o for ref in self._optimizers if (o := ref()) is not None]
 

@@ -175,7 +175,8 @@ class Capture:
         if group is None and dist.is_available() and dist.is_initialized():
             group = dist.group.WORLD
         loaders = self.dataloaders()
-        return Target(wrapped_models=agent.wrapped_models(), optimizers=optimizers,
+        return Target(wrapped_models=agent.wrapped_models(), model_labels=agent.model_labels(),
+                      optimizers=optimizers,
                       lr_schedulers=self.lr_schedulers(), wrappers=wrappers, process_group=group,
                       device=agent.device, rank=agent.rank, world_size=agent.world_size,
                       dataloaders=loaders, dataloader_iterators=[self.running_iterator(d) for d in loaders],
