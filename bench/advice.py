@@ -19,6 +19,8 @@ runs of ``python -m advisor attach --headless --allow-inexact --steps S --json R
    executor), the predicted step time, the measured step time before and after the apply (the
    executor's windows on rank 0: ``report["applied"][0]["measured"]``, light steps against light
    steps: K is past the default deep steps 1-3), and the error ``(predicted - after) / after``.
+   With ``--repeat N`` the applied run is repeated and the medians are printed, with every
+   run's status.
 
 Every process runs with ``OMP_NUM_THREADS=1`` (``--threads``; bench/overhead.py: on a shared
 2-core machine two OpenMP threads make step times swing) and ``ADVISOR_HOME`` in a temporary
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -88,19 +91,27 @@ def row(script: str, extra: list[str], args: argparse.Namespace, home: str) -> l
     cells = [script, f"{measured} {share:.0%}", diagnosis, top]
     if live is None:
         return cells + ["(no live remedy)", "", "", "", "", ""]
-    applied_run, error = attach(script, [*extra, "--apply", live["id"], "--apply-at-step", str(APPLY_AT)],
-                                args.steps, args.threads, home, "applied")
-    applied = next((a for a in (applied_run or {}).get("applied") or [] if a.get("rank", 0) == 0), None)
-    if applied is None:
+    runs = []
+    for i in range(args.repeat):
+        applied_run, error = attach(script, [*extra, "--apply", live["id"], "--apply-at-step", str(APPLY_AT)],
+                                    args.steps, args.threads, home, f"applied{i}")
+        applied = next((a for a in (applied_run or {}).get("applied") or [] if a.get("rank", 0) == 0), None)
+        if applied is not None:
+            runs.append(applied)
+    if not runs:
         return cells + [live["id"], "not applied", "", "", "", error or "-"]
-    predicted = applied["predicted"]["step_time_s"]
-    before = applied["measured"]["before"]
-    after = applied["measured"]["after"]
-    err = (f"{(predicted - after['step_time_s']) / after['step_time_s']:+.0%}"
-           if predicted and after.get("step_time_s") else "-")
-    kind = after.get("step_kind") or "-"
-    return cells + [live["id"], applied["status"], ms(predicted), ms(before.get("step_time_s")),
-                    f"{ms(after.get('step_time_s'))} ({kind})", err]
+    predicted = _median([a["predicted"]["step_time_s"] for a in runs])
+    before = _median([a["measured"]["before"]["step_time_s"] for a in runs])
+    after = _median([a["measured"]["after"]["step_time_s"] for a in runs])
+    err = f"{(predicted - after) / after:+.0%}" if predicted and after else "-"
+    kinds = "/".join(sorted({a["measured"]["after"].get("step_kind") or "-" for a in runs}))
+    statuses = "/".join(a["status"] for a in runs)
+    return cells + [live["id"], statuses, ms(predicted), ms(before), f"{ms(after)} ({kinds})", err]
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = sorted(v for v in values if v is not None)
+    return statistics.median(known) if known else None
 
 
 HEADER = ["example", "measured", "diagnosis", "top rec.", "applied", "status", "pred. ms", "before ms",
@@ -112,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--only", default="", help="comma-separated example file names")
+    p.add_argument("--repeat", type=int, default=1, help="applied runs per example (medians are printed)")
     args = p.parse_args(argv)
     if args.steps < APPLY_AT + 10:
         p.error(f"--steps must be at least {APPLY_AT + 10}: the apply at step {APPLY_AT} needs its window")
