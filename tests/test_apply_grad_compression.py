@@ -13,12 +13,16 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from fakes import FakeContext
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from advisor.agent.capture import Capture
 from advisor.apply import comm_switch
+from advisor.apply.executor import Executor
 from advisor.apply.remedies.grad_compression import apply_grad_compression
 from advisor.apply.target import Target
+from advisor.records.commands import ApplyCommand
+from advisor.records.samples import StepSample
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch without distributed")
 
@@ -175,3 +179,30 @@ def test_the_default_mode_is_ddps_own_arithmetic_on_three_ranks(tmp_path) -> Non
         differ = json.loads(path.read_text())
         assert differ["switch"] == 0  # bit-identical to DDP without a hook
         assert differ["torch_allreduce_hook"] > 0  # what the switch did before: 1/3 by division
+
+
+def test_the_tuis_confirmation_is_enough_consent_without_allow_inexact(group, captured) -> None:
+    """The switch exists though the job was attached without --allow-inexact, so a confirmed
+    command (the TUI's dialog) compresses; an unconfirmed one is refused."""
+    ddp = DDP(make())
+    exact = grads(ddp)
+
+    class Ctx(FakeContext):
+        def target(self) -> Target:
+            return Target(wrapped_models=[ddp], wrappers=[ddp])
+
+    rec = {"id": "grad-compression", "remedy": "grad_compression", "params": {"dtype": "bf16"},
+           "apply_class": "live-opt-in"}
+    outcomes: list[str] = []
+    for confirmed in (False, True):
+        ctx = Ctx([ddp], config={})  # attached without --allow-inexact
+        ex = Executor(ctx)
+        ex.submit(ApplyCommand(recommendation=rec, at_step=1, measure_steps=1, confirmed=confirmed))
+        for i in range(2):
+            ctx.step = i
+            ex.on_boundary(i)
+            ex.on_step_end(StepSample(index=i, time_s=0.1))
+        outcomes.append(ex.results[0].status if ex.results else "pending")
+    assert outcomes[0] == "failed"
+    assert getattr(ddp, comm_switch.ATTRIBUTE).mode == "bf16"
+    assert all(torch.equal(c, e.to(torch.bfloat16).float()) for c, e in zip(grads(ddp), exact))
