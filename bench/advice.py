@@ -98,8 +98,8 @@ def row(script: str, extra: list[str], args: argparse.Namespace, home: str) -> l
         applied = next((a for a in (applied_run or {}).get("applied") or [] if a.get("rank", 0) == 0), None)
         if applied is not None:
             runs.append(applied)
-    if not runs:
-        return cells + [live["id"], "not applied", "", "", "", error or "-"]
+    if not runs:  # the run failed, or its advice at the apply step no longer named the remedy
+        return cells + [live["id"], "not applied", "", "", "", error or f"not recommended by step {APPLY_AT}"]
     predicted = _median([a["predicted"]["step_time_s"] for a in runs])
     before = _median([a["measured"]["before"]["step_time_s"] for a in runs])
     after = _median([a["measured"]["after"]["step_time_s"] for a in runs])
