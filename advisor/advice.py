@@ -182,7 +182,9 @@ class AdviceLoop:
         refusal = self._not_decider() or revert_refusal(self.session.live.snapshot())
         if refusal:
             return refusal
-        return None if self.session.send_command(RevertCommand()) else "no training process is connected"
+        # Every rank reverts at the same boundary, after voting on it: one past the furthest rank.
+        command = RevertCommand(at_step=self.session.live.snapshot().latest_step() + 2)
+        return None if self.session.send_command(command) else "no training process is connected"
 
     def _not_decider(self) -> str | None:
         """In a multi-node job only the controller that hosts global rank 0 decides (advisor/multinode.py):

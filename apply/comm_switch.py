@@ -2,8 +2,10 @@
 
 DDP accepts one ``register_comm_hook`` per object (PYTORCH-NOTES), so a remedy cannot register
 its own hook on a running job. The agent (``advisor/agent/capture.py``) registers a
-``CommSwitch`` on every DDP object the script builds; by default it runs torch's
-``allreduce_hook`` (divide by the group size, all-reduce: what DDP's built-in reducer does).
+``CommSwitch`` on every DDP object the script builds; by default it does what DDP's built-in
+reducer does, bit for bit: multiply each bucket by the reciprocal of the group size, then a sum
+all-reduce. (Torch's ``allreduce_hook`` divides instead, which differs in the last bit at a world
+size that is not a power of two: checked on 3 gloo ranks, tests/test_apply_grad_compression.py.)
 ``grad_compression`` sets ``mode`` to "bf16" or "fp16" (torch's compress hooks) and back. A hook
 the script registers itself is kept as ``user`` and delegated to, so the script's own
 ``register_comm_hook`` call still works.
@@ -38,7 +40,28 @@ class CommSwitch:
         if self.user is not None:
             state, hook = self.user
             return hook(state, bucket)
-        return default_hooks.allreduce_hook(self.process_group, bucket)
+        return reducer_allreduce(self.process_group, bucket)
+
+
+def reducer_allreduce(group: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP's built-in reduction: ``grad * (1 / size)`` (the C++ reducer multiplies by the
+    reciprocal as it copies into the bucket), then a sum all-reduce."""
+    tensor = bucket.buffer()
+    tensor.mul_(1.0 / group.size())
+    work = dist.all_reduce(tensor, group=group, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+def builtin_equivalent(kind: Any) -> Callable[..., Any]:
+    """The Python hook that computes what torch's built-in hook ``kind`` computes, so a script's
+    ``_register_builtin_comm_hook`` can become the switch's delegate."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    if kind == dist.BuiltinCommHookType.ALLREDUCE:
+        return default_hooks.allreduce_hook  # the C++ hook divides too
+    if kind == dist.BuiltinCommHookType.FP16_COMPRESS:
+        return default_hooks.fp16_compress_hook
+    raise ValueError(f"unknown built-in communication hook {kind!r}")
 
 
 def switch_hook(state: CommSwitch, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -66,9 +66,12 @@ import torch.distributed as dist
 
 from advisor.apply import registry
 from advisor.apply.agreement import DEFAULT_TIMEOUT_S, Agreement
+from advisor.apply.command_check import as_command, checked_apply, checked_revert
+from advisor.apply.model_names import resolve_model_names
+from advisor.apply.user_revert import vote_user_revert
 from advisor.apply.target import Target
+from advisor.records.commands import ApplyCommand, Command, RevertCommand
 from advisor.records.context import AgentContext
-from advisor.records.remedy import command_digest
 from advisor.records.results import ApplyResult, Measurement
 from advisor.records.samples import Event, StepSample
 
@@ -200,11 +203,6 @@ def _window_done(after: list[StepSample], measure_steps: int, budget_bytes: int 
     return light >= measure_steps or len(after) >= 2 * measure_steps + 1
 
 
-def _measure_steps(command: Mapping[str, Any]) -> Any:
-    value = command.get("measure_steps")
-    return DEFAULT_MEASURE_STEPS if value is None else value  # JSON null means the default
-
-
 def _prewarm() -> None:
     """Import ``torch._dynamo`` here, on the socket thread, not at the apply boundary.
 
@@ -252,7 +250,8 @@ class Executor:
     def __init__(self, ctx: AgentContext) -> None:
         self.ctx = ctx
         self._lock = threading.Lock()
-        self._inbox: deque[dict[str, Any]] = deque()
+        self._inbox: deque[Command] = deque()
+        self._reverts: deque[RevertCommand] = deque()  # user reverts waiting for their boundary
         self._queue: deque[_Request] = deque()
         self._history: deque[StepSample] = deque(maxlen=HISTORY)
         self._active: _Active | None = None
@@ -263,32 +262,14 @@ class Executor:
 
     # -- socket thread -------------------------------------------------------------
 
-    def submit(self, command: Mapping[str, Any]) -> None:
-        """Queue a controller command; ``ValueError`` (for the controller's reply) when malformed."""
-        kind = command.get("type") if isinstance(command, Mapping) else None
-        if kind == "apply":
-            rec = command.get("recommendation")
-            if not isinstance(rec, Mapping) or not isinstance(rec.get("remedy"), str):
-                raise ValueError("apply needs a recommendation with a 'remedy' name")
-            params = rec.get("params") or {}
-            if not isinstance(params, Mapping):
-                raise ValueError("recommendation params must be an object")
-            registry.check_params(rec["remedy"], params)  # also rejects unknown remedies
-            at_step = command.get("at_step")
-            if at_step is not None and (not isinstance(at_step, int) or at_step < 0):
-                raise ValueError(f"at_step must be a step index >= 0 or null, not {at_step!r}")
-            steps = _measure_steps(command)
-            if not isinstance(steps, int) or steps < 1:
-                raise ValueError(f"measure_steps must be an integer >= 1, not {steps!r}")
-            digest = command_digest(rec["remedy"], params, at_step)
-            if command.get("digest") not in (None, digest):
-                raise ValueError(f"digest {command.get('digest')!r} does not match the command ({digest})")
-            command = {**command, "digest": digest}
-        elif kind != "revert":
-            raise ValueError(f"unknown command type {kind!r}; valid: ['apply', 'revert']")
+    def submit(self, command: Command | Mapping[str, Any]) -> None:
+        """Queue a controller command, an ``ApplyCommand`` or ``RevertCommand`` (a wire mapping is
+        decoded into one first); ``ValueError`` (for the controller's reply) when malformed."""
+        typed = as_command(command)
+        typed = checked_apply(typed) if isinstance(typed, ApplyCommand) else checked_revert(typed)
         with self._lock:
-            self._inbox.append(dict(command))
-        if kind == "apply":
+            self._inbox.append(typed)
+        if isinstance(typed, ApplyCommand):
             _prewarm()
 
     # -- training thread -----------------------------------------------------------
@@ -311,6 +292,7 @@ class Executor:
         """At the boundary that starts step ``step`` (right after the previous optimizer step)."""
         try:
             self._drain()
+            self._due_reverts(step)
             if self._to_revert is not None:
                 self._revert_active(self._to_revert, step)
                 self._to_revert = None
@@ -344,13 +326,10 @@ class Executor:
             commands = list(self._inbox)
             self._inbox.clear()
         for command in commands:
-            if command["type"] == "revert":
-                if self._queue:  # not applied yet: cancelling it is the revert the user meant
-                    self._cancel(self._queue.pop())
-                else:
-                    self._user_revert()
+            if isinstance(command, RevertCommand):
+                self._reverts.append(command)  # done at its boundary (_due_reverts)
                 continue
-            rec = command["recommendation"]
+            rec = command.recommendation
             pred = rec.get("predicted") or {}
             refusal = self._opt_in_refusal(rec, command)
             if refusal:
@@ -365,15 +344,34 @@ class Executor:
                 recommendation_id=rec.get("id"),
                 predicted=Measurement(peak_memory_bytes=pred.get("peak_memory_bytes"),
                                       step_time_s=pred.get("step_time_s")),
-                at_step=command.get("at_step"),
-                measure_steps=_measure_steps(command),
-                digest=command["digest"],
+                at_step=command.at_step,
+                measure_steps=command.measure_steps,
+                digest=command.digest or "",
             ))
 
-    def _opt_in_refusal(self, rec: Mapping[str, Any], command: Mapping[str, Any]) -> str | None:
+    def _due_reverts(self, step: int) -> None:
+        """User reverts whose boundary has come: on every rank at the same step, voted like keep/revert."""
+        while self._reverts and (self._reverts[0].at_step is None or self._reverts[0].at_step <= step):
+            command = self._reverts.popleft()
+            if self._queue:  # not applied yet: cancelling it is the revert the user meant
+                self._cancel(self._queue.pop())
+                continue
+            note = None
+            if command.at_step is not None and self._multi_rank():
+                note = vote_user_revert(self.agreement, in_force=self._in_force_digest(), at_step=command.at_step)
+            self._user_revert(note=note)
+
+    def _in_force_digest(self) -> str | None:
+        """The digest of the apply a user revert undoes now (what ``_user_revert`` picks)."""
+        for active in (self._active, self._to_revert, self._kept[-1] if self._kept else None):
+            if active is not None:
+                return active.digest
+        return None
+
+    def _opt_in_refusal(self, rec: Mapping[str, Any], command: ApplyCommand) -> str | None:
         if rec.get("apply_class") != "live-opt-in":
             return None
-        if self.ctx.config.get("allow_inexact") or command.get("confirmed") is True:
+        if self.ctx.config.get("allow_inexact") or command.confirmed is True:
             return None
         return (f"{rec.get('id') or rec['remedy']} changes numerics (apply class live-opt-in); "
                 "pass --allow-inexact to `advisor attach`, or confirm it in the TUI")
@@ -428,7 +426,9 @@ class Executor:
         target = self.target()
         self.agreement.bind(target.process_group)
         try:
-            handle = registry.apply_remedy(target, request.remedy, request.params)
+            # A multi-model script's names carry the model's label (netG.main.3): relative to it here.
+            resolved, params = resolve_model_names(target, request.params)
+            handle = registry.apply_remedy(resolved, request.remedy, params)
         except Exception as exc:  # atomic apply: the job is as it was
             error = exc
         if self._multi_rank():
@@ -507,14 +507,15 @@ class Executor:
                              reason="cancelled on request before it was applied")
         self._emit(self.ctx.step, "apply_result", result, record=True)
 
-    def _user_revert(self) -> None:
+    def _user_revert(self, *, note: str | None = None) -> None:
         step = self.ctx.step
+        suffix = f"; {note}" if note else ""
         if self._active is not None:
             active, self._active = self._active, None
             before, after = pair(active.before, active.after, measure_steps=active.measure_steps)
             active.results = [r.with_(before=before if active.before else r.before, after=after)
                               for r in active.results]
-            self._revert_active(active, step, reason="reverted on request during measurement")
+            self._revert_active(active, step, reason="reverted on request during measurement" + suffix)
         elif self._to_revert is not None:
             active, self._to_revert = self._to_revert, None
             self._revert_active(active, step)
@@ -524,9 +525,10 @@ class Executor:
                 handle.revert()
             for r in active.results:
                 self._emit(step, "apply_reverted", {"remedy": r.remedy, "recommendation_id": r.recommendation_id,
-                                                    "at_step": step, "reason": "reverted on request"})
+                                                    "at_step": step, "reason": "reverted on request" + suffix})
         else:
-            self._emit(step, "warning", {"source": "apply", "message": "revert requested; nothing is applied"})
+            self._emit(step, "warning", {"source": "apply", "message": "revert requested; nothing is applied"
+                                         + suffix})
 
     def _emit_results(self, active: _Active, *, status: str, reason: str, error: str | None = None) -> None:
         for r in active.results:

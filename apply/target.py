@@ -60,6 +60,9 @@ class Target:
     """Live objects of the training process, as the agent captured them (see the module docstring)."""
 
     wrapped_models: list[nn.Module] = field(default_factory=list)
+    # Each wrapped model's name in the script (``netG``), in the same order; what prefixes its
+    # module names when the script has several models (``apply/model_names.py``). Empty: unknown.
+    model_labels: list[str] = field(default_factory=list)
     optimizers: list[torch.optim.Optimizer] = field(default_factory=list)
     lr_schedulers: list[Any] = field(default_factory=list)
     wrappers: list[nn.Module] = field(default_factory=list)  # DDP / FSDP objects the script built

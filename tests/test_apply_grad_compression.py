@@ -1,21 +1,28 @@
 """The delegating DDP communication hook and the gradient-compression remedy, in one gloo process.
 
 A one-rank DDP still runs its reducer and the registered hook on every bucket, so the switch's
-modes can be told apart by the gradients they leave: the default mode (torch's allreduce hook)
-gives DDP's own gradients exactly; bf16 rounds them to bf16; a hook the script registers itself
-is delegated to."""
+modes can be told apart by the gradients they leave: the default mode gives DDP's own gradients
+exactly; bf16 rounds them to bf16; a hook the script registers itself (or a torch built-in one) is
+delegated to. The switch is installed on every DDP object, whether or not the job may change
+numerics: consent (``--allow-inexact`` or the TUI's confirmation) is asked when compression is
+applied, and may come after DDP is built. On 3 gloo ranks the default mode is bit-identical to
+DDP without a hook, where torch's own ``allreduce_hook`` is not."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.distributed as dist
+from fakes import FakeContext
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from advisor.agent.capture import Capture
 from advisor.apply import comm_switch
+from advisor.apply.executor import Executor
 from advisor.apply.remedies.grad_compression import apply_grad_compression
 from advisor.apply.target import Target
+from advisor.records.commands import ApplyCommand
+from advisor.records.samples import StepSample
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch without distributed")
 
@@ -31,7 +38,9 @@ def group(tmp_path_factory):
 
 class FakeAgent:
     rank, step = 0, 0
-    config = {"allow_inexact": True}  # the switch is installed for jobs that may change numerics
+
+    def __init__(self, config: dict | None = None) -> None:
+        self.config = config or {}  # no allow_inexact: the switch is installed all the same
 
     def optimizer_created(self, opt) -> None:
         pass
@@ -44,6 +53,15 @@ class FakeAgent:
 def captured():
     capture, undo = Capture(), []
     capture.install(FakeAgent(), undo.append)
+    yield capture
+    for fn in reversed(undo):
+        fn()
+
+
+@pytest.fixture
+def opted_out():
+    capture, undo = Capture(), []
+    capture.install(FakeAgent({"comm_switch": False}), undo.append)
     yield capture
     for fn in reversed(undo):
         fn()
@@ -106,3 +124,85 @@ def test_compression_needs_the_switch(group) -> None:
     ddp = DDP(make())  # built without the capture: no switch
     with pytest.raises(ValueError, match="delegating hook"):
         apply_grad_compression(Target(wrapped_models=[ddp], wrappers=[ddp]), dtype="bf16")
+
+
+def test_a_builtin_hook_the_script_registers_is_delegated_to(group, captured) -> None:
+    ddp = DDP(make())
+    exact = grads(ddp)
+    ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)
+    assert getattr(ddp, comm_switch.ATTRIBUTE).user is not None
+    halved = grads(ddp)
+    assert all(torch.equal(h, e.half().float()) for h, e in zip(halved, exact))
+
+
+def test_config_comm_switch_false_leaves_ddp_alone(group, opted_out) -> None:
+    ddp = DDP(make())
+    assert getattr(ddp, comm_switch.ATTRIBUTE, None) is None
+    with pytest.raises(ValueError, match="delegating hook"):
+        apply_grad_compression(Target(wrapped_models=[ddp], wrappers=[ddp]), dtype="bf16")
+
+
+def _three_ranks(rank: int, port: int, out: str) -> None:
+    import json
+    import os
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=3)
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    got = {}
+    for name in ("bare", "switch", "torch_allreduce_hook"):
+        torch.manual_seed(0)
+        ddp = DDP(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(), torch.nn.Linear(256, 8)))
+        if name == "switch":
+            comm_switch.install(ddp)
+        elif name == "torch_allreduce_hook":
+            ddp.register_comm_hook(dist.group.WORLD, default_hooks.allreduce_hook)
+        ddp(torch.randn(32, 64, generator=torch.Generator().manual_seed(rank))).pow(2).sum().backward()
+        got[name] = [p.grad.clone() for p in ddp.parameters()]
+    differ = {k: sum(int((a != b).sum()) for a, b in zip(got["bare"], got[k])) for k in got}
+    dist.barrier()
+    dist.destroy_process_group()
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(differ, f)
+
+
+@pytest.mark.slow
+def test_the_default_mode_is_ddps_own_arithmetic_on_three_ranks(tmp_path) -> None:
+    import json
+
+    from ranks import free_port, spawn_ranks
+
+    results = [tmp_path / f"rank{r}.json" for r in range(3)]
+    spawn_ranks(_three_ranks, (free_port(), str(tmp_path)), 3, results)
+    for path in results:
+        differ = json.loads(path.read_text())
+        assert differ["switch"] == 0  # bit-identical to DDP without a hook
+        assert differ["torch_allreduce_hook"] > 0  # what the switch did before: 1/3 by division
+
+
+def test_the_tuis_confirmation_is_enough_consent_without_allow_inexact(group, captured) -> None:
+    """The switch exists though the job was attached without --allow-inexact, so a confirmed
+    command (the TUI's dialog) compresses; an unconfirmed one is refused."""
+    ddp = DDP(make())
+    exact = grads(ddp)
+
+    class Ctx(FakeContext):
+        def target(self) -> Target:
+            return Target(wrapped_models=[ddp], wrappers=[ddp])
+
+    rec = {"id": "grad-compression", "remedy": "grad_compression", "params": {"dtype": "bf16"},
+           "apply_class": "live-opt-in"}
+    outcomes: list[str] = []
+    for confirmed in (False, True):
+        ctx = Ctx([ddp], config={})  # attached without --allow-inexact
+        ex = Executor(ctx)
+        ex.submit(ApplyCommand(recommendation=rec, at_step=1, measure_steps=1, confirmed=confirmed))
+        for i in range(2):
+            ctx.step = i
+            ex.on_boundary(i)
+            ex.on_step_end(StepSample(index=i, time_s=0.1))
+        outcomes.append(ex.results[0].status if ex.results else "pending")
+    assert outcomes[0] == "failed"
+    assert getattr(ddp, comm_switch.ATTRIBUTE).mode == "bf16"
+    assert all(torch.equal(c, e.to(torch.bfloat16).float()) for c, e in zip(grads(ddp), exact))

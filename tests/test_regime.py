@@ -120,6 +120,7 @@ def test_the_advice_loop_sends_typed_commands_in_the_old_wire_shape_and_refuses_
                                  "digest": command_digest(REC["remedy"], REC["params"], 9)}]
         assert loop.apply(REC["id"]) == "An apply is already in flight; wait for its result."
         session.live.update(pending_apply=None, applied=[kept(9)])
-        assert loop.revert() is None and session.sent[-1] == {"type": "revert"}
+        # every rank reverts at one boundary, past the furthest rank, like an apply
+        assert loop.revert() is None and session.sent[-1] == {"type": "revert", "at_step": 9}
     finally:
         loop.close()

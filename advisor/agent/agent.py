@@ -54,6 +54,7 @@ from advisor.probes.device.hostlink import host_link
 from advisor.probes.device.spec import detect_device_spec
 from advisor.probes.module_events import ModuleEvents
 from advisor.probes.probe import Probe
+from advisor.records.commands import command_from_dict
 from advisor.records.samples import Event, ModelInfo, OptimizerInfo, Record, StepSample
 
 log = logging.getLogger("advisor.agent")
@@ -184,6 +185,10 @@ class Agent:
     def wrapped_models(self) -> list[torch.nn.Module]:
         return self._models.wrapped_models()
 
+    def model_labels(self) -> list[str]:
+        """Each of ``wrapped_models()``'s name in the script, in the same order."""
+        return self._models.labels()
+
     def optimizers(self) -> list[torch.optim.Optimizer]:
         return [o for ref in self._optimizers if (o := ref()) is not None]
 
@@ -236,7 +241,7 @@ class Agent:
             self.max_steps = self._step + 1
             return
         if kind in ("apply", "revert"):
-            self._ensure_executor().submit(command)
+            self._ensure_executor().submit(command_from_dict(command))  # typed; ValueError if malformed
 
     def _ensure_executor(self) -> Any:
         if self.executor is None:

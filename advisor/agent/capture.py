@@ -8,11 +8,13 @@ references; we keep weak ones, so a remedy can change those very objects in plac
 optimizer, a retargeted scheduler, a DataLoader's workers) and the user's loop steps what was
 changed. ``target()`` hands them to the apply executor as an ``advisor.apply.target.Target``.
 
-With ``--allow-inexact`` (config ``allow_inexact``, or ``comm_switch``), every DDP object built
-gets the delegating communication hook (``advisor.apply.comm_switch``) at construction, because
-DDP takes one hook per object and gradient compression switches it later; without it DDP keeps
-its built-in C++ all-reduce (a Python hook per bucket is not free, and a job that may not change
-numerics has no use for the switch). Each
+Every DDP object built gets the delegating communication hook (``advisor.apply.comm_switch``) at
+construction, because DDP takes one hook per object and gradient compression (``live-opt-in``)
+switches it later, once the user consents (``--allow-inexact`` headless, or the TUI's
+confirmation: either may come after DDP is built, so the hook cannot wait for it). Until then it
+runs DDP's own arithmetic, bit for bit, at any world size. Agent config ``comm_switch: false``
+leaves DDP's built-in C++ all-reduce alone (and gradient compression unavailable). A hook the
+script registers itself, or one of torch's built-in hooks, becomes the switch's delegate. Each
 DataLoader built is reported as an ``Event(name="dataloader")`` (its settings and the host's CPU
 count: what the input rule reads).
 """
@@ -83,7 +85,7 @@ class Capture:
 
         def on_ddp(wrapper: Any) -> None:
             self._add(self._wrappers, wrapper)
-            if agent.config.get("allow_inexact") or agent.config.get("comm_switch"):
+            if agent.config.get("comm_switch", True) is not False:
                 comm_switch.install(wrapper)
 
         def on_loader(loader: Any) -> None:
@@ -146,6 +148,18 @@ class Capture:
         cls.register_comm_hook = register_comm_hook  # type: ignore[method-assign]
         add_undo(lambda: setattr(cls, "register_comm_hook", original))
 
+        builtin = cls._register_builtin_comm_hook
+
+        @functools.wraps(builtin)
+        def _register_builtin_comm_hook(ddp: Any, comm_hook_type: Any) -> None:
+            switch = getattr(ddp, comm_switch.ATTRIBUTE, None)
+            if switch is None:
+                return builtin(ddp, comm_hook_type)
+            return register_comm_hook(ddp, switch.process_group, comm_switch.builtin_equivalent(comm_hook_type))
+
+        cls._register_builtin_comm_hook = _register_builtin_comm_hook  # type: ignore[method-assign]
+        add_undo(lambda: setattr(cls, "_register_builtin_comm_hook", builtin))
+
     def target(self, agent: "Agent") -> Target:
         """The live objects, for ``apply_<remedy>(target, ...)``."""
         optimizers = self.optimizers()
@@ -161,7 +175,8 @@ class Capture:
         if group is None and dist.is_available() and dist.is_initialized():
             group = dist.group.WORLD
         loaders = self.dataloaders()
-        return Target(wrapped_models=agent.wrapped_models(), optimizers=optimizers,
+        return Target(wrapped_models=agent.wrapped_models(), model_labels=agent.model_labels(),
+                      optimizers=optimizers,
                       lr_schedulers=self.lr_schedulers(), wrappers=wrappers, process_group=group,
                       device=agent.device, rank=agent.rank, world_size=agent.world_size,
                       dataloaders=loaders, dataloader_iterators=[self.running_iterator(d) for d in loaders],

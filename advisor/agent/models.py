@@ -45,6 +45,11 @@ class ModelRegistry:
     def wrapped_models(self) -> list[torch.nn.Module]:
         return [m for _, ref in self._roots if (m := ref()) is not None]
 
+    def labels(self) -> list[str]:
+        """Each model's name in the script, in the order of ``wrapped_models()``."""
+        return [self._labels.get(id(m), type(m).__name__) if (m := ref()) is not None else ""
+                for ref, wrapped in self._roots if wrapped() is not None]
+
     def module_name(self, module: torch.nn.Module) -> str | None:
         return self._names.get(id(module))
 

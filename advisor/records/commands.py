@@ -3,7 +3,8 @@
 The wire shape is unchanged from the untyped dicts they replace:
 ``{"type": "apply", "recommendation": {...}, "at_step": int|None, "measure_steps": int,
 "confirmed": bool, "digest": str|None}``
-and ``{"type": "revert"}``. ``command_from_dict`` rebuilds one and raises
+and ``{"type": "revert", "at_step": int}`` (``at_step`` left out when None: the next boundary,
+as older controllers sent it). ``command_from_dict`` rebuilds one and raises
 ``ValueError`` naming the valid types for anything else; unknown keys are
 ignored (a newer controller may add fields).
 """
@@ -45,17 +46,22 @@ class ApplyCommand:
 
 @dataclass(frozen=True, kw_only=True)
 class RevertCommand:
-    """Revert the most recent remedy still in force (or cancel an apply not yet done)."""
+    """Revert the most recent remedy still in force (or cancel an apply not yet done).
+
+    ``at_step``: the boundary every rank reverts at, after voting on it (the controller sends one
+    past the furthest rank, as for an apply); None: each rank's next boundary (one rank alone).
+    """
 
     TYPE: ClassVar[str] = "revert"
+    at_step: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": self.TYPE}
+        return {"type": self.TYPE} if self.at_step is None else {"type": self.TYPE, "at_step": self.at_step}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "RevertCommand":
         _check_type(data, cls.TYPE)
-        return cls()
+        return cls(**known_fields(cls, data))
 
 
 Command = ApplyCommand | RevertCommand

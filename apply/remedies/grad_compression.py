@@ -42,8 +42,8 @@ def apply_grad_compression(target: Target, *, dtype: str = "bf16") -> Compressio
         raise ValueError("no DistributedDataParallel wrapper captured")
     switches = [getattr(w, comm_switch.ATTRIBUTE, None) for w in ddps]
     if any(s is None for s in switches):
-        raise ValueError("a DDP wrapper has no delegating hook: attach with --allow-inexact, which installs "
-                         "it when DDP is built")
+        raise ValueError("a DDP wrapper has no delegating hook: it was built before the advisor's hooks, "
+                         "or the agent config says comm_switch: false")
     if all(s.mode == dtype for s in switches):
         raise ValueError(f"gradients are already compressed to {dtype}")
     handle = CompressionHandle()

@@ -91,9 +91,10 @@ def communication_rule(profile: Profile) -> Finding | None:
                 predicted=Prediction(peak_memory_bytes=None, step_time_s=step - saved),
                 cost_model=f"half the bytes: transfer {ms(t_bw)} at the measured bus bandwidth halves",
                 confidence="medium", exact=False, live=True, apply_class=grad_compression.SPEC.apply_class,
-                prerequisites=["the job attached with --allow-inexact (the advisor then installs its "
-                               "delegating hook when DDP is built)",
-                               "changes numerics: gradients summed in bf16"],
+                prerequisites=["your consent: it changes numerics (gradients summed in bf16): "
+                               "--allow-inexact headless, or confirm it in the TUI",
+                               "the advisor's delegating hook, installed on every DDP object it sees built "
+                               "(not with agent config comm_switch: false)"],
                 evidence=lines))
         k = max(2, math.ceil(share / EXPOSED_SHARE))
         k = 2 ** math.ceil(math.log2(k))
