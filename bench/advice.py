@@ -24,7 +24,7 @@ runs of ``python -m advisor attach --headless --allow-inexact --steps S --json R
 
 Every process runs with ``OMP_NUM_THREADS=1`` (``--threads``; bench/overhead.py: on a shared
 2-core machine two OpenMP threads make step times swing) and ``ADVISOR_HOME`` in a temporary
-folder, so nothing is written to the user's sessions. Figures: docs/benchmarks.md.
+folder, so nothing is written to the user's sessions. Figures: docs/accuracy.md.
 """
 
 from __future__ import annotations
