@@ -6,7 +6,6 @@ import gzip
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tracemalloc

@@ -15,7 +15,7 @@ from advisor.sections.memory import build_memory_section
 from advisor.state import SessionState
 from advisor.probes.memory import MemoryProbe
 from advisor.probes.memory import probe as memory_probe
-from advisor.records.samples import MEMORY_CATEGORIES, Event, MemorySample, ModuleStat
+from advisor.records.samples import MEMORY_CATEGORIES, Event, ModuleStat
 
 
 class TinyGPT(nn.Module):
