@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from advisor.records.samples import StepSample
+from advisor.records.samples import Event, StepSample
 from advisor.records.wire import (
     MAX_FRAME,
     FrameReader,
@@ -144,6 +144,33 @@ def test_agent_sends_records_in_batches_not_one_write_per_record():
             time.sleep(0.01)
         assert [r.index for r in received] == list(range(40))
         assert channel.sent == 40 and channel.writes - writes <= 2  # at most split by one send round
+    finally:
+        channel.close(1)
+        server.close()
+
+
+def test_an_exit_record_goes_out_at_once_not_at_the_next_round(monkeypatch):
+    """A process whose peer died may be torn down by its launcher before the next send round: its
+    exit record and a lost peer's verdict wake the sender (a step record does not)."""
+    from advisor.agent import channel as agent_channel
+
+    monkeypatch.setattr(agent_channel, "SEND_INTERVAL_S", 30.0)
+    secret = new_secret()
+    received = []
+    server = ChannelServer(secret, received.append)
+    channel = agent_channel.AgentChannel(server.path, secret, spill_path=None)
+    try:
+        deadline = time.monotonic() + 5
+        while not channel.connected and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert channel.connected
+        time.sleep(0.2)  # the sender is now in its 30 s wait
+        channel.emit({"kind": "step", "data": StepSample(index=0, time_s=0.1).to_dict()})
+        channel.emit({"kind": "event", "data": Event(name="peer_lost", data={"ranks": [1]}).to_dict()})
+        deadline = time.monotonic() + 5
+        while len(received) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [r.KIND for r in received] == ["step", "event"]  # the step went with the urgent one
     finally:
         channel.close(1)
         server.close()

@@ -33,6 +33,18 @@ CONNECT_TIMEOUT_S = 5.0
 SEND_INTERVAL_S = 0.05  # a SIGKILLed training process loses at most this much of its records
 
 
+# Records sent at once rather than at the next round: how a process ended, and the events that
+# come just before a launcher tears the job down (a lost peer's verdict, an OOM). A rank whose
+# peer died can be killed by its launcher within the round's 50 ms, and the controller then knew
+# nothing of why (seen on two localhost nodes: "exited with code 1 before its agent reported").
+URGENT_EVENTS = frozenset({"peer_lost", "peer_exit", "oom"})
+
+
+def _urgent(message: dict[str, Any]) -> bool:
+    kind = message.get("kind")
+    return kind == "exit" or (kind == "event" and (message.get("data") or {}).get("name") in URGENT_EVENTS)
+
+
 class AgentChannel:
     def __init__(
         self,
@@ -65,11 +77,14 @@ class AgentChannel:
 
     # -- called from training threads -------------------------------------------------
     def emit(self, message: dict[str, Any]) -> None:
-        """Buffer a message for the sender's next round; never blocks, never raises, wakes nothing."""
+        """Buffer a message for the sender's next round; never blocks, never raises, and wakes the
+        sender only for a record that a process about to die must not lose (``_urgent``)."""
         if len(self._pending) >= QUEUE_LIMIT:
             self.dropped += 1
             return
         self._pending.append(message)
+        if _urgent(message):
+            self._wake.set()
 
     def close(self, timeout: float = 5.0) -> None:
         """Send what is buffered (bounded by ``timeout``), then stop the sender."""
