@@ -24,23 +24,31 @@ _SIGTERM_CODE = 128 + signal.SIGTERM
 
 # Run as torchrun's own process (``python -c LAUNCHER_CODE --standalone ...``): the
 # launcher as ``python -m torch.distributed.run`` would run it, plus one file saying
-# which worker failed first and how, from the ChildFailedError torchrun raises.
+# which worker failed first and how, from the ChildFailedError torchrun raises, or, on
+# a node of a multi-node job, that the launcher itself lost the job's rendezvous (the
+# store lives on another node: when that node's launcher exits, this one fails with
+# RendezvousConnectionError and SIGTERMs its workers, which then only know "SIGTERM").
 LAUNCHER_CODE = """\
 import json, os, sys
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous.api import RendezvousError
 from torch.distributed.run import main
-try:
-    main()
-except ChildFailedError as exc:
-    out = {str(rank): {"exitcode": f.exitcode, "timestamp": f.timestamp, "local_rank": f.local_rank,
-                       "pid": f.pid, "signal": f.signal_name() if f.exitcode < 0 else None}
-           for rank, f in exc.failures.items()}
+def write(out):
     path = os.environ.get("ADVISOR_LAUNCHER_EXITS")
     if path:
         fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
             json.dump(out, handle)
         os.replace(path + ".tmp", path)
+try:
+    main()
+except ChildFailedError as exc:
+    write({str(rank): {"exitcode": f.exitcode, "timestamp": f.timestamp, "local_rank": f.local_rank,
+                       "pid": f.pid, "signal": f.signal_name() if f.exitcode < 0 else None}
+           for rank, f in exc.failures.items()})
+    raise
+except RendezvousError as exc:
+    write({"rendezvous": {"error": type(exc).__name__, "message": str(exc)[:500]}})
     raise
 """
 
@@ -65,6 +73,32 @@ def read_launcher_exits(session_dir: Path) -> dict[int, dict[str, Any]]:
                     and not isinstance(info.get("exitcode"), bool)):
                 out[int(rank)] = info
     return out
+
+
+def read_rendezvous_failure(session_dir: Path) -> str | None:
+    """The error type with which this node's launcher lost the job's rendezvous, or None."""
+    try:
+        raw = json.loads((session_dir / LAUNCHER_EXITS).read_text())
+    except (OSError, ValueError, RecursionError):
+        return None
+    failure = raw.get("rendezvous") if isinstance(raw, dict) else None
+    error = failure.get("error") if isinstance(failure, dict) else None
+    return error if isinstance(error, str) and error.isidentifier() else None
+
+
+_RENDEZVOUS_REASONS = {
+    "RendezvousTimeoutError": "timed out waiting for the job's other nodes to join (check that every node "
+                              "runs with the same --rdzv-endpoint and --rdzv-id, and can reach it)",
+    "RendezvousConnectionError": "lost contact with the job's store: the node hosting it is gone, or its "
+                                 "launcher stopped after a rank there failed",
+    "RendezvousClosedError": "found it closed by another node's launcher (a rank there failed, or it was stopped)",
+}
+
+
+def rendezvous_lost_reason(error: str) -> str:
+    """One line on why this node's launcher left the rendezvous, by the error type it raised."""
+    what = _RENDEZVOUS_REASONS.get(error, "failed in it")
+    return f"this node's launcher left the job's rendezvous ({error}): it {what}"
 
 
 def _seconds(value: Any) -> float:

@@ -16,6 +16,8 @@ from advisor.exits import (
     LAUNCHER_EXITS,
     decide_exit,
     read_launcher_exits,
+    read_rendezvous_failure,
+    rendezvous_lost_reason,
 )
 from advisor.launch import BOOTSTRAP, python_command, torchrun_command
 from advisor.multinode import MultiNode
@@ -303,8 +305,11 @@ class Session:
                                    ranks=self.hosted_ranks() or None)
         with self._gone_lock:
             peers = list(self._peers_gone)
+        lost = read_rendezvous_failure(self.dir) if self.multinode else None
         if peers and code != 0:  # the cause was on another node: name it first
             reason = f"{peers[0].data.get('message')}; here: {reason}"
+        elif lost and code != 0:  # no verdict on a peer, but the launcher saw the other node go
+            reason = f"{rendezvous_lost_reason(lost)}; here: {reason}"
         reason += note
         self.live.update(finished=True, exit_code=code, exit_reason=reason, pending_apply=None)
         self.store.set_meta(finished=True, exit_code=code, exit_reason=reason)

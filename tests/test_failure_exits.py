@@ -61,3 +61,37 @@ def test_sigkill_is_not_blamed_on_the_oom_killer_as_a_fact():
     assert reason.startswith("training process killed by SIGKILL")
     assert "OOM killer" not in reason.split("(")[0]
     assert "or the kernel's OOM killer" in reason
+
+
+def test_a_launcher_that_leaves_the_rendezvous_says_how(tmp_path):
+    """A node whose other node never comes: torchrun raises a RendezvousError, not ChildFailedError,
+    and its workers never start; the launcher's record is what tells the user why."""
+    import os
+    import subprocess
+    import sys
+
+    from ranks import free_port
+
+    from advisor.exits import LAUNCHER_CODE, read_rendezvous_failure, rendezvous_lost_reason
+
+    run = subprocess.run(
+        [sys.executable, "-c", LAUNCHER_CODE, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+         "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-conf", "join_timeout=3", "--rdzv-id", "alone",
+         os.devnull],
+        env={**os.environ, "ADVISOR_LAUNCHER_EXITS": str(tmp_path / LAUNCHER_EXITS)},
+        capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1
+    assert read_launcher_exits(tmp_path) == {}  # no worker ran, so none failed
+    error = read_rendezvous_failure(tmp_path)
+    assert error == "RendezvousTimeoutError"
+    assert "--rdzv-endpoint" in rendezvous_lost_reason(error)
+    assert (tmp_path / LAUNCHER_EXITS).stat().st_mode & 0o077 == 0
+
+
+def test_an_unknown_or_malformed_rendezvous_record_is_read_safely(tmp_path):
+    from advisor.exits import read_rendezvous_failure, rendezvous_lost_reason
+
+    (tmp_path / LAUNCHER_EXITS).write_text(json.dumps({"rendezvous": {"error": "os.system('x')"}}))
+    assert read_rendezvous_failure(tmp_path) is None
+    (tmp_path / LAUNCHER_EXITS).write_text(json.dumps({"rendezvous": {"error": "RendezvousStateError"}}))
+    assert rendezvous_lost_reason(read_rendezvous_failure(tmp_path)).endswith("it failed in it")

@@ -144,7 +144,13 @@ def test_killing_the_other_nodes_training_process_is_reported_on_the_rank_0_node
     deciding = next(db for db in sessions() if 0 in meta(db)["job"]["ranks_hosted"])
     reason = meta(deciding)["exit_reason"]
     assert meta(deciding)["exit_code"] != 0
-    assert "rank(s) 1 stopped responding" in reason or "rank 1 exited" in reason, reason
+    # What the rank-0 node can know, by how fast its side noticed: the heartbeat's verdict on rank 1,
+    # its launcher losing the rendezvous that the other node hosted, or gloo's own "closed by peer".
+    # Never "exited before its agent reported": the exit record goes out before the launcher's SIGTERM.
+    assert any(cause in reason for cause in ("rank(s) 1 stopped responding", "rank 1 exited",
+                                             "launcher left the job's rendezvous", "Connection closed by peer",
+                                             "Connection reset by peer")), (
+        reason, [err[-3000:] for _, _, err in ran])
     assert all(code != 0 for code, _, _ in ran)
 
 

@@ -148,15 +148,23 @@ def main(argv: list[str] | None = None) -> int:
                     "frame": user_frame(exc.__traceback__, script)}
         traceback.print_exception(exc)
     finally:
-        hooks.remove()
-        signal.signal(signal.SIGTERM, previous_term)
-        agent.close()
-    if agent.relay is not None:  # a failing rank first learns whether a peer on another node went away
-        agent.relay.close(code)
+        try:
+            hooks.remove()
+            agent.close()
+        except Terminated:  # stopped again while closing: what was recorded still goes out below
+            pass
     if agent.step == 0 and code == 0:
         agent.emit(Event(rank=rank, name="warning", data={
             "message": "the script never called an optimizer step nor backward(): no training steps were recorded"}))
+    # The exit record goes out first (the channel sends it at once): a launcher whose other node
+    # failed SIGTERMs this process while the relay below still waits for the verdict on its peers.
     agent.emit(ExitInfo(rank=rank, code=code, reason=reason, steps=agent.step, **exc_info))
+    if agent.relay is not None:  # a failing rank learns whether a peer on another node went away
+        try:
+            agent.relay.close(code)
+        except Terminated:  # stopped while waiting: what it knew is sent below
+            pass
+    signal.signal(signal.SIGTERM, previous_term)
     channel.close(timeout=5.0)
     sys.stdout.flush()
     sys.stderr.flush()

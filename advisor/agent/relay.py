@@ -140,9 +140,11 @@ class CommandRelay:
         """At exit: a failing rank first waits (bounded) for the verdict on its peers. Not one
         stopped on purpose (Ctrl-C: 130, SIGTERM from its launcher or controller: 143): the cause
         of that is known where the stop came from, and the launcher's kill timeout is running."""
-        if code not in (0, 130, 143):
-            self.heartbeat.settle()
-        self.heartbeat.stop(code)
+        try:
+            if code not in (0, 130, 143):
+                self.heartbeat.settle()
+        finally:  # even when a SIGTERM cuts the wait short: peers learn how this rank ended
+            self.heartbeat.stop(code)
 
 
 class Heartbeat:
