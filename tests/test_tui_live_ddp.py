@@ -40,8 +40,12 @@ def test_live_ddp_switches_ranks_and_applies(tmp_path) -> None:
     app = make_app(SessionSource(session, advice), poll_interval=0.1)
     messages: list[Message] = []
 
+    # One budget for the whole scenario, well inside the test's timeout, so that a stuck step fails
+    # with the state it was stuck in rather than with pytest-timeout's stack dump.
+    budget_end = time.monotonic() + 600.0
+
     async def wait(pilot, condition, timeout: float = 400.0) -> None:
-        deadline = time.monotonic() + timeout
+        deadline = min(time.monotonic() + timeout, budget_end)
         while not condition():
             state = session.live.snapshot()
             assert time.monotonic() < deadline, (f"timed out at step {state.latest_step()}: "
@@ -73,10 +77,20 @@ def test_live_ddp_switches_ranks_and_applies(tmp_path) -> None:
             assert "shown" in app.query_one("#ranks-table", DataTable).get_row_at(1 - pinned)[6]
             # Apply the first live recommendation from the Advice view.
             await pilot.press("6")
-            rec_id = live_recs()[0]
-            await wait(pilot, lambda: app.recs_view.selected is not None)
-            while str(app.recs_view.selected["id"]) != rec_id:
-                await pilot.press("down")
+            # The advice is recomputed as the job runs: the target is a live one the view lists now,
+            # and the cursor walks to it with the keys (bounded: the list may change under it).
+            rec_id = ""
+            for _ in range(50):
+                await wait(pilot, lambda: app.recs_view.selected is not None
+                           and any(r.get("live") for r in app.recs_view.recommendations))
+                shown = [str(r["id"]) for r in app.recs_view.recommendations]
+                rec_id = rec_id if rec_id in shown else next(
+                    str(r["id"]) for r in app.recs_view.recommendations if r.get("live"))
+                at = shown.index(str(app.recs_view.selected["id"]))
+                if at == shown.index(rec_id):
+                    break
+                await pilot.press("down" if at < shown.index(rec_id) else "up")
+            assert str(app.recs_view.selected["id"]) == rec_id
             await pilot.press("a")
             if isinstance(app.screen, ConfirmApplyScreen):  # live-opt-in: it changes numerics
                 await pilot.press("y")
