@@ -78,3 +78,14 @@ def test_titles_do_not_repeat_columns_nor_cite_missing_files() -> None:
         assert "GiB" not in rec.title and "MiB" not in rec.title and "ms" not in rec.title
         assert "REFERENCE.md" not in rec.cost_model
         assert not any("REFERENCE.md" in str(e) for e in rec.evidence)
+
+
+def test_rates_read_in_decimal_prefixes_as_bandwidths_are_quoted():
+    from advisor.records.units import fmt_rate
+
+    # A diagnosis's evidence printed "2292183937.5 B/s" before rates had a formatter.
+    assert fmt_quantity(2292183937.5, "B/s") == "2.29 GB/s"
+    assert fmt_rate(850e6) == "850 MB/s"
+    assert fmt_rate(999.6e6) == "1.00 GB/s"
+    assert fmt_rate(206e12, "FLOP/s") == "206 TFLOP/s"
+    assert fmt_rate(None) == MISSING

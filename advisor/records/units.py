@@ -111,6 +111,23 @@ def fmt_seconds(value: float | None) -> str:
     return f"{sign}{minutes}m{seconds:02d}s"
 
 
+_SI_PREFIXES = ("", "k", "M", "G", "T", "P", "E")
+
+
+def fmt_rate(value: float | None, unit: str = "B/s") -> str:
+    """A rate in decimal (SI) prefixes, as bandwidths and FLOP/s are quoted, three significant
+    figures: ``2.29 GB/s``, ``850 MB/s``, ``206 TFLOP/s``; :data:`MISSING` for None, NaN or inf."""
+    if not _finite(value):
+        return MISSING
+    assert value is not None
+    sign = "-" if value < 0 else ""
+    size, prefix = abs(float(value)), 0
+    while prefix < len(_SI_PREFIXES) - 1 and float(_three_figures(size)) >= 1000:
+        size /= 1000
+        prefix += 1
+    return f"{sign}{_three_figures(size) if size >= 0.9995 else f'{size:.3g}'} {_SI_PREFIXES[prefix]}{unit}"
+
+
 def format_size(nbytes: int | None) -> str:
     """Kept for callers of the older name: the same as :func:`fmt_bytes`."""
     return fmt_bytes(nbytes)
@@ -124,6 +141,8 @@ def fmt_quantity(value: object, unit: str | None) -> str:
             return fmt_bytes(value)
         if unit in ("s", "seconds"):
             return fmt_seconds(value)
+        if unit in ("B/s", "FLOP/s"):
+            return fmt_rate(value, unit)
     if value is None:
         return MISSING
     return f"{value} {unit}" if unit else str(value)
