@@ -89,6 +89,7 @@ def decide(
     predicted: Measurement,
     budget_bytes: int | None,
     margin: float = DEFAULT_TIME_MARGIN,
+    baseline_step_time_s: float | None = None,
 ) -> tuple[bool, str]:
     """Keep or revert a remedy that applied without error; returns (keep, reason).
 
@@ -96,6 +97,10 @@ def decide(
     - Otherwise keep iff the peak went down, or the step time stayed within
       ``(1 + margin)`` of the reference: the predicted step time when there is
       one (a remedy may be expected to cost time), else the measured before time.
+      With the recommendation's ``baseline_step_time_s`` too, the reference is the
+      predicted *change* applied to the measured before time: the prediction was made
+      on other steps (light ones, at another load) than the window measured here, which
+      may be deep steps, several times slower.
     - With nothing measured on either side, keep: there is no evidence against it.
     """
     peak = after.peak_memory_bytes
@@ -105,6 +110,8 @@ def decide(
         return False, f"peak {_gb(peak)} exceeds the budget {_gb(budget_bytes)}"
     peak_down = peak is not None and before.peak_memory_bytes is not None and peak < before.peak_memory_bytes
     reference = predicted.step_time_s if predicted.step_time_s is not None else before.step_time_s
+    if predicted.step_time_s and baseline_step_time_s and before.step_time_s:
+        reference = before.step_time_s * predicted.step_time_s / baseline_step_time_s
     limit = reference * (1.0 + margin) if reference is not None else None
     time_ok = after.step_time_s is None or limit is None or after.step_time_s <= limit
     if peak_down:
@@ -115,6 +122,13 @@ def decide(
         return True, f"step time {after.step_time_s:.4g} s within {limit:.4g} s (reference +{margin:.0%})"
     return False, (f"peak did not go down and step time {after.step_time_s:.4g} s exceeds "
                    f"{limit:.4g} s (reference +{margin:.0%})")
+
+
+def _positive(value: Any) -> float | None:
+    """A step time from a recommendation (JSON from the controller): a positive finite number, or None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf"):
+        return float(value)
+    return None
 
 
 def _gb(value: int | None) -> str:
@@ -228,6 +242,7 @@ class _Request:
     measure_steps: int
     digest: str
     deep_requested_at: int | None = None
+    baseline_step_time_s: float | None = None  # the step time the prediction was made against
 
 
 @dataclass(kw_only=True)
@@ -240,6 +255,7 @@ class _Active:
     measure_steps: int
     from_plan: bool = False
     digest: str | None = None
+    baseline_step_time_s: float | None = None
     before: list[StepSample] = field(default_factory=list)
     after: list[StepSample] = field(default_factory=list)
 
@@ -347,6 +363,7 @@ class Executor:
                 at_step=command.at_step,
                 measure_steps=command.measure_steps,
                 digest=command.digest or "",
+                baseline_step_time_s=_positive((rec.get("baseline") or {}).get("step_time_s")),
             ))
 
     def _due_reverts(self, step: int) -> None:
@@ -454,7 +471,7 @@ class Executor:
         })
         self._active = _Active(results=[result], handles=[handle], applied_at=step,
                                measure_steps=request.measure_steps, digest=request.digest,
-                               before=before_samples)
+                               baseline_step_time_s=request.baseline_step_time_s, before=before_samples)
         self.ctx.request_deep(request.measure_steps + 1)
 
     def _decide(self, active: _Active, *, complete: bool) -> None:
@@ -471,7 +488,8 @@ class Executor:
         margin = float(self.ctx.config.get("apply_time_margin", DEFAULT_TIME_MARGIN))
         first = active.results[0]
         keep, reason = decide(before=first.before, after=after, predicted=first.predicted,
-                              budget_bytes=budget, margin=margin)
+                              budget_bytes=budget, margin=margin,
+                              baseline_step_time_s=active.baseline_step_time_s)
         refusals = [r for h in active.handles if (r := getattr(h, "refusal", None))]
         if refusals:  # the applier found on the job's own steps that it cannot work as intended
             keep, reason = False, "; ".join(refusals)

@@ -238,3 +238,19 @@ def test_decide_rule() -> None:
     assert not decide(before=before, after=Measurement(peak_memory_bytes=90, step_time_s=1.0),
                       predicted=none, budget_bytes=80)[0]  # a budget overrides "went down"
     assert decide(before=none, after=none, predicted=none, budget_bytes=80)[0]  # nothing measured
+
+
+def test_decide_holds_a_deep_window_to_the_predicted_change_not_the_light_step_figure() -> None:
+    """A short run measures its window on deep steps (5x slower here) while the prediction was made
+    on light ones: the absolute figure reverted a remedy that did just what was predicted."""
+    before = Measurement(peak_memory_bytes=100, step_time_s=5.0, step_kind="deep")
+    after = Measurement(peak_memory_bytes=100, step_time_s=5.4, step_kind="deep")
+    predicted = Measurement(step_time_s=1.1)
+    assert not decide(before=before, after=after, predicted=predicted, budget_bytes=None)[0]
+    keep, reason = decide(before=before, after=after, predicted=predicted, budget_bytes=None,
+                          baseline_step_time_s=1.0)
+    assert keep, reason
+    assert "within 6.875 s" in reason  # 5.0 s x 1.1 / 1.0, +25%
+    # A predicted speed-up that did not come is still reverted.
+    assert not decide(before=before, after=Measurement(peak_memory_bytes=100, step_time_s=5.0, step_kind="deep"),
+                      predicted=Measurement(step_time_s=0.5), budget_bytes=None, baseline_step_time_s=1.0)[0]
