@@ -110,6 +110,30 @@ def test_events_with_missing_or_overflowed_timestamps_are_skipped_and_counted(tm
     assert [(o.name, o.flops) for o in ops] == [("aten.mm", 2 * 4 * 8 * 2)]
 
 
+def _rank_trace(path: Path, rank: int, world: int) -> Path:
+    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 1, "tid": 1, "ts": 0,
+               "dur": 1000}, _op("aten::mul", 10, 100)]
+    _write_trace(path, events, distributedInfo={"backend": "gloo", "rank": rank, "world_size": world})
+    return path
+
+
+def test_one_jobs_traces_from_several_nodes_import_together_and_other_jobs_are_refused(tmp_path):
+    """A multi-node job leaves each node's ranks' traces on that node: given together, they make one
+    session of every rank; traces whose world sizes differ are of different jobs and are refused."""
+    node0 = [_rank_trace(tmp_path / f"r{r}.json", r, 4) for r in (0, 1)]
+    node1 = [_rank_trace(tmp_path / f"r{r}.json", r, 4) for r in (2, 3)]
+    result = import_traces(node0 + node1)
+    assert sorted({s.rank for s in _steps(result.records)}) == [0, 1, 2, 3]
+    assert not any("have no trace here" in note for note in result.notes)
+    partial = import_traces(node0)
+    assert any("2 of 4 ranks have no trace here (ranks 2, 3)" in note for note in partial.notes)
+    other = _rank_trace(tmp_path / "other.json", 2, 8)
+    with pytest.raises(ValueError, match="world of 4 ranks .* one of 8: traces of different jobs"):
+        import_traces(node0 + [other])
+    with pytest.raises(ValueError, match="says rank 5 of a world of 4"):
+        import_traces([_rank_trace(tmp_path / "bad.json", 5, 4)])
+
+
 def test_a_truncated_trace_is_one_clear_error(tmp_path, trace_dir):
     path = tmp_path / "cut.json"
     path.write_bytes((trace_dir / "rank0.json").read_bytes()[:5000])

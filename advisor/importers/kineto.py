@@ -41,16 +41,39 @@ def import_traces(paths: Iterable[Path]) -> ImportResult:
     traces = [read_trace(p) for p in paths]
     result = ImportResult()
     ranks: dict[int, Path] = {}
-    world = max([len(traces)] + [_dist(t).get("world_size") or 0 for t in traces])
+    world = _one_world_size(traces)
     for order, trace in enumerate(traces):
         rank = _dist(trace).get("rank")
-        rank = rank if isinstance(rank, int) else order
+        rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else order
         if rank in ranks:
             raise ValueError(f"{trace.path} and {ranks[rank]} are both rank {rank}; import one run's traces together")
+        if not 0 <= rank < world:
+            raise ValueError(f"{trace.path} says rank {rank} of a world of {world}")
         ranks[rank] = trace.path
         _rank_records(trace, rank, world, result)
     _notes(traces, result)
+    missing = sorted(set(range(world)) - set(ranks))
+    if missing:  # a multi-node job's traces sit on every node: the report holds the ranks given
+        shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
+        result.notes.append(f"Kineto trace: {len(missing)} of {world} ranks have no trace here (ranks {shown}): "
+                            "copy every node's traces and import them together for the whole job")
     return result
+
+
+def _one_world_size(traces: list[RankTrace]) -> int:
+    """The world size the traces agree on (their count when none says); traces that disagree come
+    from different jobs (or a restarted elastic job) and are refused, as `advisor report` refuses
+    sessions of different jobs."""
+    said: dict[int, Path] = {}
+    for trace in traces:
+        size = _dist(trace).get("world_size")
+        if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+            said.setdefault(size, trace.path)
+    if len(said) > 1:
+        (a, pa), (b, pb) = sorted(said.items())[:2]
+        raise ValueError(f"{pa} is from a world of {a} ranks and {pb} from one of {b}: traces of different jobs; "
+                         "import one job's traces together")
+    return max([len(traces), *said])
 
 
 def _dist(trace: RankTrace) -> dict[str, Any]:
