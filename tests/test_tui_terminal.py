@@ -117,7 +117,9 @@ def test_closing_the_terminal_leaves_training_running_and_recorded(tmp_path) -> 
 
 def test_q_then_l_leaves_the_training_running_and_recorded(tmp_path) -> None:
     pid_file = tmp_path / "pid"
-    pid, master = _spawn(tmp_path, "--steps", "300", "--sleep", "0.02", "--pid-file", str(pid_file))
+    # 1000 steps of at least 20 ms: the job must outlive the ~7 s of keys and drawing below (300
+    # steps ended first under load, and the "still alive" check failed on a job that had finished).
+    pid, master = _spawn(tmp_path, "--steps", "1000", "--sleep", "0.02", "--pid-file", str(pid_file))
     training = int(_wait_file(pid_file, master))
     _drain(master, 3.0)
     os.write(master, b"q")
@@ -130,7 +132,7 @@ def test_q_then_l_leaves_the_training_running_and_recorded(tmp_path) -> None:
     os.close(master)
     assert code == 0
     report = json.loads((tmp_path / "r.json").read_text())
-    assert len(report["steps"]) == 300 and report["run"]["exit"]["code"] == 0
+    assert len(report["steps"]) == 1000 and report["run"]["exit"]["code"] == 0
 
 
 def test_advisor_open_browses_a_stored_session_and_quits(tmp_path) -> None:
