@@ -26,6 +26,9 @@ _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1  # what SQLite and every JSON reader ca
 _SIGNED = {"loss"}
 # Fields that are divisors or sizes of a world somewhere downstream: at least 1.
 _AT_LEAST_ONE = {"world_size", "group_size"}
+# Lists of global ranks: each >= 0, at most this many (the largest world a record describes).
+_RANK_LISTS = {"group_ranks"}
+MAX_RANKS = 65536
 
 
 class RecordError(ValueError):
@@ -61,7 +64,7 @@ def parse_record(kind: Any, data: Any) -> Record:
         value = data[name]
         problem = _checker(hint)(value)
         if problem is None:
-            problem = _range(name, value)
+            problem = _ranks(value) if name in _RANK_LISTS else _range(name, value)
         if problem is not None:
             raise RecordError(f"{kind}.{name}: {problem}")
         values[name] = value
@@ -112,6 +115,14 @@ def _range(name: str, value: Any) -> str | None:
     if name not in _SIGNED and value < 0:
         return f"{value} is negative"
     return None
+
+
+def _ranks(value: Any) -> str | None:
+    if value is None:
+        return None
+    if len(value) > MAX_RANKS:
+        return f"{len(value)} ranks, more than {MAX_RANKS}"
+    return next((f"rank {r} is negative" for r in value if r < 0), None)
 
 
 def _check(value: Any, hint: Any, depth: int) -> str | None:

@@ -136,6 +136,7 @@ def collective_records(trace: RankTrace, world: int, *, rank: int, step_of: Call
     nested = bool(issues) and issues[0].name != "record_param_comms"
     params = [s for s in trace.collectives if s.name == "record_param_comms"] if nested else []
     seqs: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    members = _group_members(trace, world)
     out: list[CollectiveStat | Event] = []
     for op, issue, run in calls:
         first = issue or run
@@ -151,8 +152,11 @@ def collective_records(trace: RankTrace, world: int, *, rank: int, step_of: Call
         nbytes, dtype = _issue_bytes(issue if issue is not None else run, run, group_size)  # type: ignore[arg-type]
         step = step_of(first.ts)
         index = step.index if step else 0
+        named = meta if meta is not None or issue is None or issue.name != "record_param_comms" else issue
+        ranks = members.get(str(named.args.get("Process Group Name"))) if named is not None else None
         out.append(CollectiveStat(
             rank=rank, step=index, op=op, group_size=group_size, bytes=nbytes, dtype=dtype,
+            group_ranks=list(ranks) if ranks is not None and len(ranks) == group_size else None,
             count=1, start=wall(first.ts), time_s=(interval[1] - interval[0]) / 1e6,
             exposed_s=exposed_s(interval, compute) / 1e6))
         seq = meta.args.get("Seq") if meta is not None else None
@@ -160,6 +164,21 @@ def collective_records(trace: RankTrace, world: int, *, rank: int, step_of: Call
             seqs[index].append({"op": op, "group": str(meta.args.get("Process Group Name", "")), "seq": seq,
                                 "start": wall(first.ts)})
     out.extend(Event(rank=rank, step=step, name="collective_seq", data={"calls": rows}) for step, rows in seqs.items())
+    return out
+
+
+def _group_members(trace: RankTrace, world: int) -> dict[str, list[int]]:
+    """Process group name -> its global ranks, from ``distributedInfo.pg_config`` (the profiler
+    records every group there), for groups smaller than the world, as the comm probe records them.
+    Only NCCL traces name each call's group (``record_param_comms``); gloo's c10d ops do not."""
+    info = trace.meta.get("distributedInfo")
+    configs = info.get("pg_config") if isinstance(info, dict) else None
+    out: dict[str, list[int]] = {}
+    for pg in configs if isinstance(configs, list) else []:
+        ranks = pg.get("ranks") if isinstance(pg, dict) else None
+        if (isinstance(ranks, list) and 0 < len(ranks) < world
+                and all(type(r) is int and 0 <= r < world for r in ranks) and pg.get("pg_name")):
+            out[str(pg["pg_name"])] = ranks
     return out
 
 

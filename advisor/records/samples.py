@@ -178,6 +178,9 @@ class CollectiveStat(Record):
     step: int
     op: str  # "all_reduce", "all_gather", "reduce_scatter", "broadcast", "send", ...
     group_size: int = 1
+    # The global ranks of the call's group, for a group smaller than the world (None: the whole
+    # world, or not recorded, as by agents before this field and most trace imports).
+    group_ranks: list[int] | None = None
     bytes: int = 0
     dtype: str = ""
     count: int = 1

@@ -6,9 +6,11 @@ Which ranks share a node: in a torchrun multi-node job, the ranks one node's con
 every other rank is on another node); otherwise (one node, or an outer launcher with one
 controller per process) the ``hostname`` each rank's agent reported (``RunInfo``).
 
-Which ranks a call spans: a call whose group has the job's whole world size spans every rank.
-The members of a smaller group are not recorded, so its calls are ``unknown``, as are calls
-whose ranks' nodes are not all known. Bus bandwidth follows nccl-tests (advisor/records/
+Which ranks a call spans: the global ranks of its group where the record names them
+(``CollectiveStat.group_ranks``: the comm probe records them for a group smaller than the world);
+else, a call whose group has the job's whole world size spans every rank. A smaller group whose
+members are not recorded (sessions of agents before the field, trace imports) is ``unknown``, as
+are calls whose ranks' nodes are not all known. Bus bandwidth follows nccl-tests (advisor/records/
 bandwidth.py) over the transfer time: the call's time less its wait for the latest rank.
 """
 
@@ -37,11 +39,17 @@ def rank_nodes(state: SessionState) -> tuple[dict[int, str], set[int] | None]:
     return {rank: run.hostname for rank, run in state.runs.items() if run.hostname}, None
 
 
-def classify(group_size: int, world_size: int, nodes: dict[int, str], here: set[int] | None) -> str:
-    """"intra_node", "inter_node" or "unknown" for one call of a group of ``group_size`` ranks."""
-    if group_size != world_size or world_size < 2:
+def classify(group_size: int, world_size: int, nodes: dict[int, str], here: set[int] | None,
+             group_ranks: list[int] | None = None) -> str:
+    """"intra_node", "inter_node" or "unknown" for one call of a group of ``group_size`` ranks whose
+    global ranks are ``group_ranks`` (None: not recorded, known only when the group is the world)."""
+    members: list[int] | range
+    if group_ranks:
+        members = group_ranks
+    elif group_size == world_size and world_size >= 2:
+        members = range(world_size)
+    else:
         return "unknown"
-    members = range(world_size)
     if here is not None and any(r not in here for r in members):
         return "inter_node"  # torchrun runs one controller per node: the other ranks are elsewhere
     labels = {nodes.get(r) for r in members}
@@ -62,7 +70,7 @@ def build_links_section(state: SessionState) -> dict[str, Any] | None:
     world = state.world_size
     rows: dict[tuple[str, str, int], dict[str, Any]] = {}
     for c in calls:
-        link = classify(c.group_size, world, nodes, here)
+        link = classify(c.group_size, world, nodes, here, c.group_ranks)
         row = rows.setdefault((link, c.op, c.group_size), {"link": link, "op": c.op, "group_size": c.group_size,
                                                            "calls": 0, "bytes": 0, "transfer_s": 0.0, "ranks": set()})
         wait = min(c.time_s, max(c.wait_s, waits.get(id(c), 0.0)))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+import weakref
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -87,6 +88,9 @@ class CallRecord:
     device: str  # "cpu" | "cuda"
     end: float | None = None  # time.time() at completion
     extra: dict[str, Any] = field(default_factory=dict)
+    # The group's global ranks, in group-rank order, for a group smaller than the world; None for
+    # the whole world (every rank is a member) or where they are not known.
+    group_ranks: tuple[int, ...] | None = None
 
     @property
     def time_s(self) -> float | None:
@@ -109,7 +113,13 @@ def _unbox(cls: Any, obj: Any) -> Any:
     return obj
 
 
-def _group_info(pg: Any) -> tuple[str, int]:
+# ProcessGroup -> its members (``_members``), looked up once per group: this runs on every
+# collective. Weak keys: a destroyed group is neither kept alive nor mistaken for a new one.
+_MEMBERS: weakref.WeakKeyDictionary[Any, tuple[int, ...] | None] = weakref.WeakKeyDictionary()
+
+
+def _group_info(pg: Any) -> tuple[str, int, tuple[int, ...] | None]:
+    """(group name, size, global ranks of a group smaller than the world, else None)."""
     try:
         pg = _unbox(torch._C._distributed_c10d.ProcessGroup, pg)
     except Exception:
@@ -122,7 +132,26 @@ def _group_info(pg: Any) -> tuple[str, int]:
         name = str(pg.group_name)
     except Exception:
         name = ""
-    return name, size
+    try:
+        ranks = _MEMBERS[pg]
+    except KeyError:
+        ranks = _MEMBERS[pg] = _members(pg)
+    except TypeError:  # None, or an object that is no ProcessGroup (not weakly referenceable)
+        ranks = None
+    return name, size, ranks
+
+
+def _members(pg: Any) -> tuple[int, ...] | None:
+    """The global ranks of ``pg`` (torch.distributed's record of the groups it made); None for the
+    whole world, as the size already says who is in it, and for a group torch does not know."""
+    try:
+        ranks = tuple(int(r) for r in torch.distributed.get_process_group_ranks(pg))
+        world = torch.distributed.get_world_size()
+    except Exception:  # a group made outside torch.distributed's new_group, or no default group
+        return None
+    if not ranks or len(ranks) >= world or any(r < 0 for r in ranks):
+        return None
+    return ranks
 
 
 class CollectiveInterceptor:
@@ -215,7 +244,7 @@ class CollectiveInterceptor:
         out: Any,
         synchronous: bool,
     ) -> None:
-        group, size = _group_info(args[group_arg])
+        group, size, ranks = _group_info(args[group_arg])
         tensors = _tensors(args[tensor_arg]) if tensor_arg >= 0 else []
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         if name == "gather_" and not nbytes:  # non-root ranks pass no outputs: S = input x n
@@ -239,6 +268,7 @@ class CollectiveInterceptor:
             thread=threading.get_ident(),
             in_backward=torch._C._current_graph_task_id() != -1,
             device=first.device.type if first is not None else "cpu",
+            group_ranks=ranks,
         )
         work = out[-1] if isinstance(out, (tuple, list)) else out
         try:

@@ -203,6 +203,7 @@ class CommProbe(Probe):
                     step=step,
                     op=call.op,
                     group_size=call.group_size,
+                    group_ranks=None if call.group_ranks is None else list(call.group_ranks),
                     bytes=call.bytes,
                     dtype=call.dtype,
                     count=1,
