@@ -78,6 +78,14 @@ class MultiNode:
             return ["--standalone", f"--max-restarts={self.options['max_restarts']}"]
         return []
 
+    @property
+    def restarts(self) -> int:
+        """How many times torchrun may start this node's workers again (``--max-restarts``)."""
+        try:
+            return max(0, int(self.options.get("max_restarts") or 0))
+        except (TypeError, ValueError):
+            return 0
+
     def uses_torchrun(self, nproc_per_node: int) -> bool:
         return self.mode == "torchrun" or (self.mode == "single" and nproc_per_node > 1)
 

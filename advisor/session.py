@@ -136,8 +136,11 @@ class Session:
             self.job["ranks_hosted"] = sorted({*self.job["ranks_hosted"], rank})
             self.job["decides"] = 0 in self.job["ranks_hosted"] if self.multinode else True
         self._save_job()
-        if len(self.server.ranks) >= self.options.nproc_per_node:
-            self._remove_secret()  # every rank has read it: nothing is left behind if we are killed
+        # Every rank has read it: nothing is left behind if we are killed. Not while torchrun may
+        # restart the workers (--max-restarts): each new worker reads it again, and without it the
+        # restart the user asked for fails in our bootstrap. It goes at close() then.
+        if len(self.server.ranks) >= self.options.nproc_per_node and not self.options.multinode.restarts:
+            self._remove_secret()
 
     def _remove_secret(self) -> None:
         try:
