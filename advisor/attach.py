@@ -69,7 +69,7 @@ class StopOnSignal:
         process = self.session.process
         if self.received is not None:
             if process is not None and process.poll() is None:
-                process.kill()
+                self.session.kill()
             return
         self.received = signum
         _say(f"advisor: received {signal_name(signum)}: stopping the training job (SIGTERM, then SIGKILL "
@@ -84,7 +84,7 @@ class StopOnSignal:
         if process is not None and process.poll() is None:
             # torchrun passes it on to every rank; each agent records its exit.
             _signal_job(process, signal.SIGTERM)
-            timer = threading.Timer(STOP_GRACE_S, lambda: process.poll() is None and process.kill())
+            timer = threading.Timer(STOP_GRACE_S, lambda: process.poll() is None and self.session.kill())
             timer.daemon = True
             timer.start()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -30,6 +31,18 @@ from advisor.state import LiveState
 from advisor.store import SessionStore
 
 DEAD_RANK_GRACE_S = 30.0  # a rank died while others run: how long before the job is stopped
+
+
+def _is_our_rank(pid: int) -> bool:
+    """Whether ``pid`` is still a training process started through our bootstrap (a pid is reused
+    once its process is gone: never signal one that is not). Without /proc, no."""
+    if pid <= 1 or pid == os.getpid():
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return BOOTSTRAP.encode() in handle.read()
+    except OSError:
+        return False
 
 
 @dataclass
@@ -297,7 +310,23 @@ class Session:
         try:
             self.process.wait(grace)
         except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL to the launched process and to this node's ranks. A SIGKILLed torchrun cannot
+        stop its workers, and a rank blocked in native code (a collective, gloo's connect) never
+        runs its SIGTERM handler: they stayed behind, training or hung, with nobody recording."""
+        if self.process is not None and self.process.poll() is None:
             self.process.kill()
+        here, hosted = socket.gethostname(), set(self.hosted_ranks())
+        for rank, run in self.live.snapshot().runs.items():
+            if (hosted and rank not in hosted) or (run.hostname and run.hostname != here):
+                continue
+            if _is_our_rank(run.pid):
+                try:
+                    os.kill(run.pid, signal.SIGKILL)
+                except OSError:  # gone in the meantime
+                    pass
 
     def finish(self, returncode: int, note: str = "") -> tuple[int, str]:
         """Collect the last records and decide the exit code and reason; closes the store."""

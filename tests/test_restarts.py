@@ -41,3 +41,42 @@ def test_max_restarts_is_read_from_the_options_as_given() -> None:
     assert MultiNode(mode="torchrun", options={"max_restarts": "3"}).restarts == 3
     assert MultiNode(mode="single", options={"max_restarts": 0}).restarts == 0
     assert MultiNode().restarts == 0
+
+
+def test_a_kill_reaches_the_ranks_that_torchrun_can_no_longer_stop() -> None:
+    """Stopping a job escalates to SIGKILL; sent to torchrun alone, it left its workers running
+    (orphans, seen after a hung restart). The ranks the agents named are killed with it."""
+    import os
+    import time
+
+    session = Session(AttachOptions(script=str(ROOT / "tests" / "scripts" / "ignores_sigterm.py"),
+                                    nproc_per_node=2, capture_output=True))
+    session.start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(session.live.snapshot().runs) < 2:
+            assert time.monotonic() < deadline, "the ranks never said hello"
+            assert session.poll() is None
+            time.sleep(0.05)
+        while (session.dir / "output.log").read_text().count("ready") < 2:  # both now ignore SIGTERM
+            assert time.monotonic() < deadline, "the ranks never got to the script"
+            time.sleep(0.05)
+        pids = [run.pid for run in session.live.snapshot().runs.values()]
+        session.terminate(grace=1.0)  # torchrun waits 30 s for workers that ignore SIGTERM: killed
+        deadline = time.monotonic() + 30
+        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_alive(pid) for pid in pids)
+    finally:
+        if session.poll() is None:
+            session.kill()
+        session.wait()
+        session.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(") ")[1][0] != "Z"  # a zombie is dead, waiting for its reaper
+    except OSError:
+        return False
