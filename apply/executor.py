@@ -41,7 +41,11 @@ steps each figure comes from are in the result (``Measurement.time_steps``,
 
 Multiple ranks: the controller decides once and sends every rank the same
 command with an explicit ``at_step`` and a ``digest`` (``command_digest``).
-Every rank applies at that boundary, then all vote (``Agreement``): if any rank
+Each copy arrives on its own socket, often after that step: on a single node
+the ranks agree through the job's store on the boundary to start it at
+(``StepAlign``, a wait at the first boundary that sees the command), across
+nodes the command relay hands it to every rank at one boundary. Every rank
+applies at that boundary, then all vote (``Agreement``): if any rank
 failed to apply, or the digests differ, all revert before a step runs. The
 after window then has a fixed length (``2 * measure_steps + 1`` steps, so that
 it ends at the same step everywhere) and keep/revert is voted again: any
@@ -55,6 +59,7 @@ command says the user confirmed (``"confirmed": true``, the TUI's dialog).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import statistics
 import threading
@@ -68,6 +73,7 @@ from advisor.apply import registry
 from advisor.apply.agreement import DEFAULT_TIMEOUT_S, Agreement
 from advisor.apply.command_check import as_command, checked_apply, checked_revert
 from advisor.apply.model_names import resolve_model_names
+from advisor.apply.step_align import StepAlign
 from advisor.apply.user_revert import vote_user_revert
 from advisor.apply.target import Target
 from advisor.records.commands import ApplyCommand, Command, RevertCommand
@@ -217,6 +223,12 @@ def _window_done(after: list[StepSample], measure_steps: int, budget_bytes: int 
     return light >= measure_steps or len(after) >= 2 * measure_steps + 1
 
 
+def _recent_deep(history: Any, step: int, measure_steps: int) -> bool:
+    """A deep step with a peak in the before window of an apply at ``step``."""
+    horizon = step - max(2 * measure_steps, 8)
+    return any(s.peak_memory_bytes is not None and s.index >= horizon for s in history)
+
+
 def _prewarm() -> None:
     """Import ``torch._dynamo`` here, on the socket thread, not at the apply boundary.
 
@@ -266,7 +278,7 @@ class Executor:
     def __init__(self, ctx: AgentContext) -> None:
         self.ctx = ctx
         self._lock = threading.Lock()
-        self._inbox: deque[Command] = deque()
+        self._inbox: deque[tuple[Command, int | None]] = deque()  # with its StepAlign index, if any
         self._reverts: deque[RevertCommand] = deque()  # user reverts waiting for their boundary
         self._queue: deque[_Request] = deque()
         self._history: deque[StepSample] = deque(maxlen=HISTORY)
@@ -275,6 +287,8 @@ class Executor:
         self._kept: list[_Active] = []  # applied and kept, newest last (for "revert")
         self.results: list[ApplyResult] = []  # every result emitted, in order
         self.agreement = Agreement(timeout_s=float(ctx.config.get("apply_agree_timeout_s", DEFAULT_TIMEOUT_S)))
+        self._align: StepAlign | None = None  # made at the first command of a multi-rank job
+        self._received = 0  # commands received: every rank counts the same ones in the same order
 
     # -- socket thread -------------------------------------------------------------
 
@@ -283,10 +297,29 @@ class Executor:
         decoded into one first); ``ValueError`` (for the controller's reply) when malformed."""
         typed = as_command(command)
         typed = checked_apply(typed) if isinstance(typed, ApplyCommand) else checked_revert(typed)
+        index = self._post_earliest(typed)
         with self._lock:
-            self._inbox.append(typed)
+            self._inbox.append((typed, index))
         if isinstance(typed, ApplyCommand):
             _prewarm()
+
+    def _post_earliest(self, command: Command) -> int | None:
+        """A single-node multi-rank job: tell the other ranks the earliest boundary this one can start
+        the command at (``StepAlign``); its index, or None where delivery is aligned already."""
+        if not self._multi_rank() or getattr(self.ctx, "relay", None) is not None:
+            return None  # one process, or a multi-node job whose relay delivers at one boundary
+        if self._align is None:
+            self._align = StepAlign(rank=self.ctx.rank, world_size=self.ctx.world_size,
+                                    timeout_s=self.agreement.timeout_s)
+        index, self._received = self._received, self._received + 1
+        step = self.ctx.step
+        lead = 0
+        if isinstance(command, ApplyCommand) and command.at_step is None:  # "when ready": as _ready waits
+            history = list(self._history)  # a copy: the training thread appends meanwhile
+            m = command.measure_steps
+            lead = 0 if _recent_deep(history, step, m) else m + 1  # room for the before window's deep steps
+        self._align.post(index, max(command.at_step or 0, step + 2 + lead))
+        return index
 
     # -- training thread -----------------------------------------------------------
 
@@ -341,7 +374,12 @@ class Executor:
         with self._lock:
             commands = list(self._inbox)
             self._inbox.clear()
-        for command in commands:
+        for command, index in commands:
+            if index is not None:
+                aligned = self._aligned(command, index)
+                if aligned is None:
+                    continue
+                command = aligned
             if isinstance(command, RevertCommand):
                 self._reverts.append(command)  # done at its boundary (_due_reverts)
                 continue
@@ -365,6 +403,24 @@ class Executor:
                 digest=command.digest or "",
                 baseline_step_time_s=_positive((rec.get("baseline") or {}).get("step_time_s")),
             ))
+
+    def _aligned(self, command: Command, index: int) -> Command | None:
+        """The command with the boundary every rank starts it at; None (reported) when the ranks
+        could not agree on one: it is then enacted nowhere."""
+        assert self._align is not None
+        try:
+            return dataclasses.replace(command, at_step=self._align.agreed(index))
+        except TimeoutError as exc:
+            logger.warning("Not enacting a %s command: %s", command.TYPE, exc)
+            if isinstance(command, RevertCommand):
+                self._emit(self.ctx.step, "warning", {"source": "apply", "message": f"revert not done: {exc}"})
+                return None
+            rec = command.recommendation
+            self._emit(self.ctx.step, "apply_result", ApplyResult(
+                remedy=rec["remedy"], recommendation_id=rec.get("id"), params=dict(rec.get("params") or {}),
+                rank=self.ctx.rank, status="failed", error=str(exc),
+                reason="not applied: the ranks could not agree on a step to apply it at"), record=True)
+            return None
 
     def _due_reverts(self, step: int) -> None:
         """User reverts whose boundary has come: on every rank at the same step, voted like keep/revert."""
@@ -393,13 +449,9 @@ class Executor:
         return (f"{rec.get('id') or rec['remedy']} changes numerics (apply class live-opt-in); "
                 "pass --allow-inexact to `advisor attach`, or confirm it in the TUI")
 
-    def _recent_deep(self, step: int, measure_steps: int) -> bool:
-        horizon = step - max(2 * measure_steps, 8)
-        return any(s.peak_memory_bytes is not None and s.index >= horizon for s in self._history)
-
     def _ready(self, request: _Request, step: int) -> bool:
         m = request.measure_steps
-        need_before = not self._recent_deep(step, m)
+        need_before = not _recent_deep(self._history, step, m)
         if request.at_step is not None:
             if need_before and request.deep_requested_at is None and request.at_step - step <= m + 1:
                 self.ctx.request_deep(m)

@@ -60,12 +60,25 @@ def test_a_slowdown_seen_by_rank_1_only_reverts_both(tmp_path) -> None:
     assert "exceeds" in ranks[1]["results"][0]["reason"]
 
 
-def test_a_rank_that_never_votes_makes_the_other_revert_after_the_timeout(tmp_path) -> None:
+def test_a_rank_that_never_receives_the_command_makes_the_other_apply_nothing_after_the_timeout(tmp_path) -> None:
     ranks = run("absent_1", tmp_path)
     [r0] = ranks[0]["results"]
-    assert r0["status"] == "reverted" and "could not agree" in r0["reason"]
+    assert r0["status"] == "failed" and "could not agree" in r0["reason"], r0
+    assert "not every rank received the command" in r0["error"]
     assert ranks[1]["results"] == []
     assert len(ranks[0]["losses"]) == len(ranks[1]["losses"])  # training went on on both
+
+
+def test_copies_that_arrive_at_different_boundaries_are_applied_at_one_and_kept(tmp_path, undisturbed) -> None:
+    # The controller asked for step 1, already past; rank 0 saw the command at boundary 3, rank 1
+    # at boundary 4. Applied where each saw it, the votes after the apply paired with DDP's
+    # all-reduce of the other rank and hung both.
+    ranks = run("late_on_1", tmp_path)
+    [r0], [r1] = ranks[0]["results"], ranks[1]["results"]
+    assert r0["status"] == r1["status"] == "kept", (r0, r1)
+    assert r0["at_step"] == r1["at_step"] and r0["at_step"] > 4
+    for r in range(2):  # factor 1.0: the same numerics as no apply at all
+        assert ranks[r]["losses"] == undisturbed[r]["losses"]
 
 
 def test_a_single_process_votes_alone() -> None:

@@ -38,11 +38,13 @@ def test_every_rank_reverts_at_the_commands_boundary_however_late_it_came(tmp_pa
         assert r["kept"] == ["kept"]
         assert [(e["at_step"], e["reason"]) for e in r["reverted"]] == [(REVERT_AT, "reverted on request")]
     assert ranks[0]["params"] == ranks[1]["params"]  # the same learning rate at every step on both
-    # Without an at_step (what the controller sent before) each rank reverts where it heard of it,
-    # and the replicas drift apart: what the vote at one boundary prevents.
+    # Without an at_step (what the controller sent before) each rank used to revert where it heard
+    # of it, rank 0 at SEEN and rank 1 a step later, and the replicas drifted apart. The ranks now
+    # agree on the boundary through the job's store whatever the command says.
     unvoted = run(tmp_path, voted=False)
-    assert [r["reverted"][0]["at_step"] for r in unvoted] == list(SEEN)
-    assert unvoted[0]["params"] != unvoted[1]["params"]
+    [at0], [at1] = ([e["at_step"] for e in r["reverted"]] for r in unvoted)
+    assert at0 == at1 > SEEN
+    assert unvoted[0]["params"] == unvoted[1]["params"]
 
 
 def _step(ex: Executor, ctx: FakeContext, i: int) -> None:

@@ -39,6 +39,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from advisor.apply.step_align import own_store_client
 from advisor.probes.comm.intercept import advisor_internal
 
 MAX_PAYLOAD = 1 << 20  # bytes of JSON commands per boundary (a command is a few KiB)
@@ -168,7 +169,7 @@ class Heartbeat:
         self._checks = 0
 
     def start(self, token: str) -> None:
-        store = _own_store_client()
+        store = own_store_client()
         if store is None:
             return
         self._store, self._prefix = store, f"advisor/{token}/"
@@ -262,23 +263,3 @@ def _code(value: Any) -> int:
         return int(bytes(value).decode())
     except (TypeError, ValueError):
         return 1
-
-
-def _own_store_client() -> Any:
-    """A client of our own to the process group's TCPStore (its own connection and a short
-    timeout, so a heartbeat never waits behind the script's store calls); the default store
-    itself when it is not a TCPStore."""
-    try:
-        store = dist.distributed_c10d._get_default_store()
-    except Exception:  # noqa: BLE001 - no default group
-        return None
-    inner = store
-    while hasattr(inner, "underlying_store"):
-        inner = inner.underlying_store
-    if isinstance(inner, dist.TCPStore):
-        try:
-            return dist.TCPStore(inner.host, inner.port, is_master=False, timeout=timedelta(seconds=10),
-                                 wait_for_workers=False)
-        except Exception:  # noqa: BLE001 - fall back to the shared client
-            return store
-    return store

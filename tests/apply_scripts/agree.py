@@ -7,7 +7,11 @@ Scenarios (argument ``scenario``):
 - ``keep``: the same remedy with factor 1.0 on both ranks: kept by both.
 - ``slow_on_1``: factor 1.0, but rank 1 reports 10x step times after the apply (a slowdown only
   it sees): both ranks revert at the end of the window.
-- ``absent_1``: rank 1 never receives the command; rank 0's vote times out and it reverts.
+- ``absent_1``: rank 1 never receives the command; rank 0 waits for it to agree on a step, times
+  out, and applies nothing.
+- ``late_on_1``: factor 1.0, asked for a step already past (as a controller that lags the ranks
+  does); rank 1's copy arrives only after its boundary 3 (on a thread, as the agent's socket
+  reader does), rank 0's before it. Both must still apply at one boundary and keep it.
 - ``plan_fail_on_1``: the same 10x remedy from a plan, before the first step; it fails on rank 1,
   so rank 0 reverts its entry too.
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,12 +91,23 @@ def worker(rank: int, world: int, port: int, scenario: str, out: str) -> None:
             apply_plan_before_first_step(ctx, plan, model=ddp, executor=ex)
         gen = torch.Generator().manual_seed(100 + rank)
         losses = []
+        command = {"type": "apply", "at_step": AT_STEP, "measure_steps": 1,
+                   "recommendation": {"id": "lr", "remedy": "scale_lr", "params": {"factor": factor}}}
+        passed_3 = threading.Event()
+        late = None
+        if scenario == "late_on_1" and rank == 1:
+            late = threading.Thread(target=lambda: (passed_3.wait(), ex.submit({**command, "at_step": 1})))
+            late.start()
         for i in range(STEPS):
             ctx.step = i
-            if i == 1 and scenario not in ("none", "plan_fail_on_1") and not (scenario == "absent_1" and rank == 1):
-                ex.submit({"type": "apply", "at_step": AT_STEP, "measure_steps": 1,
-                           "recommendation": {"id": "lr", "remedy": "scale_lr", "params": {"factor": factor}}})
+            if i == 1 and scenario not in ("none", "plan_fail_on_1", "late_on_1") and not (
+                    scenario == "absent_1" and rank == 1):
+                ex.submit(command)
+            if i == 3 and scenario == "late_on_1" and rank == 0:
+                ex.submit({**command, "at_step": 1})
             ex.on_boundary(i)
+            if i == 3:
+                passed_3.set()
             x = torch.randn(8, 16, generator=gen)
             loss = ddp(x).square().mean()
             opt.zero_grad()
@@ -101,6 +117,8 @@ def worker(rank: int, world: int, port: int, scenario: str, out: str) -> None:
             slow = scenario == "slow_on_1" and rank == 1 and i >= AT_STEP
             ex.on_step_end(StepSample(index=i, rank=rank, time_s=1.0 if slow else 0.1, deep=False))
         ex.close()
+        if late is not None:
+            late.join()
         results = [r.to_dict() for r in ex.results]
         if scenario == "plan_fail_on_1":  # the plan path emits its results directly
             results = [e.data for e in ctx.of_kind("event") if e.name == "apply_result"]

@@ -1,8 +1,9 @@
 """Two gloo ranks whose user revert arrives at different steps, driving the apply executor.
 
 A test remedy halves the learning rate at step ``AT_STEP`` (kept: both ranks measure the same
-step times). The revert command then reaches rank 0 before step ``SEEN[0]`` and rank 1 before
-step ``SEEN[1]``, both carrying ``at_step=REVERT_AT`` (as the controller sends it). Each rank
+step times). The revert command then reaches rank 0 before its boundary ``SEEN`` and rank 1 only
+after it (on a thread, as the agent's socket reader receives it), carrying ``at_step=REVERT_AT``
+as the controller sends it, or no step (``voted`` False). Each rank
 writes ``rank<r>.json``: its losses, the ``apply_reverted`` events it emitted, and its parameters
 at the end (DDP keeps them equal only if both ranks ran every step with the same learning rate).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +34,7 @@ from advisor.records.samples import StepSample  # noqa: E402
 
 STEPS = 14
 AT_STEP = 2
-SEEN = (6, 8)  # the step before which each rank receives the revert
+SEEN = 6  # rank 0 receives the revert before this boundary, rank 1 after it
 REVERT_AT = 9
 
 
@@ -69,14 +71,21 @@ def worker(rank: int, world: int, port: int, voted: bool, out: str) -> None:
         registry.register("halve_lr", apply_halve_lr)
         gen = torch.Generator().manual_seed(100 + rank)
         losses = []
+        revert = RevertCommand(at_step=REVERT_AT if voted else None)
+        passed = threading.Event()
+        late = threading.Thread(target=lambda: (passed.wait(), ex.submit(revert))) if rank == 1 else None
+        if late is not None:
+            late.start()
         for i in range(STEPS):
             ctx.step = i
             if i == 1:
                 ex.submit(ApplyCommand(recommendation={"id": "lr", "remedy": "halve_lr", "params": {"factor": 0.5}},
                                        at_step=AT_STEP, measure_steps=1))
-            if i == SEEN[rank]:
-                ex.submit(RevertCommand(at_step=REVERT_AT if voted else None))
+            if i == SEEN and rank == 0:
+                ex.submit(revert)
             ex.on_boundary(i)
+            if i == SEEN:
+                passed.set()
             loss = ddp(torch.randn(8, 16, generator=gen)).square().mean()
             opt.zero_grad()
             loss.backward()
@@ -84,6 +93,8 @@ def worker(rank: int, world: int, port: int, voted: bool, out: str) -> None:
             losses.append(loss.item())
             ex.on_step_end(StepSample(index=i, rank=rank, time_s=0.1, deep=False))
         ex.close()
+        if late is not None:
+            late.join()
         reverted = [e.data for e in ctx.of_kind("event") if e.name == "apply_reverted"]
         params = [p.detach().flatten().tolist() for p in ddp.parameters()]
         Path(out, f"rank{rank}.json").write_text(json.dumps(
