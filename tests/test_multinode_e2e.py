@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import sqlite3
 import subprocess
@@ -21,6 +20,12 @@ from ranks import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ["examples/ddp.py", "--layers", "6"]
+# One intra-op thread, as torchrun sets for several processes per node but not for one: MKL's
+# GEMM results depend on its thread count, and under heavy load (the full suite beside other torch
+# jobs) a 2-thread run differed in a loss's last bit at steps 4 and 7 from another, plain torchrun
+# against plain torchrun as much as against attach. Equal losses must mean equal programs.
+def one_thread() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -34,7 +39,7 @@ def two_nodes(args: list[str], script_args: list[str], *, job: str = "e2e") -> l
     port = free_port()
     return [subprocess.Popen([sys.executable, "-m", "advisor", "attach", "--headless", *rendezvous(port, n, job),
                               "--nproc-per-node", "1", *args, *SCRIPT, *script_args], cwd=ROOT,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in range(2)]
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=one_thread()) for n in range(2)]
 
 
 def finish(procs: list[subprocess.Popen], timeout: float = 300) -> list[tuple[int, str, str]]:
@@ -68,21 +73,13 @@ def test_two_nodes_train_as_plain_torchrun_and_merge_into_one_report(tmp_path) -
     port = free_port()
     plain = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *rendezvous(port, n, "plain"),
                                "--nproc-per-node", "1", *SCRIPT, "--steps", "8"], cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in range(2)]
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=one_thread()) for n in range(2)]
     baseline = sorted(loss for _, out, _ in finish(plain) for loss in losses(out))
     assert [i for i, _ in baseline] == list(range(8))
 
     ran = finish(two_nodes(["--steps", "8"], ["--steps", "8"]))
     assert [code for code, _, _ in ran] == [0, 0], [err[-2000:] for _, _, err in ran]
-    first = sorted(loss for _, out, _ in ran for loss in losses(out))
-    if first != baseline:
-        # Twice in full-suite runs beside other heavy jobs (never alone, nor beside busy loops in 16
-        # tries) one loss differed in its last bit at steps 4 and 7, with steps 5 and 6 equal: not
-        # explained yet (docs/architecture.md, "Multi-node"). A second run must then be exact.
-        shutil.rmtree(Path(os.environ["ADVISOR_HOME"], "sessions"))
-        ran = finish(two_nodes(["--steps", "8"], ["--steps", "8"], job="e2e"))
-        assert [code for code, _, _ in ran] == [0, 0], [err[-2000:] for _, _, err in ran]
-    assert sorted(loss for _, out, _ in ran for loss in losses(out)) == baseline, first
+    assert sorted(loss for _, out, _ in ran for loss in losses(out)) == baseline
 
     dbs = sessions()
     jobs = [meta(db)["job"] for db in dbs]
@@ -170,7 +167,7 @@ def test_under_an_outer_launcher_each_process_is_one_rank_with_its_own_controlle
     def launch(command: list[str]) -> list[subprocess.Popen]:
         port = str(free_port())
         return [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r),
+                                 env={**one_thread(), "RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r),
                                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "SLURM_JOB_ID": "77"})
                 for r in range(2)]
 
