@@ -32,6 +32,7 @@ def run_section(state: SessionState) -> dict[str, Any]:
         "torch_version": first.torch_version if first else None,
         "python_version": first.python_version if first else None,
         "ranks": sorted(state.runs),
+        "restarts": max((r.restart_count for r in state.runs.values()), default=0),
         "exit": {"code": state.exit_code, "reason": state.exit_reason,
                  "ranks": [e.to_dict() for _, e in sorted(state.exits.items())]},
         "models": [m.to_dict() | {"modules": len(m.modules)} for m in state.models],

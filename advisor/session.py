@@ -72,6 +72,7 @@ class Session:
                                     on_disconnect=self._on_disconnect)
         self._dead_rank_timer: threading.Timer | None = None
         self._gone: list[int] = []  # ranks whose agents disconnected, in order
+        self._restarts_seen = 0  # the highest RunInfo.restart_count: torchrun restarted the workers
         self._peers_gone: list[Event] = []  # multi-node: other nodes' ranks reported lost or failed
         self._gone_lock = threading.Lock()
         self.process: subprocess.Popen | None = None
@@ -133,6 +134,8 @@ class Session:
         self.store.put(record)
         if isinstance(record, Event) and record.name in ("peer_lost", "peer_exit") and self.multinode:
             self._peer_gone(record)
+        if isinstance(record, RunInfo) and record.restart_count > self._restarts_seen:
+            self._note_restart(record)
         self.live.add(record)
         for listener in self._listeners:
             try:
@@ -198,12 +201,35 @@ class Session:
             others.append(f"rank {other}" + (f" (last collective: {last})" if last else ""))
         if not others:
             return  # every rank is gone: the launcher ends the job by itself
+        limit = self.options.multinode.restarts
+        if limit > self._restarts_seen:
+            # torchrun stops the others and restarts every worker itself: stopping the job here
+            # would race the restart the user asked for. (The timer left set marks it as said.)
+            message = (f"rank {rank} {what}{after}; torchrun restarts the workers "
+                       f"(restart {self._restarts_seen + 1} of --max-restarts {limit})")
+            self._on_record(Event(rank=rank, name="warning", data={"message": message}))
+            return
         message = (f"rank {rank} {what}{after}; {', '.join(others)} may be waiting for it in a collective: "
                    f"the job is stopped in {DEAD_RANK_GRACE_S:.0f} s unless it ends first")
         self._on_record(Event(rank=rank, name="warning", data={"message": message}))
         self._dead_rank_timer = threading.Timer(DEAD_RANK_GRACE_S, self._stop_after_dead_rank)
         self._dead_rank_timer.daemon = True
         self._dead_rank_timer.start()
+
+    def _note_restart(self, record: RunInfo) -> None:
+        """torchrun restarted the workers (``--max-restarts``): the ranks gone before belong to the
+        attempt that ended, and a restarted worker counts its steps from 0 again: say so once."""
+        with self._gone_lock:
+            if record.restart_count <= self._restarts_seen:
+                return
+            self._restarts_seen = record.restart_count
+            self._gone.clear()
+            if self._dead_rank_timer is not None:
+                self._dead_rank_timer.cancel()
+                self._dead_rank_timer = None
+        message = (f"torchrun restarted the workers (restart {record.restart_count} of --max-restarts "
+                   f"{self.options.multinode.restarts}): their steps count from 0 again")
+        self._on_record(Event(rank=record.rank, name="warning", data={"message": message, "source": "restart"}))
 
     def _peer_gone(self, record: Event) -> None:
         """A rank on another node is gone (no heartbeat) or failed: say so now, and stop this node's

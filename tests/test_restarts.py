@@ -3,6 +3,7 @@ start through the same bootstrap, so what they need from the controller must sti
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from advisor.multinode import MultiNode
@@ -80,3 +81,49 @@ def _alive(pid: int) -> bool:
             return handle.read().split(") ")[1][0] != "Z"  # a zombie is dead, waiting for its reaper
     except OSError:
         return False
+
+
+def _warnings(session: Session) -> list[str]:
+    return [e.data["message"] for e in session.live.snapshot().events if e.name == "warning"]
+
+
+def test_a_dead_rank_does_not_stop_a_job_that_torchrun_will_restart() -> None:
+    """The dead-rank stop (30 s after a rank died while others run) raced the restart the user
+    asked for: torchrun restarts every worker itself while restarts remain."""
+    restarting = _session_after_every_hello(MultiNode(mode="single", options={"max_restarts": 1}))
+    plain = _session_after_every_hello(MultiNode())
+    try:
+        for session in (restarting, plain):
+            session._gone.append(1)
+            session._warn_dead_rank()
+        assert restarting._dead_rank_timer is None
+        assert any("torchrun restarts the workers (restart 1 of --max-restarts 1)" in m
+                   for m in _warnings(restarting))
+        assert plain._dead_rank_timer is not None and plain._dead_rank_timer.is_alive()  # the stop, as before
+        assert any("the job is stopped in" in m for m in _warnings(plain))
+    finally:
+        if plain._dead_rank_timer is not None:
+            plain._dead_rank_timer.cancel()
+        restarting.close()
+        plain.close()
+
+
+def test_restarted_workers_are_said_once_counted_in_the_report_and_clear_the_dead_ranks() -> None:
+    from advisor.records.samples import RunInfo
+    from advisor.report import run_section
+
+    session = _session_after_every_hello(MultiNode(mode="single", options={"max_restarts": 2}))
+    try:
+        session._gone.append(1)
+        session._dead_rank_timer = pending = threading.Timer(60.0, lambda: None)
+        pending.start()
+        for rank in (0, 1):
+            session._on_record(RunInfo(script="t.py", argv=[], rank=rank, world_size=2, restart_count=1))
+        restarted = [m for m in _warnings(session) if "restarted the workers" in m]
+        assert restarted == ["torchrun restarted the workers (restart 1 of --max-restarts 2): "
+                             "their steps count from 0 again"]
+        assert session._gone == [] and session._dead_rank_timer is None and pending.finished.is_set()
+        assert run_section(session.live.snapshot())["restarts"] == 1
+    finally:
+        pending.cancel()
+        session.close()

@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         world_size=world_size, pid=os.getpid(), hostname=socket.gethostname(), started_at=started,
         torch_version=torch.__version__, python_version=sys.version.split()[0],
         device=device_info(local_rank), config=config,
+        restart_count=_restart_count(),
     ))
     for warning in probe_warnings:
         agent.emit(Event(rank=rank, name="warning", data={"message": warning}))
@@ -169,6 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     return code
+
+
+def _restart_count() -> int:
+    try:
+        return max(0, int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0))
+    except ValueError:
+        return 0
 
 
 if __name__ == "__main__":

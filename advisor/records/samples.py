@@ -48,6 +48,9 @@ class RunInfo(Record):
     # {"type": "cpu"|"cuda", "name": str, "index": int|None, "memory_capacity": int|None, ...}
     device: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)  # the agent's settings
+    # torchrun's TORCHELASTIC_RESTART_COUNT: 0 for the first workers, n for the n-th restart
+    # (``--max-restarts``); a restarted worker counts its steps from 0 again.
+    restart_count: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
