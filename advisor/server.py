@@ -38,6 +38,7 @@ class _Peer:
     def __init__(self, conn: socket.socket) -> None:
         self.conn = conn
         self.rank: int | None = None  # set once authenticated
+        self.conn_id: str | None = None  # the challenge's nonce: the agent spills under this name
         self.sent_seq = 0
         self.send_lock = threading.Lock()
         self.done = threading.Event()
@@ -46,9 +47,13 @@ class _Peer:
 class ChannelServer:
     def __init__(self, secret: bytes, on_record: Callable[[Record], None], *,
                  on_hello: Callable[[int], None] | None = None,
-                 on_disconnect: Callable[[int], None] | None = None, max_connections: int = MAX_CONNECTIONS) -> None:
+                 on_disconnect: Callable[[int], None] | None = None, max_connections: int = MAX_CONNECTIONS,
+                 with_origin: bool = False) -> None:
         self._secret = secret
         self._on_record = on_record
+        # on_record(record, (connection id, seq)): the store commits the highest seq with the record,
+        # so a spilled copy of a frame it holds is skipped (advisor/agent/channel.py).
+        self._with_origin = with_origin
         self._on_hello = on_hello
         self._on_disconnect = on_disconnect
         self._max_connections = max_connections
@@ -122,6 +127,7 @@ class ChannelServer:
             return False
         peer.conn.settimeout(None)
         peer.rank = rank
+        peer.conn_id = nonce
         with self._lock:
             self.ranks.add(rank)
         if self._on_hello is not None:
@@ -145,9 +151,9 @@ class ChannelServer:
                 self._reject(f"frame out of sequence ({str(seq)[:20]} after {last_seq}): a replay, dropped")
                 continue
             last_seq = seq
-            self._dispatch(message)
+            self._dispatch(message, (peer.conn_id, seq))
 
-    def _dispatch(self, message: dict[str, Any]) -> None:
+    def _dispatch(self, message: dict[str, Any], origin: tuple[str | None, int]) -> None:
         try:
             record = parse_record(message.get("kind"), message.get("data"))
         except RecordError as exc:
@@ -155,7 +161,10 @@ class ChannelServer:
             return
         self.received += 1
         try:
-            self._on_record(record)
+            if self._with_origin:
+                self._on_record(record, origin)
+            else:
+                self._on_record(record)
         except Exception as exc:  # noqa: BLE001 - one record must never stop the receiver
             self._reject(f"record could not be recorded: {type(exc).__name__}: {exc}")
 

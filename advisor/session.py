@@ -69,7 +69,7 @@ class Session:
         self._secret_file = self.dir / "secret"
         write_secret_file(str(self._secret_file), self._secret)
         self.server = ChannelServer(self._secret, self._on_record, on_hello=self._on_hello,
-                                    on_disconnect=self._on_disconnect)
+                                    on_disconnect=self._on_disconnect, with_origin=True)
         self._dead_rank_timer: threading.Timer | None = None
         self._gone: list[int] = []  # ranks whose agents disconnected, in order
         self._restarts_seen = 0  # the highest RunInfo.restart_count: torchrun restarted the workers
@@ -128,10 +128,11 @@ class Session:
     def add_listener(self, listener: Callable[[Record], None]) -> None:
         self._listeners.append(listener)
 
-    def _on_record(self, record: Record) -> None:
+    def _on_record(self, record: Record, origin: tuple[str | None, int] | None = None) -> None:
+        """A record from an agent (``origin``: its connection and frame number) or of our own."""
         if isinstance(record, (RunInfo, Event)):
             self._note_job(record)
-        self.store.put(record)
+        self.store.put(record, origin)
         if isinstance(record, Event) and record.name in ("peer_lost", "peer_exit") and self.multinode:
             self._peer_gone(record)
         if isinstance(record, RunInfo) and record.restart_count > self._restarts_seen:

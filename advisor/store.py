@@ -30,6 +30,7 @@ from advisor.state import MAX_LIVE_STEPS, LiveState, SessionState
 from advisor.step_totals import StepTotals
 
 SCHEMA_VERSION = 1
+RECEIVED_SEQ = "received_seq"  # meta key: {agent connection id: highest frame seq stored}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -100,6 +101,7 @@ class SessionStore:
         os.close(fd)
         self._conn = _connect(path)
         self._queue: queue.Queue = queue.Queue()
+        self._received: dict[str, int] = {}  # connection id -> highest frame seq stored (RECEIVED_SEQ)
         self.failed = 0
         self.last_failure = ""
         self._thread = threading.Thread(target=self._write_loop, name="advisor-store", daemon=True)
@@ -108,8 +110,10 @@ class SessionStore:
     def set_meta(self, **values: Any) -> None:
         self._queue.put(("meta", values))
 
-    def put(self, record: Record) -> None:
-        self._queue.put(("record", record))
+    def put(self, record: Record, origin: tuple[str | None, int] | None = None) -> None:
+        """Store ``record``; ``origin`` (connection id, frame seq) of an agent's record is committed
+        with it, so spilled copies of what is stored are skipped when the session is read."""
+        self._queue.put(("record", (record, origin)))
 
     def close(self) -> None:
         self._queue.put(None)
@@ -127,6 +131,7 @@ class SessionStore:
                     break
             stop = None in batch
             with self._conn:
+                received = False
                 for entry in batch:
                     if entry is None:
                         continue
@@ -136,12 +141,19 @@ class SessionStore:
                             "INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
                             [(k, json.dumps(v)) for k, v in payload.items()],
                         )
-                    else:
-                        try:
-                            _insert(self._conn, payload)
-                        except (ValueError, TypeError, OverflowError, sqlite3.Error) as exc:
-                            self.failed += 1  # one unstorable record must not stop the writer
-                            self.last_failure = f"{type(exc).__name__}: {exc}"[:300]
+                        continue
+                    record, origin = payload
+                    if origin is not None and origin[0] is not None:
+                        self._received[origin[0]] = max(origin[1], self._received.get(origin[0], 0))
+                        received = True
+                    try:
+                        _insert(self._conn, record)
+                    except (ValueError, TypeError, OverflowError, sqlite3.Error) as exc:
+                        self.failed += 1  # one unstorable record must not stop the writer
+                        self.last_failure = f"{type(exc).__name__}: {exc}"[:300]
+                if received:  # in the same transaction as the records it vouches for
+                    self._conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
+                                       (RECEIVED_SEQ, json.dumps(self._received)))
             if stop:
                 return
 
@@ -160,8 +172,10 @@ def spill_files(db_path: Path) -> list[Path]:
     return sorted(db_path.parent.glob("spill-rank*.jsonl"))
 
 
-def _spilled(spill: Path) -> Iterator[tuple[Any, Any]]:
-    """(kind, data) of each complete line; a torn last line (a writer mid-line or killed) is skipped.
+def _spilled(spill: Path, stored: dict[str, int] | None = None) -> Iterator[tuple[Any, Any]]:
+    """(kind, data) of each complete line; a torn last line (a writer mid-line or killed) is skipped,
+    and so is a frame the agent had sent that the store holds (its ``seq`` at or below ``stored``
+    for its connection, advisor/agent/channel.py).
 
     Read in place, never renamed or truncated: an orphaned agent may still be appending,
     and whatever it appends is read by the next ``advisor report``.
@@ -174,9 +188,23 @@ def _spilled(spill: Path) -> Iterator[tuple[Any, Any]]:
     for line in content.split(b"\n"):
         try:
             message = json.loads(line)
+            conn, seq = message.get("conn"), message.get("seq")
+            if stored and isinstance(conn, str) and isinstance(seq, int) and seq <= stored.get(conn, 0):
+                continue
             yield message.get("kind"), message.get("data")
         except (ValueError, AttributeError, RecursionError):
             continue
+
+
+def _received_seq(conn: sqlite3.Connection) -> dict[str, int]:
+    row = conn.execute("SELECT value FROM meta WHERE key = ?", (RECEIVED_SEQ,)).fetchone()
+    try:
+        value = json.loads(row[0]) if row else {}
+    except (ValueError, TypeError):
+        return {}
+    if not isinstance(value, dict):
+        return {}
+    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)}
 
 
 _NUMBER = (int, float)
@@ -253,7 +281,9 @@ class RecordReader:
 
     def __iter__(self) -> Iterator[Record]:
         conn = _open_read(self.db_path)
+        stored: dict[str, int] = {}
         try:
+            stored = _received_seq(conn)
             cutoff = self._sum_old_steps(conn)
             skip_to = min(cutoff.values(), default=0)  # rows up to here that are steps were all summed
             for row_id, kind, rank, data in conn.execute(
@@ -268,7 +298,7 @@ class RecordReader:
         finally:
             conn.close()
         for spill in spill_files(self.db_path):
-            for kind, data in _spilled(spill):
+            for kind, data in _spilled(spill, stored):
                 record = self._parse(kind, data, decoded=True)
                 if record is not None:
                     yield record

@@ -12,7 +12,13 @@ gap). Batched, the hand-off happens at most 20 times a second whatever the step 
 and a SIGKILLed training process still loses no more than the last 50 ms of records. When the controller is gone (never reachable, or the socket broke),
 the sender appends the remaining records as JSON lines to a spill file in the
 session folder, readable by its owner only, which ``advisor report`` merges
-into the session store. Training never waits on any of this, except for a
+into the session store. A controller that dies (SIGKILL) takes with it what it had not read
+from the socket or committed yet, which the sender had counted as sent: so the sender keeps what
+it sent in the last ``RECENT_S`` seconds, with each frame's connection id (the controller's
+challenge nonce) and sequence number, and spills that too once the socket breaks. The store
+commits, with each record, the highest sequence number per connection it holds
+(``received_seq``), and the reader skips spilled copies at or below it: nothing lost, nothing
+counted twice. Training never waits on any of this, except for a
 bounded flush at exit so the last records (the exit reason) get out.
 """
 
@@ -31,6 +37,8 @@ from advisor.records.wire import FrameReader, WireError, encode
 QUEUE_LIMIT = 50_000
 CONNECT_TIMEOUT_S = 5.0
 SEND_INTERVAL_S = 0.05  # a SIGKILLed training process loses at most this much of its records
+RECENT_S = 5.0  # sent frames kept to spill again if the controller dies before storing them
+RECENT_MAX = 4096
 
 
 # Records sent at once rather than at the next round: how a process ended, and the events that
@@ -66,6 +74,8 @@ class AgentChannel:
         self._wake = threading.Event()
         self._closing = False
         self._sock: socket.socket | None = None
+        self._conn_id: str | None = None  # the controller's challenge nonce: names this connection
+        self._recent: collections.deque = collections.deque(maxlen=RECENT_MAX)  # (time, seq, message) sent
         self._spill = None
         self.dropped = 0
         self.sent = 0
@@ -134,6 +144,7 @@ class AgentChannel:
         sock.sendall(encode({"type": "hello", "nonce": challenge["nonce"], "rank": self._rank, "seq": 0},
                             self._secret))
         sock.settimeout(None)
+        self._conn_id = challenge["nonce"]
         return reader
 
     def _send_loop(self) -> None:
@@ -155,10 +166,12 @@ class AgentChannel:
         if not batch:
             return
         if self.connected and self._sock is not None:
-            frames = []
+            frames, numbered = [], []
             for message in batch:
+                seq = self._seq + len(frames) + 1
                 try:
-                    frames.append(encode({**message, "seq": self._seq + len(frames) + 1}, self._secret))
+                    frames.append(encode({**message, "seq": seq}, self._secret))
+                    numbered.append((seq, message))
                 except WireError:
                     self.dropped += 1
             try:
@@ -166,11 +179,26 @@ class AgentChannel:
                 self.writes += 1
                 self._seq += len(frames)
                 self.sent += len(frames)
+                self._remember(numbered)
                 return
             except OSError:
                 self.connected = False  # controller gone: spill from now on
+        self._spill_recent()  # gone (a failed write, or the reader saw it close): first what it may not have stored
         for message in batch:
             self._write_spill(message)
+
+    def _remember(self, numbered: list[tuple[int, dict[str, Any]]]) -> None:
+        now = time.monotonic()
+        self._recent.extend((now, seq, message) for seq, message in numbered)
+        while self._recent and self._recent[0][0] < now - RECENT_S:
+            self._recent.popleft()
+
+    def _spill_recent(self) -> None:
+        """What was sent lately may never have been stored: spill it with its connection and
+        sequence number, for the reader to skip what the store holds (see the module docstring)."""
+        while self._recent:
+            _, seq, message = self._recent.popleft()
+            self._write_spill({**message, "conn": self._conn_id, "seq": seq})
 
     def _write_spill(self, message: dict[str, Any]) -> None:
         if not self._spill_path:
