@@ -38,6 +38,13 @@ def _private_home_for_the_session(tmp_path_factory):
         # This process read the variable already (collection asked torch for CUDA), so only the
         # children see no GPU; `gpu`-marked tests get it back (below). docs/gpu-validation.md.
         patch.setenv("CUDA_VISIBLE_DEVICES", "")
+        # One intra-op thread in every training process a test starts (torchrun already sets it
+        # for several ranks per node). Tests compare losses across processes bit for bit, and
+        # 2-thread MKL GEMMs were not reproducible run to run in full-suite runs: a plain torchrun
+        # baseline, and an attach of a single process, each read one or two bits off at scattered
+        # steps (never when run alone). One thread also spares the 2 cores OpenMP's spinning.
+        patch.setenv("OMP_NUM_THREADS", "1")
+        patch.setenv("MKL_NUM_THREADS", "1")
         yield
 
 
