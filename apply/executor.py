@@ -13,7 +13,8 @@ Flow of one ``{"type": "apply", ...}`` command:
    and, when no ``at_step`` was given, wait for them (at most
    ``measure_steps + 1`` boundaries: on CPU deep steps carry no peak).
 2. *Apply* at the boundary starting step ``at_step`` (or the next boundary once
-   step 1 is done; an ``at_step`` already past means the next boundary). Emit
+   step 1 is done; an ``at_step`` already past means the next boundary, or on
+   several ranks the boundary they agree on, below). Emit
    ``Event("apply_started")`` and ``ctx.request_deep(measure_steps + 1)``.
 3. *After window*: steps ``at_step .. at_step + measure_steps`` are deep and give
    the peak; the first is a warm-up that counts for the peak (its peak is real;

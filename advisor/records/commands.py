@@ -23,8 +23,9 @@ DEFAULT_MEASURE_STEPS = 3  # steps measured after an apply before keep-or-revert
 class ApplyCommand:
     """Apply one recommendation (its ``to_dict()`` form) at the boundary starting ``at_step``.
 
-    ``at_step`` None: the next boundary each rank reaches (ranks may differ; the controller
-    sends an explicit step). ``measure_steps``: steps measured before keep-or-revert.
+    ``at_step`` None: as soon as the executor is ready. Several ranks start it at one boundary
+    whatever the step says or when each copy arrives (``advisor.apply.step_align``; across
+    nodes, the command relay). ``measure_steps``: steps measured before keep-or-revert.
     """
 
     TYPE: ClassVar[str] = "apply"
