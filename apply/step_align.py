@@ -71,17 +71,15 @@ class StepAlign:
             self._store = own_store_client(self.timeout_s)
         return self._store
 
-    def post(self, index: int, earliest: int) -> bool:
+    def post(self, index: int, earliest: int) -> None:
         """Reader thread: this rank received command ``index`` and can start it at ``earliest``."""
         store = self._client()
         if store is None:
-            return False
+            return  # ``agreed`` says so
         try:
             store.set(f"{self._prefix}{index}/{self.rank}", str(int(earliest)))
         except Exception as exc:  # noqa: BLE001 - the store is gone: the wait below fails and says so
             logger.warning("Could not post command %d's step to the job's store: %s", index, exc)
-            return False
-        return True
 
     def agreed(self, index: int) -> int:
         """Training thread: the boundary all ranks start command ``index`` at. Raises

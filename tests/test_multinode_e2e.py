@@ -20,12 +20,6 @@ from ranks import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ["examples/ddp.py", "--layers", "6"]
-# One intra-op thread, as torchrun sets for several processes per node but not for one: MKL's
-# GEMM results depend on its thread count, and under heavy load (the full suite beside other torch
-# jobs) a 2-thread run differed in a loss's last bit at steps 4 and 7 from another, plain torchrun
-# against plain torchrun as much as against attach. Equal losses must mean equal programs.
-def one_thread() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -39,7 +33,7 @@ def two_nodes(args: list[str], script_args: list[str], *, job: str = "e2e") -> l
     port = free_port()
     return [subprocess.Popen([sys.executable, "-m", "advisor", "attach", "--headless", *rendezvous(port, n, job),
                               "--nproc-per-node", "1", *args, *SCRIPT, *script_args], cwd=ROOT,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=one_thread()) for n in range(2)]
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in range(2)]
 
 
 def finish(procs: list[subprocess.Popen], timeout: float = 300) -> list[tuple[int, str, str]]:
@@ -78,7 +72,7 @@ def plain_two_nodes() -> list[tuple[int, float]]:
         port = free_port()
         plain = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *rendezvous(port, n, f"plain{attempt}"),
                                    "--nproc-per-node", "1", *SCRIPT, "--steps", "8"], cwd=ROOT,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=one_thread(),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   start_new_session=True)  # killed with its workers below
                  for n in range(2)]
         try:
@@ -186,7 +180,7 @@ def test_under_an_outer_launcher_each_process_is_one_rank_with_its_own_controlle
     def launch(command: list[str]) -> list[subprocess.Popen]:
         port = str(free_port())
         return [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 env={**one_thread(), "RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r),
+                                 env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r),
                                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "SLURM_JOB_ID": "77"})
                 for r in range(2)]
 
