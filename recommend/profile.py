@@ -116,6 +116,10 @@ class Profile:
     # The script's DataLoaders as the agent captured them (``dataloader`` events' data:
     # num_workers, pin_memory, prefetch_factor, persistent_workers, batch_size, order, cpu_count).
     loaders: tuple[dict[str, Any], ...] = ()
+    # The script's own checkpoint saves of captured state (``checkpoint_save`` events' data, every
+    # rank, in arrival order: api "torch.save"/"dcp.save"/"dcp.async_save", saves ["model",
+    # "optimizer"], sharded, step, and the event's rank). Read by the ZeRO predictor.
+    checkpoint_saves: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -308,7 +312,8 @@ def profile_from_records(
                    allocated_at_peak=peak.allocated_bytes if peak is not None else None,
                    rank_phases=_rank_phases(steps),
                    step_times=_step_times(steps),
-                   loaders=_loaders(events))
+                   loaders=_loaders(events),
+                   checkpoint_saves=tuple({**e.data, "rank": e.rank} for e in events if e.name == "checkpoint_save"))
 
 
 def _device(runs: Sequence[RunInfo], events: Sequence[Event]) -> dict[str, Any]:
