@@ -28,6 +28,8 @@ _SIGNED = {"loss"}
 _AT_LEAST_ONE = {"world_size", "group_size"}
 # Lists of global ranks: each >= 0, at most this many (the largest world a record describes).
 _RANK_LISTS = {"group_ranks"}
+# Maps of name -> seconds: every value a time, so >= 0 (the generic check only sees finite floats).
+_SECONDS_MAPS = {"module_forward_s"}
 MAX_RANKS = 65536
 
 
@@ -65,6 +67,8 @@ def parse_record(kind: Any, data: Any) -> Record:
         problem = _checker(hint)(value)
         if problem is None:
             problem = _ranks(value) if name in _RANK_LISTS else _range(name, value)
+        if problem is None and name in _SECONDS_MAPS:
+            problem = next((f"[{k[:40]!r}] {v} is negative" for k, v in value.items() if v < 0), None)
         if problem is not None:
             raise RecordError(f"{kind}.{name}: {problem}")
         values[name] = value
