@@ -28,6 +28,8 @@ _SIGNED = {"loss"}
 _AT_LEAST_ONE = {"world_size", "group_size"}
 # Lists of global ranks: each >= 0, at most this many (the largest world a record describes).
 _RANK_LISTS = {"group_ranks"}
+# Maps of name -> seconds: every value a time, so >= 0 (the generic check only sees finite floats).
+_SECONDS_MAPS = {"module_forward_s"}
 MAX_RANKS = 65536
 
 
@@ -65,6 +67,8 @@ def parse_record(kind: Any, data: Any) -> Record:
         problem = _checker(hint)(value)
         if problem is None:
             problem = _ranks(value) if name in _RANK_LISTS else _range(name, value)
+        if problem is None and name in _SECONDS_MAPS:
+            problem = next((f"[{k[:40]!r}] {v} is negative" for k, v in value.items() if v < 0), None)
         if problem is not None:
             raise RecordError(f"{kind}.{name}: {problem}")
         values[name] = value
@@ -208,7 +212,11 @@ _EVENT_FIELDS: dict[str, dict[str, Any]] = {
     "apply_reverted": {"remedy": str, "at_step": int | None},
     "oom": {"requested_bytes": int | None, "op": str | None, "module": str | None},
     "module_activations": {"inclusive_bytes": dict[str, int]},
+    "checkpoint_save": {"api": str, "saves": list[str], "sharded": bool, "step": int | None},
 }
+# What a ``checkpoint_save`` event may name (advisor/agent/saves.py; read by recommend/remedies/zero.py).
+CHECKPOINT_APIS = ("torch.save", "dcp.save", "dcp.async_save")
+CHECKPOINT_SAVES = ("model", "optimizer")
 
 
 def _check_event(event: Any) -> None:
@@ -222,5 +230,11 @@ def _check_event(event: Any) -> None:
                 problem = _range(key, event.data[key])
             if problem is not None:
                 raise RecordError(f"event {event.name}.{key}: {problem}")
+    if event.name == "checkpoint_save":
+        if event.data.get("api") not in CHECKPOINT_APIS:
+            raise RecordError(f"event checkpoint_save.api: {str(event.data.get('api'))[:40]!r} is not one of "
+                              f"{list(CHECKPOINT_APIS)}")
+        if not set(event.data.get("saves") or ()) <= set(CHECKPOINT_SAVES):
+            raise RecordError(f"event checkpoint_save.saves: not a subset of {list(CHECKPOINT_SAVES)}")
     if event.name == "apply_result" and event.data.get("status") not in STATUSES:
         raise RecordError(f"event apply_result.status: {str(event.data.get('status'))[:40]!r} is not one of {list(STATUSES)}")

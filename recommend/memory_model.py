@@ -35,7 +35,8 @@ Calibration from the measured step (``chain_from_profile``):
     fixed = measured peak - activation bytes at the peak   (model states, temporaries, inputs, other)
     other = max(0, activation at peak - sum of candidate a_i)   (embedding, head, loss: not candidates)
 so peak({}) = max(measured peak, fixed + sum a_i): never below what was measured.
-Recompute time: sum_{i in S} forward_s_i, scaled to ordinary (non-probed) steps.
+Recompute time: sum_{i in S} forward_s_i: the forward timed on light steps where the agent
+sampled it (``recompute_seconds``), else the deep step's time scaled to an ordinary step.
 """
 
 from __future__ import annotations
@@ -218,8 +219,18 @@ def live_block(profile: Profile, module: ModuleProfile) -> Block:
         activation_bytes=profile.subtree_activation(module.name) * live // calls,
         input_bytes=live * module.call_input_bytes if per_call else module.input_bytes,
         output_bytes=live * module.call_output_bytes if per_call else module.output_bytes,
-        forward_s=module.forward_s * profile.time_scale,
+        forward_s=recompute_seconds(profile, module),
     )
+
+
+def recompute_seconds(profile: Profile, module: ModuleProfile) -> float:
+    """Seconds one more forward of ``module`` adds to an ordinary step: its forward timed on
+    light steps when the agent sampled it, else its deep-step time scaled by the light/deep
+    forward ratio (deep steps run their probes: slower, and not evenly per module)."""
+    light = profile.light_forward_s.get(module.name)
+    if light is not None:
+        return light
+    return module.forward_s * profile.time_scale
 
 
 def live_activation_total(profile: Profile) -> int:

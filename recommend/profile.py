@@ -77,6 +77,10 @@ class Profile:
     phases: dict[str, float] = field(default_factory=dict)
     oom: dict[str, Any] | None = None
     time_scale: float = 1.0
+    # Forward seconds of numbered modules measured on light steps (StepSample.module_forward_s,
+    # the median over the sampled steps): the recompute cost of checkpointing them, preferred to
+    # a deep step's module time times ``time_scale`` (recommend/memory_model.py ``live_block``).
+    light_forward_s: dict[str, float] = field(default_factory=dict)
     # The rank of interest's deep-step measurements, for rules that read ops or communication
     # (not serialised by ``to_dict``: the report has its own ops and collectives sections).
     ops: tuple[OpStat, ...] = ()
@@ -116,6 +120,10 @@ class Profile:
     # The script's DataLoaders as the agent captured them (``dataloader`` events' data:
     # num_workers, pin_memory, prefetch_factor, persistent_workers, batch_size, order, cpu_count).
     loaders: tuple[dict[str, Any], ...] = ()
+    # The script's own checkpoint saves of captured state (``checkpoint_save`` events' data, every
+    # rank, in arrival order: api "torch.save"/"dcp.save"/"dcp.async_save", saves ["model",
+    # "optimizer"], sharded, step, and the event's rank). Read by the ZeRO predictor.
+    checkpoint_saves: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -128,6 +136,7 @@ class Profile:
             "phases": dict(self.phases),
             "oom": self.oom,
             "time_scale": self.time_scale,
+            "light_forward_s": dict(self.light_forward_s),
         }
 
     # --- module tree, from qualified names -------------------------------------------------
@@ -308,7 +317,8 @@ def profile_from_records(
                    allocated_at_peak=peak.allocated_bytes if peak is not None else None,
                    rank_phases=_rank_phases(steps),
                    step_times=_step_times(steps),
-                   loaders=_loaders(events))
+                   loaders=_loaders(events),
+                   checkpoint_saves=tuple({**e.data, "rank": e.rank} for e in events if e.name == "checkpoint_save"))
 
 
 def _device(runs: Sequence[RunInfo], events: Sequence[Event]) -> dict[str, Any]:
@@ -444,7 +454,22 @@ def profile_from_memory(
         phases=phases,
         oom=dict(memory["oom"]) if memory.get("oom") else None,
         time_scale=_time_scale(modules, step_dicts, phases.get("forward_s")),
+        light_forward_s=_light_forward(step_dicts),
     )
+
+
+def _light_forward(steps: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Each module's median forward seconds over the light steps that timed it (step 0 left out
+    while a later step timed it: its first calls pay one-off costs)."""
+    timed = [s for s in steps if not s.get("deep") and s.get("module_forward_s")]
+    timed = [s for s in timed if int(s.get("index", 1)) > 0] or timed
+    names = sorted({name for s in timed for name in s["module_forward_s"]})
+    out = {}
+    for name in names:
+        value = _median([s["module_forward_s"].get(name) for s in timed])
+        if value is not None:
+            out[name] = value
+    return out
 
 
 _PER_CALL = ("calls", "live_calls", "call_activation_bytes", "call_input_bytes", "call_output_bytes")

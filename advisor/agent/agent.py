@@ -42,6 +42,7 @@ from typing import Any, Callable
 
 import torch
 
+from advisor.agent.block_timer import BlockTimer, DeviceTimes, numbered
 from advisor.agent.capture import Capture
 from advisor.agent.models import ModelRegistry
 from advisor.agent.naming import unique_label
@@ -117,6 +118,10 @@ class Agent:
         self.executor: Any = None  # advisor.apply.executor.Executor, created on first command
         self.capture = Capture()  # what the script built, for remedies (installed by hooks.install)
         self.module_events = ModuleEvents()  # probes' module hooks, fanned out from the agent's one pair
+        # One light step in this many (steps every-1, 2*every-1, ...) times its numbered modules'
+        # forward (advisor/agent/block_timer.py): the recompute cost of checkpointing them. 0: never.
+        self.light_timing_every = int(self.config.get("light_timing_every", 5) or 0)
+        self._block_timer = BlockTimer(counting=lambda: self._phase != "eval")
         self.max_steps: int | None = self.config.get("max_steps")
         self.deep_steps: set[int] = set(self.config.get("deep_steps", [1, 2, 3]))
         self.deep_every: int = int(self.config.get("deep_every", 0) or 0)
@@ -149,7 +154,7 @@ class Agent:
         self._step_start = self._t_phase
         self._acc = dict.fromkeys(_PHASE_KEYS, 0.0)
         self._losses: list[tuple[torch.Tensor, bool]] = []  # (value, part of the objective)
-        self._pending: list[tuple[StepSample, list[tuple[torch.Tensor, bool]], Any]] = []
+        self._pending: list[tuple[StepSample, list[tuple[torch.Tensor, bool]], Any, DeviceTimes | None]] = []
         self._first_forward_callbacks: list[Callable[[torch.nn.Module], None]] = []
         self._eval_iters: weakref.WeakSet = weakref.WeakSet()  # DataLoader iterators of eval passes
         self._last_fetch: weakref.ref | None = None
@@ -550,6 +555,8 @@ class Agent:
         extra: dict[str, Any] = {}
         for probe in list(self.probes):
             extra.update(self._call(probe, "on_step_end", step) or {})
+        module_times = self._block_timer.stop() if self._block_timer.active else {}
+        module_forward_s = module_times if isinstance(module_times, dict) else {}
         eval_s = self._acc.get("eval", 0.0)
         sample = StepSample(
             index=step,
@@ -564,8 +571,10 @@ class Agent:
             eval_s=eval_s,
             boundary=kind,
             optimizer_s=dict(self._opt_times),
+            module_forward_s=module_forward_s,
         )
-        self._queue_sample(sample, self._losses)
+        self._queue_sample(sample, self._losses,
+                           module_times if isinstance(module_times, DeviceTimes) else None)
         self._losses, self._opt_times = [], {}
         self._snapshot = None
         self._period.reset()
@@ -597,7 +606,18 @@ class Agent:
                 self._deep_count += 1
                 for probe in list(self.probes):
                     self._call(probe, "start_deep", self._step)
+            elif self.light_timing_due(self._step):
+                blocks = {key: name for key, name in self._models.names().items() if numbered(name)}
+                if blocks:
+                    self._block_timer.start(blocks, self.subscribe_module_events,
+                                            cuda=self.device.type == "cuda")
         self.flush(sync=False)
+
+    def light_timing_due(self, step: int) -> bool:
+        """Whether light step ``step`` times its numbered modules' forward (the first is step
+        every-1: after the default deep steps 1-3, before an apply at step 5)."""
+        every = self.light_timing_every
+        return every > 0 and step % every == every - 1
 
     def _bound_deep_cost(self, sample: StepSample) -> None:
         """Deep probes cost a few light steps; a deep step far slower (a Python-loop RNN under
@@ -640,20 +660,23 @@ class Agent:
         self.emit(Event(rank=self.rank, name="device_spec", data={**spec.to_dict(), **link}))
 
     # -- loss without an extra device sync ---------------------------------------------
-    def _queue_sample(self, sample: StepSample, losses: list[tuple[torch.Tensor, bool]]) -> None:
+    def _queue_sample(self, sample: StepSample, losses: list[tuple[torch.Tensor, bool]],
+                      device_times: DeviceTimes | None = None) -> None:
         event = None
-        if losses and losses[0][0].is_cuda:
+        on_cuda = bool(losses) and losses[0][0].is_cuda
+        if on_cuda:
             # Copy to host asynchronously and read when the copy is done, so the
             # agent never adds a device synchronisation to the user's loop.
             losses = [(t.to("cpu", non_blocking=True), counted) for t, counted in losses]
+        if on_cuda or device_times is not None:
             event = torch.cuda.Event()
-            event.record()
-        self._pending.append((sample, losses, event))
+            event.record()  # after the loss copy and the step's timed modules: done means both are
+        self._pending.append((sample, losses, event, device_times))
 
     def flush(self, *, sync: bool) -> None:
         """Emit queued step samples whose loss is readable (all of them if ``sync``)."""
         while self._pending:
-            sample, losses, event = self._pending[0]
+            sample, losses, event, device_times = self._pending[0]
             if event is not None and not sync and not event.query():
                 return
             if event is not None and sync:
@@ -664,7 +687,8 @@ class Agent:
             # The objective whose gradient the step applied: gradients of several backward
             # calls add up, so the losses do too (nanoGPT divides each micro-batch's by K).
             loss = float(sum(counted)) if counted else None
-            self.emit(StepSample(**{**sample.to_dict(), "loss": loss, "losses": values or None}))
+            extra = {"module_forward_s": device_times.resolve()} if device_times is not None else {}
+            self.emit(StepSample(**{**sample.to_dict(), "loss": loss, "losses": values or None, **extra}))
 
     def close(self) -> None:
         """At exit: close a loop's last step without optimizer, emit what is pending, stop probes."""

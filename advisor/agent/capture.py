@@ -16,7 +16,8 @@ runs DDP's own arithmetic, bit for bit, at any world size. Agent config ``comm_s
 leaves DDP's built-in C++ all-reduce alone (and gradient compression unavailable). A hook the
 script registers itself, or one of torch's built-in hooks, becomes the switch's delegate. Each
 DataLoader built is reported as an ``Event(name="dataloader")`` (its settings and the host's CPU
-count: what the input rule reads).
+count: what the input rule reads). ``torch.save`` and torch.distributed.checkpoint's savers are
+watched too (``advisor/agent/saves.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 import torch.distributed as dist
 
+from advisor.agent.saves import SaveWatch
 from advisor.apply import comm_switch
 from advisor.apply.remedies.dataloader import loader_settings
 from advisor.apply.target import Target
@@ -110,6 +112,8 @@ class Capture:
             _wrap_init(cls, callback, add_undo)
         self._wrap_iter(add_undo)
         self._wrap_register_comm_hook(add_undo)
+        # The script's own checkpoint saves, which ZeRO would make partial (advisor/agent/saves.py).
+        SaveWatch(agent).install(add_undo)
 
     def _wrap_iter(self, add_undo: Callable[[Callable[[], None]], None]) -> None:
         """Remember the iterator each DataLoader hands out (the one the script's loop holds)."""

@@ -50,6 +50,10 @@ class ModelRegistry:
         return [self._labels.get(id(m), type(m).__name__) if (m := ref()) is not None else ""
                 for ref, wrapped in self._roots if wrapped() is not None]
 
+    def names(self) -> dict[int, str]:
+        """id(module) -> qualified name, for every module of every model found so far."""
+        return self._names
+
     def module_name(self, module: torch.nn.Module) -> str | None:
         return self._names.get(id(module))
 

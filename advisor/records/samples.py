@@ -107,6 +107,10 @@ class StepSample(Record):
     # "forward", "data", "exit" (see docs/architecture.md).
     boundary: str = "optimizer"
     optimizer_s: dict[str, float] = field(default_factory=dict)  # seconds in each optimizer's step, by label
+    # Forward seconds of each numbered module (a container's member, "blocks.3"), summed over the
+    # step's training calls; only on the light steps the agent samples for it (light_timing_every),
+    # empty on every other step. The recompute cost of checkpointing them (recommend/profile.py).
+    module_forward_s: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -32,6 +32,14 @@ def light_phase_time(state: SessionState, phase: str) -> float | None:
     return statistics.median(values) if values else None
 
 
+def light_module_forward(state: SessionState) -> dict[str, float]:
+    """Median forward seconds of each module timed on ordinary steps (``module_forward_s``,
+    sampled one light step in N), by qualified name."""
+    timed = [s.module_forward_s for s in light_samples(state) if s.module_forward_s]
+    names = {name for t in timed for name in t}
+    return {name: statistics.median([t[name] for t in timed if name in t]) for name in sorted(names)}
+
+
 def scale(light_s: float | None, profiled_s: float | None) -> float:
     """``light / profiled``, at most 1; 1.0 when either is unknown."""
     if not light_s or not profiled_s or profiled_s <= 0:

@@ -38,6 +38,7 @@ revert needs them. The predictor counts them.
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -46,6 +47,8 @@ import torch.distributed as dist
 from torch import nn
 
 logger = logging.getLogger("advisor.apply")
+# Each switch in force, by id(optimizer): what the agent's save watch asks (``zero.remedy_stage``).
+LIVE: "weakref.WeakValueDictionary[int, FsdpHandle]" = weakref.WeakValueDictionary()
 
 
 def blocks_of(module: nn.Module) -> list[nn.Module]:
@@ -317,6 +320,7 @@ def shard_ddp(ddp: nn.Module, opt: torch.optim.Optimizer, group: Any, *, stage: 
     route.on_first = handle.commit  # a forward ran: the remedy is in use, so the vote was to keep it
     handle._route = route
     ddp.forward = route  # instance attribute: nn.Module.__call__ finds it before DDP.forward
+    LIVE[id(opt)] = handle
     logger.info("Applied ZeRO-%d through FSDP2 over %d ranks: %d blocks and the root sharded",
                 stage, dist.get_world_size(group), len(blocks))
     return handle

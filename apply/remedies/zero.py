@@ -35,7 +35,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from advisor.apply.remedies._fsdp_switch import FsdpHandle, Reshard, is_sharded, set_stage, shard_ddp
+from advisor.apply.remedies._fsdp_switch import (LIVE, FsdpHandle, Reshard, is_sharded, reshard_after_forward_of,
+                                                 set_stage, shard_ddp)
 from advisor.apply.target import Target, as_target
 
 logger = logging.getLogger("advisor.apply")
@@ -56,6 +57,18 @@ def partition(sizes: list[int], world: int) -> list[int]:
         owners[i] = r
         loads[r] += sizes[i]
     return owners
+
+
+def remedy_stage(opt: torch.optim.Optimizer) -> int:
+    """The ZeRO stage this remedy has in force on ``opt``'s job (0: none, or sharded by the script
+    itself). Read by the agent when the script saves a checkpoint (``advisor/agent/saves.py``)."""
+    handle = _ZERO1.get(id(opt))
+    if handle is not None and handle.opt is opt and not handle.reverted:
+        return 1
+    fsdp = LIVE.get(id(opt))
+    if fsdp is not None and fsdp.opt is opt and not fsdp.reverted:
+        return 3 if reshard_after_forward_of(fsdp.module) else 2
+    return 0
 
 
 def _ddp_of(target: Target) -> nn.Module:

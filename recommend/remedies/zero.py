@@ -8,8 +8,22 @@ each stage moves at the job's measured bus bandwidth, with today's hidden share)
 Every stage that lowers the peak is proposed with its own prediction; the advice ranking (fits
 the budget first, then by step time) puts the cheapest stage that fits first, and the rest
 after it. Refused, with the reason in the finding's evidence: no optimizer identified, more than
-one optimizer, a model wrapped otherwise than by DDP. A script's own checkpointing cannot be
-seen from the records: each recommendation says in its prerequisites what it changes there.
+one optimizer, a model wrapped otherwise than by DDP, and the script's own checkpointing where
+a stage would make it partial. The agent reports each kind of save of the model's or the
+optimizer's state it sees (``checkpoint_save`` events, ``advisor/agent/saves.py``):
+
+- ``torch.save`` of the optimizer's state: every stage refused (each rank's
+  ``optimizer.state_dict()`` holds only its own share under any stage);
+- ``torch.save`` of the model's state only: stages 2 and 3 refused (``model.state_dict()`` holds
+  DTensor shards there); stage 1 leaves the parameters whole on every rank;
+- torch.distributed.checkpoint of the optimizer's state: stage 1 refused (each rank's partitioned
+  state dict numbers only the parameters it owns, from 0 on every rank, so the ranks' entries
+  collide); stages 2 and 3 are proposed with a note (DCP writes every rank's DTensor shard);
+- torch.distributed.checkpoint of the model's state only: every stage, with the note.
+
+A save not seen yet (every 1000 steps, or only at the end) cannot be refused on: each
+recommendation says in its prerequisites what ZeRO changes there, and the agent warns when the
+script saves partial state while the remedy is in force.
 
 Apply classes: stage 1 is ``live-exact`` (the same all-reduce, the same per-element updates);
 stages 2 and 3 are ``live-equivalent``: FSDP2 reduce-scatters where DDP all-reduces (another
@@ -20,7 +34,7 @@ before the all-reduce. The applier is ``apply/remedies/zero.py``.
 from __future__ import annotations
 
 import statistics
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from advisor.recommend.finding import gib
 from advisor.recommend.memory_model import measured_peak
@@ -48,6 +62,46 @@ CHECKPOINT_CAVEAT = ("while it is in force each rank's optimizer.state_dict() (a
                      "model.state_dict()) holds only its own shard: a script that saves a checkpoint with "
                      "torch.save on one rank needs every rank's file, torch.distributed.checkpoint, or a "
                      "revert first")
+
+
+def _where(save: Mapping[str, Any]) -> str:
+    step, rank = save.get("step"), save.get("rank")
+    return f"first seen at step {step} on rank {rank}" if step is not None else f"seen on rank {rank}"
+
+
+def _api(save: Mapping[str, Any]) -> str:
+    return "torch.save" if save.get("api") == "torch.save" else f"torch.distributed.checkpoint ({save.get('api')})"
+
+
+def checkpoint_refusal(saves: Sequence[Mapping[str, Any]], stage: int) -> str | None:
+    """Why the script's own checkpoint saves (``Profile.checkpoint_saves``) rule out ZeRO-``stage``,
+    or None (rules in the module docstring)."""
+    for save in saves:
+        what = set(save.get("saves") or ())
+        plain = save.get("api") == "torch.save"
+        if plain and "optimizer" in what:
+            return (f"the script saves its optimizer's state_dict() with torch.save ({_where(save)}): under ZeRO "
+                    "each rank's optimizer.state_dict() holds only its own share of the state, so that checkpoint "
+                    "would be partial")
+        if plain and "model" in what and stage in (2, 3):
+            return (f"the script saves its model's state_dict() with torch.save ({_where(save)}): under ZeRO-2/3 "
+                    "model.state_dict() holds each rank's DTensor shards, so that checkpoint would be partial")
+        if not plain and "optimizer" in what and stage == 1:
+            return (f"the script saves its optimizer's state with {_api(save)} ({_where(save)}): under ZeRO-1 "
+                    "each rank's optimizer.state_dict() numbers only the parameters it owns, from 0 on every rank, "
+                    "so the ranks' entries would collide in the checkpoint")
+    return None
+
+
+def checkpoint_note(saves: Sequence[Mapping[str, Any]], stage: int) -> str | None:
+    """What the recommendation of ZeRO-``stage`` says about the script's saves it allows."""
+    seen = [s for s in saves if checkpoint_refusal([s], stage) is None]
+    if not seen:
+        return None
+    parts = sorted({f"{'/'.join(s.get('saves') or ())} with {_api(s)}" for s in seen})
+    why = ("torch.distributed.checkpoint writes every rank's DTensor shard, so the checkpoint stays whole"
+           if stage > 1 else "under ZeRO-1 the parameters stay whole on every rank")
+    return f"the script saves its {'; '.join(parts)} ({_where(seen[0])}): {why}"
 
 
 def parse_stage(value: Any) -> int:
@@ -113,6 +167,9 @@ def refusal(profile: Profile) -> str | None:
         return f"{profile.optimizer_count} optimizers (the appliers shard exactly one, over the whole model)"
     if profile.data_parallel != "DistributedDataParallel":
         return f"the model is wrapped by {profile.data_parallel or 'nothing'}, not DistributedDataParallel"
+    reasons = [checkpoint_refusal(profile.checkpoint_saves, stage) for stage in STAGES]
+    if all(reasons):  # every stage ruled out by the script's saves: the remedy is, with each reason once
+        return "; ".join(dict.fromkeys(r for r in reasons if r))
     return None
 
 
@@ -131,6 +188,10 @@ def propose(profile: Profile, budget: int, evidence: list[dict[str, object]]) ->
     m = measured(profile)
     costs = []
     for stage in STAGES:
+        refused = checkpoint_refusal(profile.checkpoint_saves, stage)
+        if refused:
+            evidence.append({"what": f"ZeRO-{stage}", "value": f"not proposed: {refused}"})
+            continue
         cost = stage_cost(m, stage)
         if cost.peak_bytes >= m.peak_bytes:
             reason = ("the largest parameter holds so much of the state that the busiest rank would save "
@@ -163,7 +224,13 @@ def _recommendation(profile: Profile, m: Measured, base: StageCost, cost: StageC
                   f"exposed against {(m.exposed_s or 0) * 1e3:.1f} ms today")
     else:
         ev.append("step time not predicted: no all-reduce of this job was measured (comm probe off?)")
-    prereq = ["one optimizer holding exactly the DDP model's trainable parameters", CHECKPOINT_CAVEAT]
+    note = checkpoint_note(profile.checkpoint_saves, stage)
+    if note:
+        ev.append(note)
+    prereq = ["one optimizer holding exactly the DDP model's trainable parameters",
+              CHECKPOINT_CAVEAT + ("" if profile.checkpoint_saves else
+                                   " (no save of the model's or the optimizer's state was seen so far; the advisor "
+                                   "watches torch.save and torch.distributed.checkpoint)")]
     if stage > 1:
         prereq.append("FSDP2 (torch.distributed.fsdp.fully_shard) shards each block and the root in place; "
                       "the DDP wrapper's forward is routed to the sharded module")

@@ -1,0 +1,110 @@
+"""Forward time of the model's numbered modules, measured on sampled light steps.
+
+The checkpointing remedy's recompute cost is one more forward of each checkpointed block. Deep
+steps time every module, but under the dispatch modes and saved-tensor hooks that make them
+3-6x slower, unevenly per module; scaling by one light/deep ratio misjudged the cost by 10-60%
+(issue 14). So on one light step in ``every`` the agent subscribes this timer to its module
+events and times the forward of the numbered members of containers (``blocks.3``,
+``stages.0.1``): the modules the recommender can take as a chain's blocks. Every other light
+step runs no code of this module: the light path stays the agent's own push and pop.
+
+On a timed step each module call costs one dictionary look-up; the numbered ones also a
+``perf_counter`` pair. Forwards run inside backward (checkpoint recomputation) and evaluation
+forwards are not counted: the figure is the training forward, summed over the step's calls.
+
+On CUDA the host clock would time the kernel launches, not the kernels: there each timed call
+records a pair of timing events on the current stream instead, and ``stop`` returns a
+``DeviceTimes`` that the agent resolves when the step's loss copy has completed (the events
+were recorded before it), so timing adds no device synchronisation.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import torch
+
+Unsubscribe = Callable[[], None]
+
+
+def numbered(name: str) -> bool:
+    """Whether a qualified module name is a numbered member of a container (``blocks.3``)."""
+    return name.rpartition(".")[2].isdigit()
+
+
+class DeviceTimes:
+    """A CUDA step's timed calls: (name, start event, end event), read once the events are done."""
+
+    def __init__(self, pairs: list[tuple[str, Any, Any]]) -> None:
+        self.pairs = pairs
+
+    def resolve(self) -> dict[str, float]:
+        """Seconds per module name (waits for any event not done yet: the agent calls it once the
+        step's later event has completed, or at exit)."""
+        totals: dict[str, float] = {}
+        for name, start, end in self.pairs:
+            end.synchronize()
+            totals[name] = totals.get(name, 0.0) + start.elapsed_time(end) / 1e3
+        return totals
+
+
+class BlockTimer:
+    """Sums the forward seconds of selected modules over one step."""
+
+    def __init__(self, *, counting: Callable[[], bool]) -> None:
+        # ``counting``: whether a forward now is the training forward (not an evaluation pass).
+        self._counting = counting
+        self._names: dict[int, str] = {}
+        self._stack: list[tuple[int, Any]] = []
+        self.totals: dict[str, float] = {}
+        self._pairs: list[tuple[str, Any, Any]] = []
+        self._cuda = False
+        self._unsubscribe: Unsubscribe | None = None
+
+    @property
+    def active(self) -> bool:
+        return self._unsubscribe is not None
+
+    def start(self, names: dict[int, str], subscribe: Callable[[Any, Any], Unsubscribe], *,
+              cuda: bool = False) -> None:
+        """Time the modules in ``names`` (id(module) -> qualified name) until ``stop``; with
+        ``cuda``, by timing events on the current stream."""
+        self._names = names
+        self._stack = []
+        self.totals = {}
+        self._pairs = []
+        self._cuda = cuda
+        self._unsubscribe = subscribe(self.pre, self.post)
+
+    def stop(self) -> dict[str, float] | DeviceTimes:
+        """Stop timing; the step's forward seconds per module name (empty when none ran), or on
+        CUDA the events to resolve once they are done."""
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        totals, pairs = self.totals, self._pairs
+        self.totals, self._pairs, self._stack, self._names = {}, [], [], {}
+        return DeviceTimes(pairs) if self._cuda and pairs else totals
+
+    def _mark(self) -> Any:
+        if self._cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def pre(self, module: torch.nn.Module, args: Any) -> None:
+        key = id(module)
+        if key in self._names and torch._C._current_graph_task_id() == -1 and self._counting():
+            self._stack.append((key, self._mark()))
+
+    def post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self._stack and self._stack[-1][0] == id(module):
+            key, start = self._stack.pop()
+            name = self._names[key]
+            end = self._mark()
+            if self._cuda:
+                self._pairs.append((name, start, end))
+            else:
+                self.totals[name] = self.totals.get(name, 0.0) + (end - start)

@@ -1,0 +1,188 @@
+"""Recompute cost from light steps (issue 14): the agent times its numbered modules' forward on
+one light step in N, the record carries it, and the checkpointing cost model reads it."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from advisor.agent import block_timer
+from advisor.agent.agent import Agent
+from advisor.agent.hooks import install
+from advisor.intake import RecordError, parse_record
+from advisor.recommend.memory_model import chain_from_profile, recompute_seconds
+from advisor.recommend.profile import ModuleProfile, Profile, profile_from_memory
+from advisor.records.samples import StepSample
+
+
+class Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.inner(x))
+
+
+class Net(torch.nn.Module):
+    def __init__(self, *, checkpointed: bool = False) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Block() for _ in range(3))
+        self.head = torch.nn.Linear(8, 1)
+        self.checkpointed = checkpointed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, block in enumerate(self.blocks):
+            if self.checkpointed and i == 1:
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        return self.head(x)
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clock that advances by exactly 1 s per read: each timed call adds 1.0 to its module."""
+    ticks = itertools.count()
+    monkeypatch.setattr(block_timer.time, "perf_counter", lambda: float(next(ticks)))
+
+
+def _run(config: dict, steps: int, model: torch.nn.Module, *, calls: int = 1) -> list[StepSample]:
+    emitted: list = []
+    agent = Agent(emit=emitted.append, config={"deep_steps": [], **config})
+    hooks = install(agent)
+    try:
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(steps):
+            loss = sum(model(torch.randn(4, 8)).sum() for _ in range(calls))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        agent.flush(sync=True)
+    finally:
+        hooks.remove()
+    return [r for r in emitted if isinstance(r, StepSample)]
+
+
+def test_one_light_step_in_n_times_the_numbered_modules(clock: None) -> None:
+    steps = _run({"light_timing_every": 3}, 7, Net())
+    timed = {s.index: s.module_forward_s for s in steps if s.module_forward_s}
+    assert sorted(timed) == [2, 5]  # steps every-1, 2*every-1: every other step carries nothing
+    # Only the container's numbered members: not "head", not the blocks' "inner" Linear; one
+    # call each, one clock tick between its pre and post hooks (the inner module's look-up
+    # reads no clock).
+    assert timed[2] == {"blocks.0": 1.0, "blocks.1": 1.0, "blocks.2": 1.0}
+
+
+def test_calls_add_up_and_recomputation_in_backward_is_not_counted(clock: None) -> None:
+    steps = _run({"light_timing_every": 2}, 2, Net(checkpointed=True), calls=2)
+    # Two forwards in the step: each block's two calls add up. blocks.1 is checkpointed: its
+    # forward runs again inside backward, which is recompute, not the training forward.
+    assert steps[1].module_forward_s == {"blocks.0": 2.0, "blocks.1": 2.0, "blocks.2": 2.0}
+
+
+def test_deep_steps_and_disabled_sampling_carry_nothing() -> None:
+    emitted: list = []
+    agent = Agent(emit=emitted.append, config={"deep_steps": [4], "light_timing_every": 5})
+    assert agent.light_timing_due(4) and not agent.light_timing_due(5)
+    off = Agent(emit=emitted.append, config={"light_timing_every": 0})
+    assert not any(off.light_timing_due(i) for i in range(20))
+    steps = _run({"light_timing_every": 5, "deep_steps": [4]}, 6, Net())
+    assert all(not s.module_forward_s for s in steps)  # step 4 was deep: no light timing
+
+
+def test_intake_accepts_the_field_and_rejects_a_negative_time() -> None:
+    good = parse_record("step", {"index": 4, "time_s": 0.1, "module_forward_s": {"blocks.0": 0.01}})
+    assert good.module_forward_s == {"blocks.0": 0.01}
+    assert parse_record("step", {"index": 3, "time_s": 0.1}).module_forward_s == {}  # older agents
+    with pytest.raises(RecordError, match="negative"):
+        parse_record("step", {"index": 4, "time_s": 0.1, "module_forward_s": {"blocks.0": -0.01}})
+    with pytest.raises(RecordError):
+        parse_record("step", {"index": 4, "time_s": 0.1, "module_forward_s": {"blocks.0": "1"}})
+
+
+def _module(name: str, forward_s: float) -> dict:
+    return {"name": name, "activation_bytes": 1000, "input_bytes": 100, "output_bytes": 100, "forward_s": forward_s}
+
+
+def _steps(light: list[dict[str, float]]) -> list[dict]:
+    deep = [{"index": i, "time_s": 0.4, "deep": True, "phases": {"forward_s": 0.2}} for i in (1, 2)]
+    first = {"index": 0, "time_s": 0.9, "phases": {"forward_s": 0.5}, "module_forward_s": {"blocks.0": 9.0}}
+    rest = [{"index": 4 + 5 * k, "time_s": 0.2, "phases": {"forward_s": 0.1}, "module_forward_s": timing}
+            for k, timing in enumerate(light)]
+    return [first, *deep, *rest]
+
+
+def test_profile_takes_the_median_of_light_steps_and_the_chain_uses_it() -> None:
+    modules = [_module("", 0.2), _module("blocks.0", 0.05), _module("blocks.1", 0.05)]
+    memory = {"peak_bytes": 10_000, "modules": modules}
+    light = [{"blocks.0": 0.010, "blocks.1": 0.020}, {"blocks.0": 0.012, "blocks.1": 0.030},
+             {"blocks.0": 0.020}]
+    profile = profile_from_memory(memory, _steps(light))
+    # Step 0 (warm-up) is left out; blocks.1 was timed on two steps only.
+    assert profile.light_forward_s == {"blocks.0": 0.012, "blocks.1": 0.025}
+    assert profile.time_scale == pytest.approx(0.5)  # light forward 0.1 / probed root 0.2
+    chain = chain_from_profile(profile)
+    assert chain is not None
+    assert [b.forward_s for b in chain.blocks] == [0.012, 0.025]
+    # Without light timings (an older agent's records) the deep step's module time is scaled.
+    bare = profile_from_memory(memory, [s for s in _steps([{}]) if s["index"] != 0])
+    assert bare.light_forward_s == {}
+    assert [b.forward_s for b in chain_from_profile(bare).blocks] == [pytest.approx(0.025)] * 2
+
+
+def test_recompute_seconds_falls_back_per_module() -> None:
+    profile = Profile(peak_bytes=1, time_scale=0.25, light_forward_s={"blocks.0": 0.003})
+    assert recompute_seconds(profile, ModuleProfile(name="blocks.0", forward_s=0.1)) == 0.003
+    assert recompute_seconds(profile, ModuleProfile(name="blocks.1", forward_s=0.1)) == pytest.approx(0.025)
+
+
+@pytest.mark.gpu
+def test_cuda_times_the_kernels_not_the_launches() -> None:
+    """On CUDA the timer records events on the stream: a block that sleeps on the device for
+    20 ms (torch.cuda._sleep) reads about 20 ms although its launch returns at once, and the
+    sample is emitted without a synchronisation the script did not make."""
+    torch.cuda.init()
+    cycles = 20_000_000  # calibrated below against the device clock
+
+    class Sleepy(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            torch.cuda._sleep(cycles)
+            return x * 1.0
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    expected = start.elapsed_time(end) / 1e3
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([Sleepy(), torch.nn.Linear(8, 8)])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.blocks[1](self.blocks[0](x))
+
+    model = Net().cuda()
+    emitted: list = []
+    agent = Agent(emit=emitted.append, config={"deep_steps": [], "light_timing_every": 2})
+    hooks = install(agent)
+    try:
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(4):
+            model(torch.randn(4, 8, device="cuda")).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        agent.flush(sync=True)
+    finally:
+        hooks.remove()
+    timed = [s.module_forward_s for s in emitted if isinstance(s, StepSample) and s.module_forward_s]
+    assert len(timed) == 2
+    for t in timed:
+        assert t["blocks.0"] == pytest.approx(expected, rel=0.2)
+        assert t["blocks.1"] < expected / 10
