@@ -9,7 +9,7 @@ from typing import Any, Iterable
 
 from advisor.phrases import calibration_line, exit_line
 from advisor.records.units import fmt_bytes, fmt_quantity, fmt_seconds
-from advisor.sections.compute import time_base_note
+from advisor.sections.compute import fmt_roof, roof_footnote, time_base_note
 
 
 def _table(header: Iterable[str], rows: Iterable[Iterable[Any]]) -> list[str]:
@@ -57,8 +57,11 @@ def report_markdown(report: dict[str, Any], *, top: int = 10) -> str:
                 f"{fmt_seconds(compute.get('step_time_s'))} step; {time_base_note(compute)}", ""]
         out += _table(("op", "module", "phase", "time", "profiled", "bound", "of roof"),
                       ((o["name"], o.get("module") or "(root)", o.get("phase", ""), fmt_seconds(o.get("time_s")),
-                        fmt_seconds(o.get("profiled_time_s")), o.get("bound") or "—", _pct(o.get("roof_fraction")))
+                        fmt_seconds(o.get("profiled_time_s")), o.get("bound") or "—", fmt_roof(o, "—"))
                        for o in ops[:top]))
+        footnote = roof_footnote(ops[:top])
+        if footnote:
+            out += [footnote, ""]
     diagnosis = report.get("diagnosis")
     if diagnosis:
         out += [f"## Diagnosis: {diagnosis.get('bottleneck')}", "", diagnosis.get("summary") or "", ""]

@@ -158,3 +158,39 @@ def test_roofline_imports_no_torch(repo_root) -> None:
     code = "import sys, advisor.recommend.roofline; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=repo_root)
     assert out.stdout.strip() == "False"
+
+
+def test_an_op_above_its_roof_is_flagged_with_the_reason_and_marked_in_every_table() -> None:
+    """Peak 1e12 FLOP/s, 1e10 B/s (ridge 100); deep steps 0.1 s, ordinary 0.05 s (scale 0.5).
+    An op at 60% of its roof as profiled reads 120% after scaling: the scale is to blame. A
+    memory-bound op above its roof as profiled moved fewer DRAM bytes than counted; a
+    compute-bound one beat the FLOP/s ceiling."""
+    from advisor.report_markdown import report_markdown
+    from advisor.tui.views.compute import ops_table
+
+    live = LiveState()
+    live.add(Event(name="device_spec", data={"type": "cpu", "name": "cpu", "peak_flops": {"fp32": 1e12},
+                                             "memory_bandwidth": 1e10, "source": "measured"}))
+    for index, deep, t in ((0, False, 0.05), (1, False, 0.05), (2, True, 0.1)):
+        live.add(StepSample(index=index, time_s=t, deep=deep))
+    # (name, flops, bytes, profiled time): roofs 1e10 FLOP/s (I = 1), 1e10 (I = 1), 1e12 (I = 1000)
+    for name, flops, nbytes, t in (("aten.scaled", 6e7, 6e7, 0.01), ("aten.cached", 3e8, 3e8, 0.02),
+                                   ("aten.fast", 3e10, 3e7, 0.02), ("aten.ok", 1e7, 1e7, 0.004)):
+        live.add(OpStat(step=2, name=name, module="", phase="forward", input_shapes=[[4]], dtype="float32",
+                        count=1, flops=flops, bytes=nbytes, time_s=t))
+    state = live.snapshot()
+    ops = {op["name"]: op for op in build_ops_section(state, device_spec_from_state(state))}
+    assert ops["aten.scaled"]["roof_fraction"] == pytest.approx(1.2)  # 6e7 / 0.005 s / 1e10: kept as computed
+    assert (ops["aten.scaled"]["above_roof"], ops["aten.scaled"]["above_roof_reason"]) == (True, "time_scale")
+    assert (ops["aten.cached"]["above_roof"], ops["aten.cached"]["above_roof_reason"]) == (True, "cache_reuse")
+    assert (ops["aten.fast"]["above_roof"], ops["aten.fast"]["above_roof_reason"]) == (True, "ceiling")
+    assert (ops["aten.ok"]["roof_fraction"], ops["aten.ok"]["above_roof"]) == (pytest.approx(0.5), False)
+    assert ops["aten.ok"]["above_roof_reason"] is None
+    items = list(ops.values())
+    table = render_compute_section(items, build_compute_section(state, device_spec_from_state(state)))[1]
+    cells = list(table.columns[-1].cells)
+    assert sorted(cells) == ["120%*", "300%*", "300%*", "50%"]
+    assert "cache" in str(table.caption) and "ceiling" in str(table.caption) and "ordinary step" in str(table.caption)
+    markdown = report_markdown({"ops": items, "compute": {}})
+    assert "| 120%* |" in markdown and "* above the roof" in markdown
+    assert "120%*" in list(ops_table(items).columns[-1].cells) and ops_table(items).caption

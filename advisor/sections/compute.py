@@ -109,14 +109,57 @@ def build_ops_section(state: SessionState, spec: Mapping[str, Any] | None) -> li
         flops, nbytes, time_s = flops / n, nbytes / n, time_s / n
         v = op_verdict(flops=flops, bytes=nbytes, time_s=time_s, dtype=dtype, peak_flops=peaks,
                        bandwidth=bandwidth)
+        as_profiled = op_verdict(flops=flops, bytes=nbytes, time_s=profiled / n, dtype=dtype, peak_flops=peaks,
+                                 bandwidth=bandwidth)
         items.append({
             "name": name, "module": module, "phase": phase, "input_shapes": [list(s) for s in shapes],
             "dtype": dtype, "count": count / n, "flops": flops, "bytes": nbytes,
             "intensity": v.intensity, "time_s": time_s, "profiled_time_s": profiled / n,
             "achieved_flops_per_s": v.achieved_flops_per_s, "bound": v.bound, "roof_fraction": v.roof_fraction,
+            **above_roof(v.roof_fraction, as_profiled.roof_fraction, v.bound),
         })
     items.sort(key=lambda item: item["time_s"], reverse=True)
     return items
+
+
+# Why an op reads above its roof (``above_roof_reason``): the roofline bounds what an op can
+# reach from its FLOPs, the bytes the counter gives it and the device's measured ceilings, so a
+# reading above it says one of those inputs is off for this op, never that the op beat physics.
+ABOVE_ROOF_REASONS = {
+    "time_scale": "within the roof as profiled: the factor to an ordinary step shrank this op more than it ran",
+    "cache_reuse": "moved fewer DRAM bytes than counted (its operands stayed in cache)",
+    "ceiling": "reached more FLOP/s than the measured ceiling (pass --peak-flops to correct it)",
+}
+
+
+def above_roof(fraction: float | None, profiled_fraction: float | None, bound: str | None) -> dict[str, Any]:
+    """``above_roof`` (the op's share of its roof exceeds 1) and, when it does, the reason key
+    (``ABOVE_ROOF_REASONS``); the share itself stays as computed."""
+    if fraction is None or fraction <= 1.0:
+        return {"above_roof": False if fraction is not None else None, "above_roof_reason": None}
+    if profiled_fraction is not None and profiled_fraction <= 1.0:
+        reason = "time_scale"
+    else:
+        reason = "ceiling" if bound == "compute" else "cache_reuse"
+    return {"above_roof": True, "above_roof_reason": reason}
+
+
+def fmt_roof(op: Mapping[str, Any], none: str = "-") -> str:
+    """An op's share of its roof for a table cell: "NN%", with "*" when it reads above the roof
+    (``roof_footnote`` says why)."""
+    value = op.get("roof_fraction")
+    if not isinstance(value, (int, float)):
+        return none
+    return f"{100 * value:.0f}%" + ("*" if op.get("above_roof") else "")
+
+
+def roof_footnote(ops: list[Mapping[str, Any]]) -> str | None:
+    """One line for the ops shown above their roof, or None when none is."""
+    reasons = sorted({op.get("above_roof_reason") for op in ops if op.get("above_roof")} - {None})
+    if not reasons:
+        return None
+    return "* above the roof, so not a measure of efficiency: " + "; ".join(
+        ABOVE_ROOF_REASONS.get(r, r) for r in reasons)
 
 
 def build_compute_section(state: SessionState, spec: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -277,5 +320,8 @@ def render_compute_section(ops: list[dict[str, Any]], compute: Mapping[str, Any]
                       fmt_seconds(item["time_s"]),
                       _si(item.get("achieved_flops_per_s"), ""),
                       "-" if intensity is None else f"{intensity:.1f}", Text(bound, style=style),
-                      pct(item.get("roof_fraction")))
+                      fmt_roof(item))
+    footnote = roof_footnote(shown)
+    if footnote:
+        table.caption = footnote
     return [summary, table]

@@ -12,6 +12,7 @@ from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
 from advisor.records.units import fmt_seconds
+from advisor.sections.compute import fmt_roof, roof_footnote
 from advisor.tui.chart import Chart
 from advisor.tui.view_model import ViewModel
 
@@ -53,12 +54,9 @@ def summary_text(model: ViewModel) -> Text:
 def ops_table(ops: list[dict[str, Any]], limit: int = 10) -> Table:
     table = Table("op", "time", "bound", "roof", box=None, pad_edge=False)
     for op in ops[:limit]:
-        table.add_row(op["name"], fmt_seconds(op.get("time_s")), str(op.get("bound") or "—"), _pct(op.get("roof_fraction")))
+        table.add_row(op["name"], fmt_seconds(op.get("time_s")), str(op.get("bound") or "—"), fmt_roof(op, "—"))
+    table.caption = roof_footnote(ops[:limit])
     return table
-
-
-def _pct(value: Any) -> str:
-    return f"{value:.0%}" if isinstance(value, (int, float)) else "—"
 
 
 class ComputeView(Vertical):
@@ -95,7 +93,7 @@ class ComputeView(Vertical):
         total = sum(op.get("time_s") or 0.0 for op in model.ops) or 1e-12
         for op in model.ops[:TOP_OPS]:
             table.add_row(op["name"], fmt_seconds(op.get("time_s")), f"{(op.get('time_s') or 0) / total:.0%}",
-                          str(op.get("bound") or "—"), _pct(op.get("roof_fraction")), op.get("module") or "(model)",
+                          str(op.get("bound") or "—"), fmt_roof(op, "—"), op.get("module") or "(model)",
                           str(op.get("phase") or ""))
 
     @staticmethod
