@@ -79,8 +79,9 @@ class AdviceLoop:
 
     # -- called on the receiver thread: cheap --------------------------------------------
     def on_record(self, record: Record) -> None:
-        # Light steps too while a named apply waits for its recommendation: a rule may need them.
-        waiting = self.apply_request not in (None, "auto") and not self._applied_auto
+        # Light steps too while an apply waits: a rule may need them, and the first light step
+        # after the deep ones times the blocks the predictions read (``_ready``).
+        waiting = self.apply_request is not None and not self._applied_auto
         if (isinstance(record, StepSample) and (record.deep or waiting)) or (
                 isinstance(record, Event) and record.name in ("oom", ApplyResult.EVENT, RevertResult.EVENT)):
             with self._idle:
@@ -126,6 +127,8 @@ class AdviceLoop:
         state = self.session.live.snapshot()
         if state.finished or not state.recommendations:
             return
+        if not self._ready(state):
+            return
         rec = self._choose(state.recommendations, self.apply_request)
         if rec is None:
             # A named recommendation may come with later advice (a rule needs light steps to
@@ -140,6 +143,19 @@ class AdviceLoop:
         error = self.apply(rec["id"], at_step=self.apply_at_step)
         if error:
             print(f"advisor: not applied: {error}", file=sys.stderr)
+
+    def _ready(self, state: Any) -> bool:
+        """Whether to choose the remedy now. Predictions made before an ordinary step follows the
+        deep-sampled ones rest on step 0 (warm-up) for the step time and on deep-step module
+        times for recompute; the first light step after them times the blocks (the agent's
+        ``light_timing_every``). So wait for it, unless waiting would miss the step asked for
+        (``--apply-at-step``; by default step 6, the first the light step 4 can still inform)."""
+        steps = state.rank0_steps()
+        first_deep = min((s.index for s in steps if s.deep), default=None)
+        if first_deep is None or any(not s.deep and s.index > first_deep for s in steps):
+            return True
+        due = self.apply_at_step if self.apply_at_step is not None else 6
+        return state.latest_step() + 2 >= due
 
     @staticmethod
     def _choose(recs: list[dict[str, Any]], request: str) -> dict[str, Any] | None:

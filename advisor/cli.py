@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     attach.add_argument("--host-link-bandwidth", type=_rate, metavar="RATE",
                         help="override the measured host-device copy bandwidth, e.g. 25GB/s (offload plans)")
     attach.add_argument("--apply", type=_apply_choice, metavar="auto|ID", help="apply the top (auto) or the named recommendation")
-    attach.add_argument("--apply-at-step", type=_positive, metavar="K", help="step boundary to apply at (default: as soon as ready)")
+    attach.add_argument("--apply-at-step", type=_positive, metavar="K", help="step boundary to apply at (default: as soon as ready: after the first ordinary step that follows the deep-sampled ones)")
     attach.add_argument("--plan", metavar="FILE", help="apply a plan file's remedies before the first step")
     attach.add_argument("--allow-inexact", action="store_true",
                         help="allow live remedies that change numerics (apply class live-opt-in)")

@@ -16,8 +16,10 @@ the errors (target |peak error| <= 5%, |step-time error| <= 10% on every kept pl
    the unconstrained peak P (``memory.peak_bytes``) and the profile the offline solver reads.
 3. For each budget B = f * P (f in ``--budgets``, default 0.5, 0.7, 0.9):
    ``python -m advisor attach --headless --probes memory --memory-budget B --apply auto
-   --apply-at-step 5 --steps S --json R examples/gpt.py --steps S`` (S = ``--steps``, default 20;
-   the script gets it too, its own default being 30).
+   --apply-at-step 6 --steps S --json R examples/gpt.py --steps S`` (S = ``--steps``, default 20;
+   the script gets it too, its own default being 30). Step 6 is the first boundary whose
+   recommendation can read step 4, the first ordinary step after the deep steps 1-3: it
+   times the blocks' forward (the recompute cost) and is the baseline step time.
 
 Printed per budget: the remedy applied (``report["applied"][0]``: modules, status,
 predicted and measured peak, the relative error (predicted - measured) / measured,
@@ -209,7 +211,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--budgets", default="0.5,0.7,0.9", help="fractions of the unconstrained peak (default 0.5,0.7,0.9)")
     p.add_argument("--steps", type=int, default=20, help="steps of each budgeted run (default 20)")
-    p.add_argument("--apply-at-step", type=int, default=5, help="step boundary to apply at (default 5)")
+    p.add_argument("--apply-at-step", type=int, default=6, help="step boundary to apply at (default 6)")
     p.add_argument("--profile-steps", type=int, default=6, help="steps of the unconstrained run (default 6)")
     p.add_argument("--threads", type=int, default=1,
                    help="OMP_NUM_THREADS for every run (default 1; 0 leaves the environment as it is)")

@@ -174,3 +174,30 @@ def test_headless_refuses_live_opt_in_without_allow_inexact() -> None:
         advice.close()
     [command] = [c.to_dict() for c in sent]  # the typed command, as it travels
     assert command["digest"] == command_digest("t", {}, command["at_step"])
+
+
+@pytest.mark.parametrize(("at_step", "chosen_after"), [(None, 4), (6, 4), (5, 3), (3, 1)])
+def test_an_apply_waits_for_the_light_step_after_the_deep_ones_unless_that_misses_the_step(at_step, chosen_after):
+    """Steps 1-3 deep, step 4 the first light one after them (it times the blocks the
+    predictions read): the apply is chosen once step 4 is in, or at the last step that still
+    meets ``--apply-at-step`` (the command must leave before step at_step - 1 ends)."""
+    from types import SimpleNamespace
+
+    from advisor.advice import AdviceLoop
+    from advisor.records.samples import StepSample
+    from advisor.state import LiveState
+
+    live = LiveState()
+    loop = AdviceLoop(SimpleNamespace(live=live, options=None, send_command=lambda c: True), budget_bytes=None,
+                      apply_at_step=at_step)
+    loop.close()  # its thread stopped: the records below are fed by hand
+    loop.apply_request = "auto"
+    chosen = []
+    loop.apply = lambda rec_id, at_step=None: chosen.append(live.snapshot().latest_step())  # type: ignore[method-assign]
+    for index in range(8):
+        live.add(StepSample(index=index, time_s=0.1, deep=index in (1, 2, 3)))
+        if index == 1:  # the first advice comes with the first deep step's measurements
+            live.update(recommendations=[{"id": "r", "remedy": "t", "params": {}, "live": True,
+                                          "apply_class": "live-exact"}])
+        loop._maybe_auto_apply()
+    assert chosen == [chosen_after]
