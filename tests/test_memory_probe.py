@@ -298,3 +298,43 @@ def test_a_cpu_job_on_a_gpu_host_is_measured_and_budgeted_on_the_cpu(monkeypatch
     finally:
         probe.detach(ctx)
     assert started[-1] == "budget"
+
+
+class _CountingList(list):
+    """A list that counts the walks over it (``iter``)."""
+
+    walks = 0
+
+    def __iter__(self):
+        type(self).walks += 1
+        return super().__iter__()
+
+
+def test_light_steps_do_not_walk_every_parameter_for_the_gradient_bytes():
+    """Issue 14: nothing per light step scales with the number of parameters. One gradient
+    stands for all of them; a change of its storage's size (a remedy resharding them) makes the
+    probe walk again, and zero_grad(set_to_none) reads as no gradient bytes."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*(nn.Linear(16, 16) for _ in range(6)), nn.Linear(16, 5))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    ctx = FakeContext([model], [opt])
+    probe = MemoryProbe()
+    probe.attach(ctx)
+    params = sum(p.numel() for p in model.parameters())
+    try:
+        run_step(probe, ctx, model, opt, lambda: (torch.randn(8, 16), torch.randn(8, 5)), F.mse_loss, deep=False)
+        probe._params = _CountingList(probe._params)
+        _CountingList.walks = 0
+        for _ in range(5):
+            run_step(probe, ctx, model, opt, lambda: (torch.randn(8, 16), torch.randn(8, 5)), F.mse_loss, deep=False)
+        assert _CountingList.walks == 0
+        samples = [s for s in ctx.of_kind("memory") if s.event == "optimizer_start"]
+        assert [s.categories["gradient"] for s in samples] == [4 * params] * 6
+        cats = probe._light_categories(ctx)  # after opt.zero_grad(): set to None
+        assert cats["gradient"] == 0 and _CountingList.walks == 0
+        for p in model.parameters():  # each gradient now a view into a storage twice its size
+            p.grad = torch.zeros(2 * p.numel())[: p.numel()].view_as(p)
+        assert probe._light_categories(ctx)["gradient"] == 8 * params
+        assert _CountingList.walks == 1
+    finally:
+        probe.detach(ctx)

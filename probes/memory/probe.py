@@ -74,6 +74,11 @@ class MemoryProbe(Probe):
         self._light_step = -(10**9)
         self._retries = 0
         self._params: list[torch.Tensor] = []
+        # The gradient bytes of light samples (``_gradient_bytes``): one parameter's gradient
+        # watched, the total of the last walk.
+        self._grad_sentinel: torch.Tensor | None = None
+        self._sentinel_bytes = 0
+        self._grad_total: int | None = None
         self._deep_peak: tuple[int, int] | None = None  # (step, tracked peak) of the last deep step
 
     # -- Probe hooks -----------------------------------------------------------------------
@@ -334,15 +339,36 @@ class MemoryProbe(Probe):
                     sizes[role] += found[1]
             self._light = sizes
             self._params = _parameters(ctx)
-        grads = 0
+            self._grad_total = None
+        categories = dict.fromkeys(MEMORY_CATEGORIES, 0)
+        categories.update(self._light)
+        categories["gradient"] = self._gradient_bytes()
+        return categories
+
+    def _gradient_bytes(self) -> int:
+        """Bytes of the parameters' gradients now, without a walk over every parameter per step:
+        gradients come and go together (``zero_grad(set_to_none=True)`` drops them all, a
+        backward makes them all), so one parameter's gradient stands for all of them. The walk
+        runs again when that gradient's size changes (a remedy resharded it), when the sizes
+        are re-read (every ``LIGHT_REFRESH_STEPS``), or while no gradient was seen yet."""
+        sentinel = self._grad_sentinel
+        if sentinel is not None and self._grad_total is not None:
+            grad = sentinel.grad
+            if grad is None:
+                return 0
+            if local_part(grad).untyped_storage().nbytes() == self._sentinel_bytes:
+                return self._grad_total
+        total, first = 0, None
         for p in self._params:
             grad = p.grad
             if grad is not None:
-                grads += local_part(grad).untyped_storage().nbytes()
-        categories = dict.fromkeys(MEMORY_CATEGORIES, 0)
-        categories.update(self._light)
-        categories["gradient"] = grads
-        return categories
+                nbytes = local_part(grad).untyped_storage().nbytes()
+                total += nbytes
+                if first is None:
+                    first = (p, nbytes)
+        if first is not None:
+            (self._grad_sentinel, self._sentinel_bytes), self._grad_total = first, total
+        return total
 
     def _emit_light(self, ctx: AgentContext, phase: str) -> None:
         categories = self._light_categories(ctx)
