@@ -153,7 +153,7 @@ class StorageTracker(TorchDispatchMode):
         self.generation += 1
 
     def reset_peak(self) -> None:
-        self.peak_total = self.total
+        self.peak_total = self.device_total()
         self.peak_categories = dict(self.totals)
 
     # -- what is alive ---------------------------------------------------------------------
@@ -272,8 +272,11 @@ class StorageTracker(TorchDispatchMode):
             self._note_peak()
 
     def _note_peak(self) -> None:
-        if self.total > self.peak_total:
-            self.peak_total = self.total
+        # The device's peak: an offload remedy's host copies are not on the device, so they
+        # neither make a peak nor hide the drop the remedy made (the step's peak_memory_bytes).
+        total = self.device_total()
+        if total > self.peak_total:
+            self.peak_total = total
             self.peak_categories = dict(self.totals)
 
     # -- saved tensors ---------------------------------------------------------------------
