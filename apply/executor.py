@@ -282,7 +282,9 @@ class Executor:
         self._inbox: deque[tuple[Command, int | None]] = deque()  # with its StepAlign index, if any
         self._reverts: deque[RevertCommand] = deque()  # user reverts waiting for their boundary
         self._queue: deque[_Request] = deque()
-        self._history: deque[StepSample] = deque(maxlen=HISTORY)
+        # The steps before this executor existed too (the agent keeps the recent ones): an apply
+        # whose command comes late still has its before window.
+        self._history: deque[StepSample] = deque(getattr(ctx, "recent_steps", ()), maxlen=HISTORY)
         self._active: _Active | None = None
         self._to_revert: _Active | None = None  # decided "revert", done at the next boundary
         self._kept: list[_Active] = []  # applied and kept, newest last (for "revert")

@@ -254,3 +254,29 @@ def test_decide_holds_a_deep_window_to_the_predicted_change_not_the_light_step_f
     # A predicted speed-up that did not come is still reverted.
     assert not decide(before=before, after=Measurement(peak_memory_bytes=100, step_time_s=5.0, step_kind="deep"),
                       predicted=Measurement(step_time_s=0.5), budget_bytes=None, baseline_step_time_s=1.0)[0]
+
+
+def test_an_executor_made_after_the_first_steps_still_has_their_before_window() -> None:
+    """The executor is made at the first command; when that comes late (an apply that waited
+    for the first light step after the deep ones) the steps before it are the agent's recent
+    ones: the before window has its deep peak and its light time."""
+    from advisor.agent.agent import Agent
+    from advisor.agent.hooks import install
+    from advisor.apply.executor import pair
+
+    model, opt = make()
+    agent = Agent(emit=lambda r: None, config={"deep_steps": [], "probes": []})
+    hooks = install(agent)
+    try:
+        train(model, opt, 3)
+    finally:
+        hooks.remove()
+    assert [s.index for s in agent.recent_steps] == [0, 1, 2]
+    ctx = FakeContext([model], [opt])
+    ctx.recent_steps = [StepSample(index=i, time_s=0.5 if i in (1, 2, 3) else 0.1, deep=i in (1, 2, 3),
+                                   peak_memory_bytes=100 if i in (1, 2, 3) else None) for i in range(6)]
+    ex = Executor(ctx)
+    after = [StepSample(index=i, time_s=0.12) for i in range(6, 10)]
+    before, _ = pair(ex._before_samples(6, 2), after, measure_steps=2)
+    assert (before.peak_memory_bytes, before.step_time_s, before.step_kind) == (100, 0.1, "light")
+    assert before.steps == (2, 3, 4, 5)

@@ -37,6 +37,7 @@ import os
 import statistics
 import time
 import weakref
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -116,6 +117,9 @@ class Agent:
         self.world_size = world_size
         self.device = torch.device("cpu")
         self.executor: Any = None  # advisor.apply.executor.Executor, created on first command
+        # The last steps' samples (loss not read yet), for the executor's before window when it
+        # is created after them.
+        self.recent_steps: deque[StepSample] = deque(maxlen=64)
         self.capture = Capture()  # what the script built, for remedies (installed by hooks.install)
         self.module_events = ModuleEvents()  # probes' module hooks, fanned out from the agent's one pair
         # One light step in this many (steps every-1, 2*every-1, ...) times its numbered modules'
@@ -578,6 +582,7 @@ class Agent:
         self._losses, self._opt_times = [], {}
         self._snapshot = None
         self._period.reset()
+        self.recent_steps.append(sample)
         if self.executor is not None:
             self.executor.on_step_end(sample)
         self._bound_deep_cost(sample)
