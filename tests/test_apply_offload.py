@@ -315,3 +315,33 @@ def test_optimizer_offload_chunked_step_is_bit_exact_and_fires_the_hooks_once(ba
     assert losses == baseline[0]
     assert all(torch.equal(v, baseline[1][k]) for k, v in model.state_dict().items())
     assert opt._optimizer_step_pre_hooks == {} and opt._optimizer_step_post_hooks == {}
+
+
+def test_the_first_offloaded_step_has_no_phantom_device_peak() -> None:
+    """The first step after the apply grows the host slab in chunks and joins them into one at the
+    end of backward; the old chunks are host memory until freed, so that step's device peak is
+    the steady steps' (it was the slab's size higher: the executor measured it and reverted)."""
+    model, opt = make()
+    x, y = batch(torch.Generator().manual_seed(3))
+
+    def device_peak() -> int:
+        tracker = StorageTracker(device_type="cpu")
+        tracker.start()
+        try:
+            tracker.refresh_roles([model], [opt])
+            tracker.set_step(1)
+            tracker.phase = "forward"
+            step(model, opt, x, y)
+            return tracker.peak_total
+        finally:
+            tracker.stop()
+
+    step(model, opt, x, y)  # optimizer state exists
+    handle = apply_activation_offload(model, modules=["blocks.0", "blocks.1", "blocks.2"], min_bytes=0)
+    try:
+        first = device_peak()
+        assert len(handle.slab.chunks) == 1 and handle.slab.high_water > 0  # grown in chunks, then joined
+        steady = device_peak()
+        assert first == steady
+    finally:
+        handle.revert()

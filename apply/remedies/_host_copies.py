@@ -88,8 +88,10 @@ class HostSlab:
     def reset(self) -> None:
         """Everything handed out is released: reuse from the start, in one chunk from now on."""
         if len(self.chunks) > 1:
-            for buf in self.chunks:
-                host_free(buf)
+            # Dropped, not unregistered: each chunk's finalizer (``host_empty``) unregisters it as
+            # its storage is freed. Unregistered while still referenced, the chunks were counted
+            # as device bytes beside the new slab: a phantom peak on the first offloaded step.
+            self.chunks = []
             self.chunks = [host_empty(self.high_water, self.device)]
         self.chunk = self.offset = self.used = 0
 
