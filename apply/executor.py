@@ -194,7 +194,10 @@ def pair(before: list[StepSample], after: list[StepSample], *, measure_steps: in
         b_time: list[StepSample] = []
         a = measure(after, warmup=warmup if len(after) > warmup else 0)
     else:
-        b_time = [s for s in before if (not s.deep) == (kind == "light")][-measure_steps:]
+        same = [s for s in before if (not s.deep) == (kind == "light")]
+        # Step 0 pays one-off costs (first allocations, lazy initialisation): a time only when
+        # no other step of the kind came before the apply.
+        b_time = ([s for s in same if s.index > 0] or same)[-measure_steps:]
         a = measure(after, warmup=warmup if len(after) > warmup else 0, kind=kind)
     peak, peak_steps = _peak(peak_before)
     b = Measurement(

@@ -280,3 +280,15 @@ def test_an_executor_made_after_the_first_steps_still_has_their_before_window() 
     before, _ = pair(ex._before_samples(6, 2), after, measure_steps=2)
     assert (before.peak_memory_bytes, before.step_time_s, before.step_kind) == (100, 0.1, "light")
     assert before.steps == (2, 3, 4, 5)
+
+
+def test_the_warm_up_step_0_is_not_a_before_time_when_later_steps_are() -> None:
+    from advisor.apply.executor import pair
+
+    after = [StepSample(index=i, time_s=0.12) for i in range(6, 10)]
+    before = [StepSample(index=0, time_s=0.9), *(StepSample(index=i, time_s=0.5, deep=True, peak_memory_bytes=100)
+                                                 for i in (1, 2, 3)), StepSample(index=4, time_s=0.1)]
+    b, _ = pair(before, after, measure_steps=3)
+    assert (b.time_steps, b.step_time_s) == ((4,), 0.1)
+    b, _ = pair(before[:1], after, measure_steps=3)  # nothing else: step 0 is all there is
+    assert (b.time_steps, b.step_time_s) == ((0,), 0.9)
