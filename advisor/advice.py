@@ -72,6 +72,7 @@ class AdviceLoop:
         self._refreshing = False  # guarded by _idle
         self._closed = False
         self._applied_auto = False
+        self._advised_step = -1  # the latest step the recommendations in hand were made with
         self._lock = threading.Lock()  # one refresh at a time (loop thread, finish())
         self.last_error: str | None = None
         self._thread = threading.Thread(target=self._loop, name="advisor-advice", daemon=True)
@@ -120,6 +121,7 @@ class AdviceLoop:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 return
             self.session.live.update(diagnosis=diagnosis, recommendations=recs)
+            self._advised_step = state.latest_step()
 
     def _maybe_auto_apply(self) -> None:
         if not self.apply_request or self._applied_auto:
@@ -152,8 +154,9 @@ class AdviceLoop:
         (``--apply-at-step``; by default step 6, the first the light step 4 can still inform)."""
         steps = state.rank0_steps()
         first_deep = min((s.index for s in steps if s.deep), default=None)
-        if first_deep is None or any(not s.deep and s.index > first_deep for s in steps):
-            return True
+        light = next((s.index for s in steps if first_deep is not None and not s.deep and s.index > first_deep), None)
+        if first_deep is None or (light is not None and self._advised_step >= light):
+            return True  # the advice in hand was made with that light step (not a stale one)
         due = self.apply_at_step if self.apply_at_step is not None else 6
         return state.latest_step() + 2 >= due
 

@@ -176,11 +176,15 @@ def test_headless_refuses_live_opt_in_without_allow_inexact() -> None:
     assert command["digest"] == command_digest("t", {}, command["at_step"])
 
 
-@pytest.mark.parametrize(("at_step", "chosen_after"), [(None, 4), (6, 4), (5, 3), (3, 1)])
-def test_an_apply_waits_for_the_light_step_after_the_deep_ones_unless_that_misses_the_step(at_step, chosen_after):
+@pytest.mark.parametrize(("at_step", "advised_through", "chosen_after"),
+                         [(None, 99, 4), (6, 99, 4), (5, 99, 3), (3, 99, 1), (None, 3, 4), (8, 3, 6)])
+def test_an_apply_waits_for_the_light_step_after_the_deep_ones_unless_that_misses_the_step(
+        at_step, advised_through, chosen_after):
     """Steps 1-3 deep, step 4 the first light one after them (it times the blocks the
-    predictions read): the apply is chosen once step 4 is in, or at the last step that still
-    meets ``--apply-at-step`` (the command must leave before step at_step - 1 ends)."""
+    predictions read): the apply is chosen once advice made with step 4 is in, or at the last
+    step that still meets ``--apply-at-step`` (the command must leave before step at_step - 1
+    ends). Advice made before step 4 (``advised_through`` 3: the refresh for step 4 has not run)
+    does not count as ready, though step 4 itself has arrived."""
     from types import SimpleNamespace
 
     from advisor.advice import AdviceLoop
@@ -199,5 +203,7 @@ def test_an_apply_waits_for_the_light_step_after_the_deep_ones_unless_that_misse
         if index == 1:  # the first advice comes with the first deep step's measurements
             live.update(recommendations=[{"id": "r", "remedy": "t", "params": {}, "live": True,
                                           "apply_class": "live-exact"}])
+        if index <= advised_through:
+            loop._advised_step = index  # what a refresh on this step's record records
         loop._maybe_auto_apply()
     assert chosen == [chosen_after]
