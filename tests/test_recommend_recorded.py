@@ -55,6 +55,7 @@ def test_gpt_advice_under_the_readme_budget():
     rec = recs[0]
     assert rec["remedy"] == "activation_checkpointing" and rec["live"] and rec["exact"] and rec["fits"]
     assert rec["params"] == {"modules": BLOCKS}
+    assert rec["block_plan"] == [{"name": b, "choice": "recompute"} for b in BLOCKS]
     # The simulated peak (recommend/peak_model.py). A run of the same model with the four blocks
     # really checkpointed tracked exactly this peak; the conservative bound said 22299428.
     assert rec["predicted"] == {"peak_memory_bytes": 20679456, "step_time_s": 2.196880202999978}

@@ -74,6 +74,17 @@ def test_diagnosis_and_statuses() -> None:
     assert status_by_recommendation(state) == {"a": "failed", "b": "applying…"}
 
 
+def test_evidence_shows_the_option_each_block_got() -> None:
+    rec = recommendation("offload-2-checkpoint-1")
+    rec["block_plan"] = [{"name": "blocks.0", "choice": "offload"}, {"name": "blocks.1", "choice": "recompute"},
+                         {"name": "blocks.2", "choice": "offload"}, {"name": "blocks.3", "choice": "keep"}]
+    lines = str(evidence_text(rec)).splitlines()
+    start = lines.index("Plan per block")
+    assert [line.split() for line in lines[start + 1:start + 5]] == [
+        ["blocks.0", "offload"], ["blocks.1", "recompute"], ["blocks.2", "offload"], ["blocks.3", "keep"]]
+    assert "Plan per block" not in str(evidence_text(recommendation("mb")))
+
+
 def test_evidence_for_a_restart_only_remedy_without_curve() -> None:
     rec = recommendation("mb", live=False)
     rec["evidence"] = []

@@ -158,6 +158,9 @@ class Recommendation:
     fits: bool = True  # False: the best plan this remedy has still exceeds the budget
     apply_class: str | None = None
     calibration: Calibration | None = None  # set from the session's earlier applies of this remedy
+    # For a plan over a chain of blocks: every block in forward order with the option it got,
+    # {"name", "choice": "keep" | "recompute" | "offload"} (empty for other remedies).
+    block_plan: list[dict[str, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _check(self.remedy, remedy_names(), "remedy")
@@ -186,4 +189,5 @@ class Recommendation:
             "fits": self.fits,
             "apply_class": self.apply_class,
             "calibration": None if self.calibration is None else self.calibration.to_dict(),
+            "block_plan": [dict(b) for b in self.block_plan],
         }

@@ -14,6 +14,7 @@ from textual.widgets import Footer, Static
 from advisor.tui.format import bar, fmt_bytes, fmt_seconds, fmt_transition_bytes, fmt_transition_seconds
 
 BAR_WIDTH = 24
+CHOICE_STYLES = {"keep": "dim", "recompute": "cyan", "offload": "magenta"}
 
 
 def evidence_text(rec: dict[str, Any]) -> Text:
@@ -40,6 +41,13 @@ def evidence_text(rec: dict[str, Any]) -> Text:
         text.append("\n\nParameters", style="bold")
         for name, value in params.items():
             text.append(f"\n  {name} = {_short(value)}")
+    plan = rec.get("block_plan") or []
+    if plan:
+        text.append("\n\nPlan per block", style="bold")
+        for block in plan:
+            choice = str(block.get("choice", "?"))
+            text.append(f"\n  {block.get('name', '?'):<24} ")
+            text.append(choice, style=CHOICE_STYLES.get(choice, ""))
     prerequisites = rec.get("prerequisites") or []
     if prerequisites:
         text.append("\n\nPrerequisites", style="bold")

@@ -166,6 +166,8 @@ def propose(profile: Profile, budget: int, evidence: list[dict[str, object]]) ->
             evidence=ev,
             curve=curve,
             fits=True,
+            block_plan=([{"name": b.name, "choice": "recompute" if b.name in plan.modules else "keep"}
+                         for b in units.blocks] if plan.method == "dp" else []),
         )
     ]
 

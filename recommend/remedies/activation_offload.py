@@ -103,6 +103,7 @@ def propose(profile: Profile, budget: int, evidence: list[dict[str, object]]) ->
         evidence=ev,
         curve=tradeoff_curve(chain, model, memory=memory),
         fits=True,
+        block_plan=[{"name": b.name, "choice": c} for b, c in zip(chain.blocks, joint.choices)],
     )]
 
 
