@@ -245,6 +245,21 @@ class _Second(torch.optim.SGD):
         super().__init__([p for g in first.param_groups for p in g["params"]], lr=0.0)
 
 
+def tracked_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+                 budget: int | None = None) -> StorageTracker:
+    """One training step under the CPU storage tracker (stopped again); its figures."""
+    tracker = StorageTracker(device_type="cpu", budget_bytes=budget)
+    tracker.start()
+    try:
+        tracker.refresh_roles([model], [opt])
+        tracker.set_step(1)
+        tracker.phase = "forward"
+        step(model, opt, x, y)
+        return tracker
+    finally:
+        tracker.stop()
+
+
 def test_enforced_budget_counts_device_bytes_only() -> None:
     """Under a CPU budget just above the offloaded run's device peak, the run fits although
     device + host bytes do not; the unmodified run goes over it (the OOM path still works)."""
@@ -252,17 +267,9 @@ def test_enforced_budget_counts_device_bytes_only() -> None:
     x, y = batch(torch.Generator().manual_seed(3))
 
     def peak(budget: int | None) -> tuple[int, int]:
-        tracker = StorageTracker(device_type="cpu", budget_bytes=budget)
-        tracker.start()
-        try:
-            tracker.refresh_roles([model], [opt])
-            tracker.set_step(1)
-            tracker.phase = "forward"
-            step(model, opt, x, y)
-            # The peak is the device's (the step's peak_memory_bytes); host copies beside it
-            return tracker.peak_total, tracker.peak_total + tracker.peak_categories["offloaded_host"]
-        finally:
-            tracker.stop()
+        tracker = tracked_step(model, opt, x, y, budget)
+        # The peak is the device's (the step's peak_memory_bytes); host copies beside it
+        return tracker.peak_total, tracker.peak_total + tracker.peak_categories["offloaded_host"]
 
     step(model, opt, x, y)  # optimizer state exists
     base_device, _ = peak(None)
@@ -325,16 +332,7 @@ def test_the_first_offloaded_step_has_no_phantom_device_peak() -> None:
     x, y = batch(torch.Generator().manual_seed(3))
 
     def device_peak() -> int:
-        tracker = StorageTracker(device_type="cpu")
-        tracker.start()
-        try:
-            tracker.refresh_roles([model], [opt])
-            tracker.set_step(1)
-            tracker.phase = "forward"
-            step(model, opt, x, y)
-            return tracker.peak_total
-        finally:
-            tracker.stop()
+        return tracked_step(model, opt, x, y).peak_total
 
     step(model, opt, x, y)  # optimizer state exists
     handle = apply_activation_offload(model, modules=["blocks.0", "blocks.1", "blocks.2"], min_bytes=0)
