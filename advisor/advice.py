@@ -22,6 +22,7 @@ from advisor.records.commands import ApplyCommand, RevertCommand
 from advisor.records.remedy import command_digest
 from advisor.records.results import ApplyResult, RevertResult
 from advisor.records.samples import Event, Record, StepSample
+from advisor.records.schedule import DEEP_STEPS, first_timed_light_step
 from advisor.regime import apply_refusal, current_regime, inexact_refusal, revert_refusal
 from advisor.state import SessionState
 
@@ -147,18 +148,27 @@ class AdviceLoop:
             print(f"advisor: not applied: {error}", file=sys.stderr)
 
     def _ready(self, state: Any) -> bool:
-        """Whether to choose the remedy now. Predictions made before an ordinary step follows the
-        deep-sampled ones rest on step 0 (warm-up) for the step time and on deep-step module
-        times for recompute; the first light step after them times the blocks (the agent's
-        ``light_timing_every``). So wait for it, unless waiting would miss the step asked for
-        (``--apply-at-step``; by default step 6, the first the light step 4 can still inform)."""
-        steps = state.rank0_steps()
-        first_deep = min((s.index for s in steps if s.deep), default=None)
-        light = next((s.index for s in steps if first_deep is not None and not s.deep and s.index > first_deep), None)
-        if first_deep is None or (light is not None and self._advised_step >= light):
-            return True  # the advice in hand was made with that light step (not a stale one)
-        due = self.apply_at_step if self.apply_at_step is not None else 6
+        """Whether to choose the remedy now. Before the first block-timed light step after the
+        deep ones (step 4 by default) the baseline step time is step 0's (warm-up) and the
+        recompute cost the deep steps' scaled module times; that step measures both. So when the
+        step asked for (``--apply-at-step``; none: as soon as ready) comes after it, wait for
+        advice made with it, or for the last boundary that still meets the step asked for. An
+        earlier step asked for is honoured as before: chosen from the first advice."""
+        expected = first_timed_light_step(self._deep_steps())
+        if expected is None:
+            return True
+        if self.apply_at_step is not None and self.apply_at_step < expected + 2:
+            return True  # the light step cannot inform that boundary: do not wait for it
+        if self._advised_step >= expected:
+            return True  # the advice in hand was made with that step (not a refresh before it)
+        due = self.apply_at_step if self.apply_at_step is not None else expected + 2
         return state.latest_step() + 2 >= due
+
+    def _deep_steps(self) -> list[int]:
+        options = getattr(self.session, "options", None)
+        config = getattr(options, "agent_config", None) or {}
+        steps = config.get("deep_steps")
+        return list(DEEP_STEPS if steps is None else steps)
 
     @staticmethod
     def _choose(recs: list[dict[str, Any]], request: str) -> dict[str, Any] | None:

@@ -186,3 +186,13 @@ def test_cuda_times_the_kernels_not_the_launches() -> None:
     for t in timed:
         assert t["blocks.0"] == pytest.approx(expected, rel=0.2)
         assert t["blocks.1"] < expected / 10
+
+
+def test_the_first_timed_light_step_follows_the_deep_ones() -> None:
+    from advisor.records.schedule import first_timed_light_step, light_timing_due
+
+    assert first_timed_light_step([1, 2, 3]) == 4  # the default: what an apply at step 6 can read
+    assert first_timed_light_step([4]) == 9  # a deep step 4 is not timed: the next one is
+    assert first_timed_light_step([1]) == 4 and first_timed_light_step([]) is None
+    assert first_timed_light_step([1, 2, 3], every=0) is None
+    assert [k for k in range(12) if light_timing_due(k)] == [4, 9]

@@ -47,6 +47,7 @@ from advisor.agent.block_timer import BlockTimer, DeviceTimes, numbered
 from advisor.agent.capture import Capture
 from advisor.agent.models import ModelRegistry
 from advisor.agent.naming import unique_label
+from advisor.records.schedule import DEEP_STEPS, LIGHT_TIMING_EVERY, light_timing_due
 from advisor.agent.period import OptimizerPeriod
 from advisor.agent.relay import CommandRelay
 from advisor.apply.executor import Executor
@@ -124,10 +125,10 @@ class Agent:
         self.module_events = ModuleEvents()  # probes' module hooks, fanned out from the agent's one pair
         # One light step in this many (steps every-1, 2*every-1, ...) times its numbered modules'
         # forward (advisor/agent/block_timer.py): the recompute cost of checkpointing them. 0: never.
-        self.light_timing_every = int(self.config.get("light_timing_every", 5) or 0)
+        self.light_timing_every = int(self.config.get("light_timing_every", LIGHT_TIMING_EVERY) or 0)
         self._block_timer = BlockTimer(counting=lambda: self._phase != "eval")
         self.max_steps: int | None = self.config.get("max_steps")
-        self.deep_steps: set[int] = set(self.config.get("deep_steps", [1, 2, 3]))
+        self.deep_steps: set[int] = set(self.config.get("deep_steps", DEEP_STEPS))
         self.deep_every: int = int(self.config.get("deep_every", 0) or 0)
         # A deep step slower than this many light steps (and than deep_min_s) ends deep sampling.
         self.deep_max_slowdown = float(self.config.get("deep_max_slowdown", 20.0))
@@ -621,8 +622,7 @@ class Agent:
     def light_timing_due(self, step: int) -> bool:
         """Whether light step ``step`` times its numbered modules' forward (the first is step
         every-1: after the default deep steps 1-3, before an apply at step 5)."""
-        every = self.light_timing_every
-        return every > 0 and step % every == every - 1
+        return light_timing_due(step, self.light_timing_every)
 
     def _bound_deep_cost(self, sample: StepSample) -> None:
         """Deep probes cost a few light steps; a deep step far slower (a Python-loop RNN under
