@@ -253,26 +253,28 @@ def _steady_median(samples: list[StepSample]) -> float:
     return statistics.median(s.time_s for s in samples if s.index > 0)
 
 
-TOLERANCE = 0.10  # relative, step time and backward + optimizer; see the test's docstring for why not 5%
-PHASE_TOLERANCE = 0.20  # relative, one phase: which side of a boundary ~1 ms falls on is not settled
+TOLERANCE = 0.05  # relative: the step time and every phase
 
 
 @pytest.mark.slow
 def test_import_matches_an_attach_session_of_the_same_run(tmp_path):
-    """The script profiles itself while the advisor's agent records it: same steps, step time and
-    backward + optimizer within 10%, each phase within 20%.
+    """The script profiles itself while the advisor's agent records it: same steps, and the step
+    time and each phase within 5%.
 
-    Issue 15 asks for 5%. On a quiet machine (2026-11-23, load 1.3) the step time agrees within 5%
-    but a phase can read 6-10% apart: about 1 ms of a 15 ms phase sits on the other side of the
-    backward/optimizer or data/forward boundary (in full-suite runs, twice in five, the optimizer
-    phase read 11% apart even after the retry: trace 11.8 ms, attach 10.6 ms). The test holds what
-    is met; the issue stays open.
+    What lines the two up (issue 15): the agent marks its own step-boundary work when the script
+    profiles itself (``advisor::step_boundary``, inside the trace's ``Optimizer.step`` span) and
+    the importer leaves it out of the step, as the agent's session does; and the importer's data
+    phase is everything before the first forward op, as the agent counts it. Measured on a quiet
+    machine (2026-11-24), width 1024 and batch 512 (steps of about 45 ms): step 0.999-1.001, data
+    0.985, forward 1.007-1.009, backward 0.983-0.987, optimizer 1.021-1.030. What is left is a
+    fixed 0.1-0.2 ms per boundary (the hooks' dispatch, the autograd engine's start, inside one
+    phase in the trace and the next in the agent): with steps of 10 ms (width 512, batch 256)
+    forward reads 1.04, backward 0.94 and optimizer 1.06-1.08, so the test runs steps whose
+    phases are several ms long.
 
-    The trace's steps include the agent's own work at each boundary (it runs in the optimizer's
-    post-hook, inside ``Optimizer.step``'s span); the agent's steps leave it out. The two agree
-    because that work is small: the channel sends records in batches from its own thread, so no
-    step pays a thread hand-off for its record (issue 15: with a send per record the optimizer
-    phase read 5-40% apart)."""
+    The two agree on the boundary work because it is small: the channel sends records in batches
+    from its own thread, so no step pays a thread hand-off for its record (with a send per record
+    the optimizer phase read 5-40% apart)."""
     # One run that another process preempts inside the agent's boundary work reads apart (the
     # trace counts it, the agent does not): a miss is run again once, as other load-bound tests do.
     misses = _trace_against_attach(tmp_path / "first")
@@ -281,32 +283,50 @@ def test_import_matches_an_attach_session_of_the_same_run(tmp_path):
     assert not misses, misses
 
 
-def _trace_against_attach(folder) -> list[str]:
+@pytest.mark.slow
+def test_two_gloo_ranks_phases_match_the_attach_session(tmp_path):
+    """The same comparison under `advisor attach --nproc-per-node 2` (DDP on gloo), every rank:
+    measured 2026-11-24, step 1.000, data 0.98, forward 1.003-1.005, backward 0.995-0.996,
+    optimizer 1.004-1.006."""
+    misses = _trace_against_attach(tmp_path / "first", ranks=2)
+    if misses:
+        misses = _trace_against_attach(tmp_path / "second", ranks=2)
+    assert not misses, misses
+
+
+def _trace_against_attach(folder, ranks: int = 1) -> list[str]:
     """Attach the self-profiling script; the figures that differ from its trace by more than TOLERANCE."""
     folder.mkdir()
     out = folder / "traces"
     report_path = folder / "attach.json"
     env = {**os.environ, "ADVISOR_HOME": str(folder / "home")}
-    proc = subprocess.run([sys.executable, "-m", "advisor", "attach", "--headless", "--probes", "none",
+    launch = ["--nproc-per-node", str(ranks)] if ranks > 1 else []
+    proc = subprocess.run([sys.executable, "-m", "advisor", "attach", "--headless", *launch, "--probes", "none",
                            "--json", str(report_path), str(SCRIPT), "--out", str(out), "--steps", "8",
-                           "--width", "512", "--batch", "256"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+                           "--width", "1024", "--batch", "512"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     attach = json.loads(report_path.read_text())
-    imported = _steps(import_traces([out / "rank0.json"]).records)
-    live = {s["index"]: s for s in attach["steps"]}
+    every = _steps(import_traces(sorted(out.glob("rank*.json"))).records)
+    assert sorted({s.rank for s in every}) == list(range(ranks))
+    return [f"rank {rank}: {miss}" for rank in range(ranks)
+            for miss in _misses([s for s in every if s.rank == rank],
+                                {s["index"]: s for s in attach["steps"] if s["rank"] == rank})]
+
+
+def _misses(imported: list[StepSample], live: dict[int, dict]) -> list[str]:
+    """The step time and phases of one rank that differ by more than TOLERANCE."""
     assert sorted(live) == [s.index for s in imported]
     steady = [s for s in imported if s.index > 0]
     misses = []
     ratio = sum(s.time_s for s in steady) / sum(live[s.index]["time_s"] for s in steady)
     if abs(ratio - 1.0) > TOLERANCE:
         misses.append(f"step time ratio {ratio:.3f}")
-    for phases, tolerance in ((("forward_s",), PHASE_TOLERANCE), (("backward_s",), PHASE_TOLERANCE),
-                              (("optimizer_s",), PHASE_TOLERANCE), (("backward_s", "optimizer_s"), TOLERANCE)):
-        mine = sum(s.phases[phase] for s in steady for phase in phases)
-        theirs = sum(live[s.index]["phases"][phase] for s in steady for phase in phases)
-        if abs(mine - theirs) > tolerance * theirs:
-            misses.append(f"{'+'.join(phases)}: trace {mine:.4f} s, attach {theirs:.4f} s")
+    for phase in ("data_s", "forward_s", "backward_s", "optimizer_s"):
+        mine = sum(s.phases[phase] for s in steady)
+        theirs = sum(live[s.index]["phases"][phase] for s in steady)
+        if abs(mine - theirs) > TOLERANCE * theirs:
+            misses.append(f"{phase}: trace {mine:.4f} s, attach {theirs:.4f} s")
     return misses
 
 
@@ -388,3 +408,31 @@ def test_two_gloo_ranks_import_the_same_collectives_as_attach(tmp_path):
     assert rows(mine["collectives"]) == [(r, "all_reduce", 2, 4 * (64 * 128 + 128 + 128 * 10 + 10), 4) for r in (0, 1)]
     assert sorted((s["rank"], s["index"]) for s in mine["steps"]) == sorted(
         (s["rank"], s["index"]) for s in attach["steps"])
+
+
+def test_the_advisors_own_boundary_work_and_the_loop_before_forward(tmp_path):
+    """A trace made under `advisor attach` marks the agent's step-boundary work
+    (advisor::step_boundary, inside Optimizer.step): it is left out of the step and of the
+    optimizer phase, as the agent's session leaves it out. Data is everything before the first
+    forward op (the loop's own work too), as the agent counts it."""
+    def span(name, ts, dur, cat="user_annotation"):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur}
+
+    events = [
+        span("ProfilerStep#0", 0, 1000),
+        span("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 0, 100),
+        _op("aten::mm", 150, 100, **{"Input Dims": [[4, 8], [8, 2]], "Input type": ["float", "float"]}),
+        _op("autograd::engine::evaluate_function: MmBackward0", 400, 200),
+        span("Optimizer.step#AdamW.step", 700, 250),
+        span("advisor::step_boundary", 700, 20),
+        span("advisor::step_boundary", 900, 50),
+    ]
+    path = tmp_path / "t.json"
+    _write_trace(path, events)
+    [step] = _steps(import_traces([path]).records)
+    assert step.time_s == pytest.approx(930e-6)  # 1000 us less the agent's 70 us
+    assert step.phases["optimizer_s"] == pytest.approx(180e-6)
+    assert step.phases["data_s"] == pytest.approx(150e-6)  # the loader's 100 us and the loop's 50 before forward
+    assert step.phases["forward_s"] == pytest.approx(250e-6)  # 150 to the first backward op at 400
+    assert step.phases["backward_s"] == pytest.approx(200e-6)
+    assert sum(step.phases.values()) == pytest.approx(step.time_s)

@@ -619,6 +619,11 @@ class Agent:
                                             cuda=self.device.type == "cuda")
         self.flush(sync=False)
 
+    @property
+    def deep_active(self) -> bool:
+        """Whether a deep-sampled step is under way (its probes may run a profiler of their own)."""
+        return self._deep_active
+
     def light_timing_due(self, step: int) -> bool:
         """Whether light step ``step`` times its numbered modules' forward (the first is step
         every-1: after the default deep steps 1-3, before an apply at step 5)."""

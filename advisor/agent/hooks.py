@@ -27,6 +27,7 @@ from torch.optim import optimizer as optim_module
 from torch.utils.data import dataloader
 
 from advisor.agent.agent import Agent
+from advisor.records.samples import BOUNDARY_SPAN
 
 
 class InstalledHooks:
@@ -63,12 +64,25 @@ def install(agent: Agent) -> InstalledHooks:
                 events.post(module, args, output)
 
     def opt_pre(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if not compiling():
-            agent.optimizer_pre(optimizer)
+        if compiling():
+            return
+        if torch.autograd._profiler_enabled() and not agent.deep_active:
+            with torch.profiler.record_function(BOUNDARY_SPAN):  # as in opt_post, below
+                agent.optimizer_pre(optimizer)
+            return
+        agent.optimizer_pre(optimizer)
 
     def opt_post(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if not compiling():
-            agent.optimizer_post(optimizer)
+        if compiling():
+            return
+        if torch.autograd._profiler_enabled() and not agent.deep_active:
+            # The script profiles itself: the agent's own work at the step boundary (inside the
+            # trace's Optimizer.step span) is marked, so an imported trace leaves it out as the
+            # agent's session does (advisor/importers/kineto.py).
+            with torch.profiler.record_function(BOUNDARY_SPAN):
+                agent.optimizer_post(optimizer)
+            return
+        agent.optimizer_post(optimizer)
 
     for handle in (
         nn_module.register_module_forward_pre_hook(fwd_pre),

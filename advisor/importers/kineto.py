@@ -183,12 +183,19 @@ def _step_sample(trace: RankTrace, step: _Step, rank: int, bw_rows: list[int], m
             k += 1
     forward = (fwd_start, limit) if fwd_start is not None and fwd_start < limit else (limit, limit)
     step.fwd = forward
-    total = (hi - lo) / 1e6
+    # The advisor agent's own step-boundary work, marked when the script profiled itself under
+    # `advisor attach` (advisor::step_boundary, inside Optimizer.step): not the job's time, and
+    # left out of the step as the agent's session leaves it out.
+    own = _clip(on_main(trace.advisor), lo, hi)
+    total = (hi - lo - _length(own)) / 1e6
+    # Data: everything before the step's first forward (the agent's definition: the loop's own
+    # work and zero_grad there count, not only the DataLoader's spans), and DataLoader waits later.
+    data = merge_intervals(data + ([(lo, forward[0])] if forward[0] > lo else []))
     phases = {
         "data_s": _length(data) / 1e6,
         "forward_s": (forward[1] - forward[0] - overlap_s(forward, data)) / 1e6,
         "backward_s": (backward[1] - backward[0] - overlap_s(backward, opt)) / 1e6,
-        "optimizer_s": _length(opt) / 1e6,
+        "optimizer_s": (_length(opt) - sum(overlap_s(span, own) for span in opt)) / 1e6,
     }
     used = sum(phases.values())
     if used > total > 0:  # overlapping annotations: scale down so the phases add up to the step

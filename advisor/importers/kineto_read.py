@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from advisor.importers.jsonstream import StreamError, open_text, stream_object
+from advisor.records.samples import ADVISOR_SPAN_PREFIX
 
 MAX_TS_US = 1e17  # about 3,000 years of microseconds: anything above is an overflowed clock
 MAX_DUR_US = 1e11  # 28 hours: one event longer than this is an overflowed duration
@@ -59,6 +60,7 @@ class RankTrace:
     steps: list[tuple[int, Span]] = field(default_factory=list)
     data: list[Span] = field(default_factory=list)  # DataLoader fetches
     optimizer: list[Span] = field(default_factory=list)  # Optimizer.step#...
+    advisor: list[Span] = field(default_factory=list)  # the advisor agent's own work (advisor::...)
     zero_grad: list[Span] = field(default_factory=list)
     forward_marks: list[Span] = field(default_factory=list)  # nn.Module: / DDP.forward annotations
     reducer: list[Span] = field(default_factory=list)  # DDP's reducer work, which ends its backward
@@ -173,6 +175,9 @@ def _keep(trace: RankTrace, event: dict[str, Any], ts: float, dur: float) -> Non
         return
     if "DataLoader" in name and name.startswith("enumerate("):
         trace.data.append(Span(name, tid, ts, dur))
+        return
+    if name.startswith(ADVISOR_SPAN_PREFIX) and cat == "user_annotation":
+        trace.advisor.append(Span(name, tid, ts, dur))
         return
     if name.startswith("Optimizer.step#"):
         trace.optimizer.append(Span(name, tid, ts, dur))

@@ -30,6 +30,12 @@ MEMORY_CATEGORIES: tuple[str, ...] = (
 PHASES: tuple[str, ...] = ("data_s", "forward_s", "backward_s", "optimizer_s", "other_s")
 
 
+# The span the agent wraps its own step-boundary work in when the script profiles itself
+# (advisor/agent/hooks.py); the Kineto importer leaves spans with this prefix out of the step.
+ADVISOR_SPAN_PREFIX = "advisor::"
+BOUNDARY_SPAN = ADVISOR_SPAN_PREFIX + "step_boundary"
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunInfo(Record):
     """One training process, sent once when its agent starts."""
