@@ -175,7 +175,10 @@ def _summarise(step: int, seq: Sequence[Sample], names: Sequence[str], module_in
         # Recomputed at the start of its backward, the block grows again from its input alone, as
         # it grew in the forward: from (the total then, less what it saved) by its forward growth.
         growth = max(s.total_bytes - start.total_bytes for s in fwd[i])
-        at_backward = (before_bwd[i] or bwd[i][0]).total_bytes
+        # The total as the block's backward begins: at most the sample before it (only frees
+        # happen between the two: a gradient sum's inputs, for one) and at most the sample after
+        # its first op (which only added that op's output), so the lower of the two.
+        at_backward = min((before_bwd[i] or bwd[i][0]).total_bytes, bwd[i][0].total_bytes)
         blocks.append(BlockMemory(
             name=names[i], saving_bytes=saving,
             forward_max=max(s.total_bytes for s in fwd[i]), forward_max_own=max(own),
