@@ -17,6 +17,7 @@ import types
 import typing
 from typing import Any, Callable, Mapping
 
+from advisor.records.checkpoint_saves import CHECKPOINT_APIS, CHECKPOINT_SAVES
 from advisor.records.results import STATUSES
 from advisor.records.samples import RECORD_TYPES, Record
 
@@ -214,9 +215,6 @@ _EVENT_FIELDS: dict[str, dict[str, Any]] = {
     "module_activations": {"inclusive_bytes": dict[str, int]},
     "checkpoint_save": {"api": str, "saves": list[str], "sharded": bool, "step": int | None},
 }
-# What a ``checkpoint_save`` event may name (advisor/agent/saves.py; read by recommend/remedies/zero.py).
-CHECKPOINT_APIS = ("torch.save", "dcp.save", "dcp.async_save")
-CHECKPOINT_SAVES = ("model", "optimizer")
 
 
 def _check_event(event: Any) -> None:

@@ -37,13 +37,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import torch
 
 from advisor.apply.remedies.zero import remedy_stage
+from advisor.records.checkpoint_saves import partial_state
 from advisor.records.samples import Event
 
 if TYPE_CHECKING:  # pragma: no cover
     from advisor.agent.agent import Agent
 
 DCP_SAVER = "torch.distributed.checkpoint.state_dict_saver"
-APIS = ("torch.save", "dcp.save", "dcp.async_save")
 MAX_DEPTH = 6  # a checkpoint dict nests a few levels: {"model": sd, "optim": {"state": {0: {...}}}}
 MAX_ITEMS = 200_000  # the walk stops here (a state dict has a few entries per parameter)
 
@@ -195,9 +195,7 @@ class SaveWatch:
                 agent.emit(Event(rank=agent.rank, step=None, name="checkpoint_save",
                                  data={"api": api, "saves": saves, "sharded": sharded, "step": agent.step}))
             stage = max((remedy_stage(o) for o in opts or optimizers), default=0)
-            partial = stage and ("optimizer" in saves and (api == "torch.save" or stage == 1)
-                                 or "model" in saves and stage > 1 and api == "torch.save")
-            if partial:
+            if partial_state(api, saves, stage):
                 what = " and ".join(f"{s}.state_dict()" for s in saves)
                 agent.warn(f"the script saved {what} with {api} while ZeRO-{stage} is in force: this rank's "
                            "checkpoint holds only its own shard of the state; revert ZeRO before saving, or "

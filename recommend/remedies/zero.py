@@ -10,16 +10,9 @@ the budget first, then by step time) puts the cheapest stage that fits first, an
 after it. Refused, with the reason in the finding's evidence: no optimizer identified, more than
 one optimizer, a model wrapped otherwise than by DDP, and the script's own checkpointing where
 a stage would make it partial. The agent reports each kind of save of the model's or the
-optimizer's state it sees (``checkpoint_save`` events, ``advisor/agent/saves.py``):
-
-- ``torch.save`` of the optimizer's state: every stage refused (each rank's
-  ``optimizer.state_dict()`` holds only its own share under any stage);
-- ``torch.save`` of the model's state only: stages 2 and 3 refused (``model.state_dict()`` holds
-  DTensor shards there); stage 1 leaves the parameters whole on every rank;
-- torch.distributed.checkpoint of the optimizer's state: stage 1 refused (each rank's partitioned
-  state dict numbers only the parameters it owns, from 0 on every rank, so the ranks' entries
-  collide); stages 2 and 3 are proposed with a note (DCP writes every rank's DTensor shard);
-- torch.distributed.checkpoint of the model's state only: every stage, with the note.
+optimizer's state it sees (``checkpoint_save`` events, ``advisor/agent/saves.py``); which stage
+makes which save partial is one rule, ``advisor/records/checkpoint_saves.py``, shared with the
+agent's warning. A stage that keeps a seen save whole is proposed with a note saying so.
 
 A save not seen yet (every 1000 steps, or only at the end) cannot be refused on: each
 recommendation says in its prerequisites what ZeRO changes there, and the agent warns when the
@@ -45,6 +38,7 @@ from advisor.recommend.remedies.zero_model import STAGE_TRAFFIC, Measured, Stage
 from advisor.recommend.rules._figures import comm_steps, median_per_step
 from advisor.records.advice import Prediction, Recommendation
 from advisor.records.bandwidth import busbw
+from advisor.records.checkpoint_saves import partial_state
 
 STAGES = (1, 2, 3)
 COST_MODELS = {
@@ -75,18 +69,17 @@ def _api(save: Mapping[str, Any]) -> str:
 
 def checkpoint_refusal(saves: Sequence[Mapping[str, Any]], stage: int) -> str | None:
     """Why the script's own checkpoint saves (``Profile.checkpoint_saves``) rule out ZeRO-``stage``,
-    or None (rules in the module docstring)."""
+    or None (the rule: ``advisor/records/checkpoint_saves.py``)."""
     for save in saves:
-        what = set(save.get("saves") or ())
-        plain = save.get("api") == "torch.save"
-        if plain and "optimizer" in what:
+        state = partial_state(str(save.get("api")), save.get("saves") or (), stage)
+        if state == "model":
+            return (f"the script saves its model's state_dict() with torch.save ({_where(save)}): under ZeRO-2/3 "
+                    "model.state_dict() holds each rank's DTensor shards, so that checkpoint would be partial")
+        if state == "optimizer" and save.get("api") == "torch.save":
             return (f"the script saves its optimizer's state_dict() with torch.save ({_where(save)}): under ZeRO "
                     "each rank's optimizer.state_dict() holds only its own share of the state, so that checkpoint "
                     "would be partial")
-        if plain and "model" in what and stage in (2, 3):
-            return (f"the script saves its model's state_dict() with torch.save ({_where(save)}): under ZeRO-2/3 "
-                    "model.state_dict() holds each rank's DTensor shards, so that checkpoint would be partial")
-        if not plain and "optimizer" in what and stage == 1:
+        if state == "optimizer":
             return (f"the script saves its optimizer's state with {_api(save)} ({_where(save)}): under ZeRO-1 "
                     "each rank's optimizer.state_dict() numbers only the parameters it owns, from 0 on every rank, "
                     "so the ranks' entries would collide in the checkpoint")
