@@ -454,11 +454,11 @@ def profile_from_memory(
         phases=phases,
         oom=dict(memory["oom"]) if memory.get("oom") else None,
         time_scale=_time_scale(modules, step_dicts, phases.get("forward_s")),
-        light_forward_s=_light_forward(step_dicts),
+        light_forward_s=light_forward(step_dicts),
     )
 
 
-def _light_forward(steps: Sequence[dict[str, Any]]) -> dict[str, float]:
+def light_forward(steps: Sequence[dict[str, Any]]) -> dict[str, float]:
     """Each module's median forward seconds over the light steps that timed it (step 0 left out
     while a later step timed it: its first calls pay one-off costs)."""
     timed = [s for s in steps if not s.get("deep") and s.get("module_forward_s")]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 
+from advisor.recommend.profile import light_forward
 from advisor.records.samples import StepSample
 from advisor.state import SessionState
 
@@ -34,10 +35,8 @@ def light_phase_time(state: SessionState, phase: str) -> float | None:
 
 def light_module_forward(state: SessionState) -> dict[str, float]:
     """Median forward seconds of each module timed on ordinary steps (``module_forward_s``,
-    sampled one light step in N), by qualified name."""
-    timed = [s.module_forward_s for s in light_samples(state) if s.module_forward_s]
-    names = {name for t in timed for name in t}
-    return {name: statistics.median([t[name] for t in timed if name in t]) for name in sorted(names)}
+    sampled one light step in N), by qualified name: the figure the cost models read."""
+    return light_forward([s.to_dict() for s in light_samples(state) if s.module_forward_s])
 
 
 def scale(light_s: float | None, profiled_s: float | None) -> float:
