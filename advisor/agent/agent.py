@@ -50,7 +50,7 @@ from advisor.agent.naming import unique_label
 from advisor.records.schedule import DEEP_STEPS, LIGHT_TIMING_EVERY, light_timing_due
 from advisor.agent.period import OptimizerPeriod
 from advisor.agent.relay import CommandRelay
-from advisor.apply.executor import Executor
+from advisor.apply.executor import HISTORY as EXECUTOR_HISTORY, Executor
 from advisor.apply.plan import apply_plan_before_first_step, load_plan
 from advisor.apply.target import Target, unwrap  # noqa: F401  (unwrap: re-exported)
 from advisor.probes.device.hostlink import host_link
@@ -120,7 +120,7 @@ class Agent:
         self.executor: Any = None  # advisor.apply.executor.Executor, created on first command
         # The last steps' samples (loss not read yet), for the executor's before window when it
         # is created after them.
-        self.recent_steps: deque[StepSample] = deque(maxlen=64)
+        self.recent_steps: deque[StepSample] = deque(maxlen=EXECUTOR_HISTORY)
         self.capture = Capture()  # what the script built, for remedies (installed by hooks.install)
         self.module_events = ModuleEvents()  # probes' module hooks, fanned out from the agent's one pair
         # One light step in this many (steps every-1, 2*every-1, ...) times its numbered modules'

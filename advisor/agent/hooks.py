@@ -63,16 +63,7 @@ def install(agent: Agent) -> InstalledHooks:
             if events:
                 events.post(module, args, output)
 
-    def opt_pre(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if compiling():
-            return
-        if torch.autograd._profiler_enabled() and not agent.deep_active:
-            with torch.profiler.record_function(BOUNDARY_SPAN):  # as in opt_post, below
-                agent.optimizer_pre(optimizer)
-            return
-        agent.optimizer_pre(optimizer)
-
-    def opt_post(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def boundary_work(call: Callable[[torch.optim.Optimizer], None], optimizer: torch.optim.Optimizer) -> None:
         if compiling():
             return
         if torch.autograd._profiler_enabled() and not agent.deep_active:
@@ -80,9 +71,15 @@ def install(agent: Agent) -> InstalledHooks:
             # trace's Optimizer.step span) is marked, so an imported trace leaves it out as the
             # agent's session does (advisor/importers/kineto.py).
             with torch.profiler.record_function(BOUNDARY_SPAN):
-                agent.optimizer_post(optimizer)
+                call(optimizer)
             return
-        agent.optimizer_post(optimizer)
+        call(optimizer)
+
+    def opt_pre(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        boundary_work(agent.optimizer_pre, optimizer)
+
+    def opt_post(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        boundary_work(agent.optimizer_post, optimizer)
 
     for handle in (
         nn_module.register_module_forward_pre_hook(fwd_pre),
