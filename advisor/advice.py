@@ -153,8 +153,15 @@ class AdviceLoop:
         recompute cost the deep steps' scaled module times; that step measures both. So when the
         step asked for (``--apply-at-step``; none: as soon as ready) comes after it, wait for
         advice made with it, or for the last boundary that still meets the step asked for. An
-        earlier step asked for is honoured as before: chosen from the first advice."""
-        expected = first_timed_light_step(self._deep_steps())
+        earlier step asked for is chosen from the first advice made with a deep step, even when
+        that comes too late for the step asked for."""
+        deep = self._deep_steps()
+        if deep and self._advised_step < min(deep):
+            # Advice made before the first deep step has no memory timeline or op figures: under
+            # load it named a fused optimizer, or an optimizer-state offload sized on step 0's
+            # peak, for a job over its memory budget. No step asked for is worth that.
+            return False
+        expected = first_timed_light_step(deep)
         if expected is None:
             return True
         if self.apply_at_step is not None and self.apply_at_step < expected + 2:

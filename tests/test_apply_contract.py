@@ -208,3 +208,35 @@ def test_an_apply_waits_for_the_light_step_after_the_deep_ones_unless_that_misse
             loop._advised_step = index  # what a refresh on this step's record records
         loop._maybe_auto_apply()
     assert chosen == [chosen_after]
+
+
+@pytest.mark.parametrize(("at_step", "chosen_at"), [(None, 4), (2, 3), (5, 3)])
+def test_an_apply_is_never_chosen_from_advice_made_before_the_first_deep_step(at_step, chosen_at):
+    """Under load the controller advised on step 0 alone (no memory timeline yet) and --apply auto
+    took that advice's first remedy, a fused optimizer, for a job over its memory budget: the
+    choice waits for advice made with the first deep step, however late that makes it."""
+    from types import SimpleNamespace
+
+    from advisor.advice import AdviceLoop
+    from advisor.records.samples import StepSample
+    from advisor.state import LiveState
+
+    live = LiveState()
+    loop = AdviceLoop(SimpleNamespace(live=live, options=None, send_command=lambda c: True), budget_bytes=None,
+                      apply_at_step=at_step)
+    loop.close()
+    loop.apply_request = "auto"
+    chosen = []
+    loop.apply = lambda rec_id, at_step=None: chosen.append((live.snapshot().latest_step(), rec_id))  # type: ignore[method-assign]
+    for index in range(8):
+        live.add(StepSample(index=index, time_s=0.1, deep=index in (1, 2, 3)))
+        if index == 0:  # advice from step 0 alone: what a light step's refresh makes while an apply waits
+            live.update(recommendations=[{"id": "early", "remedy": "fused_optimizer", "params": {}, "live": True,
+                                          "apply_class": "live-exact"}])
+            loop._advised_step = 0
+        if index == 3:  # the deep steps' advice arrives late, with the job at step 3
+            live.update(recommendations=[{"id": "deep", "remedy": "activation_checkpointing", "params": {},
+                                          "live": True, "apply_class": "live-exact"}])
+            loop._advised_step = 3
+        loop._maybe_auto_apply()
+    assert chosen == [(chosen_at, "deep")]
