@@ -48,7 +48,8 @@ def steps_section(state: SessionState) -> list[dict[str, Any]]:
                         "phases": dict(s.phases), "micro_batches": s.micro_batches,
                         "peak_memory_bytes": s.peak_memory_bytes, "deep": s.deep, "end_time": s.end_time,
                         "losses": s.losses, "eval_s": s.eval_s, "boundary": s.boundary,
-                        "optimizer_s": dict(s.optimizer_s), "module_forward_s": dict(s.module_forward_s)})
+                        "optimizer_s": dict(s.optimizer_s), "module_forward_s": dict(s.module_forward_s),
+                        "device_time_s": s.device_time_s})
     return out
 
 

@@ -159,7 +159,11 @@ class Agent:
         self._step_start = self._t_phase
         self._acc = dict.fromkeys(_PHASE_KEYS, 0.0)
         self._losses: list[tuple[torch.Tensor, bool]] = []  # (value, part of the objective)
-        self._pending: list[tuple[StepSample, list[tuple[torch.Tensor, bool]], Any, DeviceTimes | None]] = []
+        self._pending: list[tuple[StepSample, list[tuple[torch.Tensor, bool]], Any, DeviceTimes | None,
+                                  tuple[Any, Any] | None]] = []
+        # CUDA: a timing event where the open step began (after the advisor's own boundary work),
+        # paired with one at its end: the step's time on the device's timeline (device_time_s).
+        self._start_event: Any = None
         self._first_forward_callbacks: list[Callable[[torch.nn.Module], None]] = []
         self._eval_iters: weakref.WeakSet = weakref.WeakSet()  # DataLoader iterators of eval passes
         self._last_fetch: weakref.ref | None = None
@@ -541,16 +545,29 @@ class Agent:
 
     def _boundary(self, kind: str, now: float) -> None:
         self._flush_phase(now)
-        self._close_step(now, kind)
+        self._close_step(now, kind, on_device=True)
         self._phase = "data"
         self._after_boundary(deep=True)
         # The advisor's own work at this boundary (the deep probes' teardown and set-up, the
         # one-off device micro-benchmark, an apply) is not the next step's data wait.
         self._step_start = self._t_phase = time.perf_counter()
+        self._start_event = self._device_mark()
 
-    def _close_step(self, end: float, kind: str) -> None:
-        """Emit the open step, which ended at ``end`` (its accounting is flushed to ``end``)."""
+    def _device_mark(self) -> Any:
+        """A timing event recorded now on the current CUDA stream, or None off CUDA."""
+        if self.device.type != "cuda":
+            return None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def _close_step(self, end: float, kind: str, *, on_device: bool = False) -> None:
+        """Emit the open step, which ended at ``end`` (its accounting is flushed to ``end``).
+        ``on_device``: the step ends now (a boundary hook), so a CUDA event recorded here ends
+        it on the device's timeline too; a step closed later, at a snapshot, gets no device time."""
         step = self._step
+        start_event, self._start_event = self._start_event, None
+        step_events = (start_event, self._device_mark()) if on_device and start_event is not None else None
         deep = self._deep_active
         if deep:
             # Reverse order: probes push dispatch modes and saved-tensor hooks, which pop LIFO.
@@ -579,7 +596,7 @@ class Agent:
             module_forward_s=module_forward_s,
         )
         self._queue_sample(sample, self._losses,
-                           module_times if isinstance(module_times, DeviceTimes) else None)
+                           module_times if isinstance(module_times, DeviceTimes) else None, step_events)
         self._losses, self._opt_times = [], {}
         self._snapshot = None
         self._period.reset()
@@ -671,22 +688,23 @@ class Agent:
 
     # -- loss without an extra device sync ---------------------------------------------
     def _queue_sample(self, sample: StepSample, losses: list[tuple[torch.Tensor, bool]],
-                      device_times: DeviceTimes | None = None) -> None:
+                      device_times: DeviceTimes | None = None, step_events: tuple[Any, Any] | None = None) -> None:
         event = None
         on_cuda = bool(losses) and losses[0][0].is_cuda
         if on_cuda:
             # Copy to host asynchronously and read when the copy is done, so the
             # agent never adds a device synchronisation to the user's loop.
             losses = [(t.to("cpu", non_blocking=True), counted) for t, counted in losses]
-        if on_cuda or device_times is not None:
+        if on_cuda or device_times is not None or step_events is not None:
             event = torch.cuda.Event()
-            event.record()  # after the loss copy and the step's timed modules: done means both are
-        self._pending.append((sample, losses, event, device_times))
+            # After the loss copy, the step's timed modules and its end event: done means all are.
+            event.record()
+        self._pending.append((sample, losses, event, device_times, step_events))
 
     def flush(self, *, sync: bool) -> None:
         """Emit queued step samples whose loss is readable (all of them if ``sync``)."""
         while self._pending:
-            sample, losses, event, device_times = self._pending[0]
+            sample, losses, event, device_times, step_events = self._pending[0]
             if event is not None and not sync and not event.query():
                 return
             if event is not None and sync:
@@ -697,7 +715,11 @@ class Agent:
             # The objective whose gradient the step applied: gradients of several backward
             # calls add up, so the losses do too (nanoGPT divides each micro-batch's by K).
             loss = float(sum(counted)) if counted else None
-            extra = {"module_forward_s": device_times.resolve()} if device_times is not None else {}
+            extra: dict[str, Any] = {"module_forward_s": device_times.resolve()} if device_times is not None else {}
+            if step_events is not None:
+                start, end = step_events
+                end.synchronize()  # done already (``event`` was recorded after it)
+                extra["device_time_s"] = max(0.0, start.elapsed_time(end) / 1e3 - sample.eval_s)
             self.emit(StepSample(**{**sample.to_dict(), "loss": loss, "losses": values or None, **extra}))
 
     def close(self) -> None:
