@@ -123,6 +123,13 @@ def test_measuring_the_ceilings_leaves_the_allocators_reserve_as_it_was() -> Non
     """The micro-benchmarks' buffers (GiBs) must not stay cached: the memory probe would read
     them as the job's own unused reserve (seen on an H100 before the fix: 3.1 GiB)."""
     keep = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")  # the job's own tensor stays
+    # The agent measures at a step boundary, after the job's own matmuls: cuBLAS's workspace (a
+    # block of the caching allocator, kept per handle and stream: 64 MiB on an H200) is the
+    # job's by then. Without these the workspace read as a leak of ours.
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        torch.mm(torch.ones(64, 64, device="cuda", dtype=dtype), torch.ones(64, 64, device="cuda", dtype=dtype))
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
     reserved = torch.cuda.memory_reserved()
     microbench.measure_cuda(torch.device("cuda"), n=2048, copy_bytes=256 << 20)
     measure_link(torch.device("cuda"), nbytes=64 << 20)
