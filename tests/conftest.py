@@ -54,7 +54,21 @@ def _private_home(request, tmp_path, monkeypatch):
     monkeypatch.setenv("ADVISOR_HOME", str(tmp_path / "advisor-home"))
     os.environ.setdefault("PYTHONHASHSEED", "0")
     if "gpu" in request.keywords:
-        if _VISIBLE is None:
-            monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-        else:
-            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", _VISIBLE)
+        _give_the_gpus_back(monkeypatch)
+
+
+def _give_the_gpus_back(patch: pytest.MonkeyPatch) -> None:
+    if _VISIBLE is None:
+        patch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        patch.setenv("CUDA_VISIBLE_DEVICES", _VISIBLE)
+
+
+@pytest.fixture(scope="module")
+def gpus_visible():
+    """For a gpu test's module-scoped fixture, which runs before ``_private_home`` gives the
+    device back to the test: the ranks it spawns see the GPUs (an H200 run's ZeRO baseline
+    failed with "No CUDA GPUs are available" without it)."""
+    with pytest.MonkeyPatch.context() as patch:
+        _give_the_gpus_back(patch)
+        yield

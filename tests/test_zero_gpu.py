@@ -33,7 +33,7 @@ def run(scenario: str, stage: int, tmp_path: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def undisturbed(tmp_path_factory) -> list[dict]:
+def undisturbed(tmp_path_factory, gpus_visible) -> list[dict]:
     return run("none", 0, tmp_path_factory.mktemp("zero_gpu"))
 
 
