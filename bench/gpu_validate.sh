@@ -2,6 +2,7 @@
 # GPU validation on a lent CUDA machine (see docs/gpu-validation.md).
 #   bash bench/gpu_validate.sh tests    # gpu-marked tests, the roofline bench, then the rest of the suite
 #   bash bench/gpu_validate.sh benches  # the GPU halves of the benchmarks
+#   bash bench/gpu_validate.sh short    # gpu-marked tests, then the closed loop on a GPU-sized GPT (~6 min)
 # Logs go to $OUT (the device tool's return folder) or ./gpu-logs. Textual and its
 # dependencies may be carried as wheels in .whl/ (the machine has no network).
 set -uo pipefail
@@ -24,6 +25,12 @@ case "$stage" in
     python3 -m pytest -q -m "not gpu" -n 12 -p no:cacheprovider -rfE --timeout 200 \
       --session-timeout "${SUITE_S:-240}" --junitxml="$out/suite.xml" "$@" > "$out/suite.txt" 2>&1
     grep -E "^(FAILED|ERROR)|passed|failed" "$out/suite.txt"
+    ;;
+  short)
+    timeout "${TESTS_S:-240}" python3 -m pytest -m gpu -v -p no:cacheprovider -rs "$@" 2>&1 | tee "$out/gpu-tests.txt"
+    echo "== python3 bench/prediction.py (CUDA, 8 x 1024 GPT)" | tee "$out/prediction.txt"
+    timeout "${BENCH_S:-200}" python3 bench/prediction.py --steps 16 --budgets 0.5,0.7 \
+      --script-args "--layers 8 --hidden 1024 --seq 1024 --batch 8 --vocab 8192 --heads 16" 2>&1 | tee -a "$out/prediction.txt"
     ;;
   benches)
     for cmd in "bench/offload.py --device cuda --layers 8 --hidden 1024 --seq 1024 --batch 8" \

@@ -1,10 +1,17 @@
 """Offload on CUDA: the measured peak drop and step-time change against the joint model's
-prediction, and gradients bit-identical to the unmodified run (skipped without a GPU)."""
+prediction, and gradients bit-identical to the unmodified run (skipped without a GPU).
+
+The peak drop is predicted as ``advisor attach`` predicts it: ``peak_model``'s replay of a deep
+step's measured timeline (``bench/offload.py``'s ``record_timeline``). The chain formula alone is
+conservative: it keeps one offloaded block back on the device at the peak, where on the GPT the
+peak comes before any offloaded block's backward (the H100 run of 2026-11-23 read a 1537 MiB drop
+against the formula's 1075 MB)."""
 
 from __future__ import annotations
 
 import copy
 import gc
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -18,10 +25,23 @@ from advisor.apply.remedies.optimizer_offload import apply_optimizer_offload
 from advisor.apply.target import Target
 from advisor.probes.device.hostlink import host_link
 from advisor.recommend.memory_model import Block, Chain
+from advisor.recommend.peak_model import choices_peak
 from advisor.recommend.remedies.offload import KEEP, OFFLOAD, Model, evaluate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from gpt import GPT, GPTConfig  # noqa: E402
+
+
+def _bench(name: str):
+    """A bench/ script as a module, by path: bench/ on sys.path would shadow test imports."""
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+record_timeline = _bench("offload").record_timeline
 
 pytestmark = pytest.mark.gpu
 # Deterministic kernels for the gradient comparison (embedding backward uses atomics otherwise);
@@ -55,6 +75,13 @@ def _step(model, opt, x, y) -> float:
     return start.elapsed_time(end) / 1e3
 
 
+def _peak_of_one_step(model, opt, x, y) -> int:
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    _step(model, opt, x, y)
+    return torch.cuda.max_memory_allocated()
+
+
 def _chain(model, x) -> Chain:
     """Per-block saved bytes (a pack hook per block) and forward seconds (CUDA events)."""
     blocks = []
@@ -86,21 +113,21 @@ def test_activation_offload_peak_and_time_match_the_prediction_and_gradients_are
     model, opt, x, y = _setup()
     for _ in range(3):
         base_time = _step(model, opt, x, y)  # warm up; the last is the baseline
-    torch.cuda.reset_peak_memory_stats()
     base_time = min(_step(model, opt, x, y) for _ in range(3))
-    base_peak = torch.cuda.max_memory_allocated()
     chain = _chain(model, x)
+    gc.collect()
+    memory = record_timeline(model, opt, x, y, CFG.vocab, [b.name for b in chain.blocks])
+    gc.collect()
     model_ = Model(bandwidth=host_link("cuda")["host_link_bandwidth"])
     choices = [OFFLOAD if b.name in OFFLOADED else KEEP for b in chain.blocks]
-    keep_peak, _ = evaluate(chain, model_, [KEEP] * chain.n, False)
-    off_peak, added = evaluate(chain, model_, choices, False)
-    predicted_drop = keep_peak - off_peak
+    _, added = evaluate(chain, model_, choices, False)
+    predicted_drop = choices_peak(memory, [KEEP] * chain.n) - choices_peak(memory, choices)
+    base_peak = _peak_of_one_step(model, opt, x, y)  # after the recording, as the offloaded peak is
 
     handle = apply_activation_offload(Target.of(model, [opt]), modules=OFFLOADED, min_bytes=0)
     _step(model, opt, x, y)
-    torch.cuda.reset_peak_memory_stats()
+    drop = base_peak - _peak_of_one_step(model, opt, x, y)
     off_time = min(_step(model, opt, x, y) for _ in range(3))
-    drop = base_peak - torch.cuda.max_memory_allocated()
     assert abs(drop - predicted_drop) <= 0.10 * predicted_drop, (drop, predicted_drop)
     assert abs(off_time - (base_time + added)) <= 0.15 * base_time, (off_time, base_time, added)
 
@@ -159,11 +186,13 @@ def test_optimizer_offload_steps_in_chunks_with_a_fraction_of_the_state_on_the_d
     state = sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values() if v.dim() > 0)
     ref_model, ref_opt, _, _ = _setup()
     ref_model.load_state_dict(model.state_dict())
-    ref_opt.load_state_dict(opt.state_dict())
+    ref_opt.load_state_dict(copy.deepcopy(opt.state_dict()))  # no shared step counters (see above)
     handle = apply_optimizer_offload(Target.of(model, [opt]))
     loss = F.cross_entropy(model(x).view(-1, CFG.vocab), y.view(-1))
     opt.zero_grad()
     loss.backward()
+    for p, ref in zip(model.parameters(), ref_model.parameters()):
+        ref.grad = p.grad.clone()  # the same gradients: two CUDA backward passes differ (atomics)
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
@@ -172,6 +201,6 @@ def test_optimizer_offload_steps_in_chunks_with_a_fraction_of_the_state_on_the_d
     during = torch.cuda.max_memory_allocated() - before
     assert handle.placements[0].chunks_run >= state // mod.CHUNK_BYTES
     assert during < 0.5 * state, (during, state)  # about three chunks, not the whole state
-    _step(ref_model, ref_opt, x, y)
+    ref_opt.step()
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), ref_model.parameters()))
     handle.revert()
