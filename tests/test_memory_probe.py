@@ -338,3 +338,17 @@ def test_light_steps_do_not_walk_every_parameter_for_the_gradient_bytes():
         assert _CountingList.walks == 1
     finally:
         probe.detach(ctx)
+
+
+def test_a_light_cuda_oom_gives_the_allocators_unexplained_bytes_to_the_phase_s_category():
+    """A CUDA OOM on a light step knows parameters, gradients and optimizer state only; the
+    allocator's other bytes were missing from the record, and the plan made from it offloaded
+    the optimizer state of a forward that had none (an H200, 2026-11-26)."""
+    known = {"parameter": 400, "gradient": 0, "optimizer_state": 0, "activation": 0, "offloaded_host": 900}
+    forward = dict(known)
+    assert memory_probe.infer_untracked(forward, 3000, "forward") == {"activation": 2600}
+    assert forward["activation"] == 2600 and forward["offloaded_host"] == 900  # host copies are not device bytes
+    step = dict(known)
+    assert memory_probe.infer_untracked(step, 1000, "optimizer") == {"temporary": 600}
+    assert memory_probe.infer_untracked(dict(known), 300, "forward") == {}  # nothing unexplained
+    assert memory_probe.infer_untracked(dict(known), None, "data") == {}

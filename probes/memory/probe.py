@@ -65,6 +65,9 @@ class MemoryProbe(Probe):
         self._device_known = False
         self._cuda_available = False
         self.continuous = False  # tracker on every step (enforced budget on CPU)
+        # CUDA with an enforced budget: the tracker runs from the first step until the first deep
+        # step ends, so an OOM in the warm-up step is recorded by op, category and module.
+        self.until_deep = False
         self.deep = False
         self.tracker: StorageTracker | None = None
         self.attributor: ModuleAttributor | None = None
@@ -110,6 +113,13 @@ class MemoryProbe(Probe):
         if not self.cuda and self.enforce and self.tracker is None:
             self.continuous = True
             self._start_tracking(ctx, ctx.step, "cpu")
+        elif self.cuda and self.enforce and self.tracker is None:
+            # The allocator enforces the budget (``apply_cuda_budget``), but a job that runs out in
+            # its first step would leave no figure to plan from: the OOM record read parameters
+            # only, and the plan named an optimizer-state offload for a forward that had none
+            # (an H200, 2026-11-26). Track until the first deep step has measured everything.
+            self.continuous = self.until_deep = True
+            self._start_tracking(ctx, ctx.step, "cuda")
 
     def on_phase(self, ctx: AgentContext, phase: str, now: float) -> None:
         self._follow_device(ctx)
@@ -163,6 +173,8 @@ class MemoryProbe(Probe):
             ctx.emit(Event(rank=ctx.rank, step=step, name="cuda_memory", data=self._cuda_view(ctx)))
         attributor.reset()
         self._deep_peak = (step, tracker.peak_total)
+        if self.until_deep:
+            self.continuous = self.until_deep = False
         if not self.continuous:
             self._stop_tracking()
 
@@ -202,6 +214,7 @@ class MemoryProbe(Probe):
             "requested_bytes": requested_bytes_from_message(message),
             "budget_bytes": self.budget_bytes,
             "categories": dict(tracker.totals) if tracker is not None else self._light_categories(ctx),
+            "inferred_bytes": {},
             "top_modules": tracker.top_modules() if tracker is not None else [],
             "frames": user_frames(traceback.extract_tb(exc.__traceback__)),
             "step": ctx.step,
@@ -211,6 +224,8 @@ class MemoryProbe(Probe):
         if self.cuda:
             data.update(self._cuda_view(ctx))
             data["snapshot_path"] = dump_snapshot(session_folder(ctx.config))
+            if tracker is None:
+                data["inferred_bytes"] = infer_untracked(data["categories"], data.get("allocated_bytes"), ctx.phase)
         ctx.emit(Event(rank=ctx.rank, step=ctx.step, name="oom", data=data))
         try:
             exc.advisor_oom_recorded = True  # type: ignore[attr-defined]
@@ -245,7 +260,7 @@ class MemoryProbe(Probe):
         )
         tracker = StorageTracker(
             device_type=device_type,
-            budget_bytes=self.budget_bytes if self.continuous else None,
+            budget_bytes=self.budget_bytes if self.continuous and not self.cuda else None,
             current_module=attributor.current,
             on_op=self._on_op,
             on_saved=attributor.on_saved,
@@ -407,6 +422,19 @@ class MemoryProbe(Probe):
         )
         view["device_total_used_bytes"] = self.nvml.device_used_bytes(index, uuid)
         return view
+
+
+def infer_untracked(categories: dict[str, int], allocated: int | None, phase: str) -> dict[str, int]:
+    """Add the allocator's bytes that no known category explains to the one the phase makes
+    likely, in place; returns what was added. A light step knows parameters, gradients and
+    optimizer state only; in a forward or backward with gradients the rest is overwhelmingly
+    what autograd saved (activations), in the optimizer step its temporaries, elsewhere other."""
+    rest = (allocated or 0) - sum(v for k, v in categories.items() if k != "offloaded_host")
+    if rest <= 0:
+        return {}
+    category = {"forward": "activation", "backward": "activation", "optimizer": "temporary"}.get(phase, "other")
+    categories[category] = categories.get(category, 0) + rest
+    return {category: rest}
 
 
 def _parameters(ctx: AgentContext) -> list[torch.Tensor]:
