@@ -15,6 +15,7 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
 
+from advisor.recommend.unreached import extrapolate
 from advisor.records.samples import (
     MEMORY_CATEGORIES,
     CollectiveStat,
@@ -76,6 +77,9 @@ class Profile:
     step_time_s: float | None = None
     phases: dict[str, float] = field(default_factory=dict)
     oom: dict[str, Any] | None = None
+    # Chain members the failed forward never reached (or ran in part), sized from the last one it
+    # completed (``recommend/unreached.py``); empty when nothing was filled in.
+    unreached_modules: tuple[str, ...] = ()
     time_scale: float = 1.0
     # Forward seconds of numbered modules measured on light steps (StepSample.module_forward_s,
     # the median over the sampled steps): the recompute cost of checkpointing them, preferred to
@@ -290,12 +294,17 @@ def profile_from_records(
         for category, extra in missing.items():
             at_peak[category] = at_peak.get(category, 0) + extra
         peak_bytes += sum(missing.values())
+    oom = _oom(events, rank)
+    rows, unreached = _latest_modules(modules, rank), []
+    if oom and oom.get("phase") == "forward" and len(first_models := _first_rank(models)) == 1:
+        rows, unreached = extrapolate(rows, first_models[0].modules, oom.get("module"))
+        rows.sort(key=lambda r: (-r["activation_bytes"], r["name"]))
     section = {
         "peak_bytes": peak_bytes,
         "categories_at_peak": at_peak,
         "categories_max": categories_max,
-        "modules": _latest_modules(modules, rank),
-        "oom": _oom(events, rank),
+        "modules": rows,
+        "oom": oom,
     }
     profile = profile_from_memory(section, steps, capacity_bytes=_record_capacity(runs, events),
                                   budget_bytes=budget_bytes)
@@ -303,7 +312,7 @@ def profile_from_records(
     comm_rank = min((c.rank for c in collectives), default=0)
     first = [m for m in models if m.rank == min((x.rank for x in models), default=0)]
     device = min(runs, key=lambda r: r.rank).device if runs else {}
-    return replace(profile, ops=tuple(o for o in ops if o.rank == op_rank),
+    return replace(profile, unreached_modules=tuple(unreached), ops=tuple(o for o in ops if o.rank == op_rank),
                    collectives=tuple(c for c in collectives if c.rank == comm_rank),
                    world_size=max([r.world_size for r in runs] or [1]),
                    data_parallel=first[0].wrapper if first else None,
@@ -369,6 +378,11 @@ def _rank_of_interest(ranks: set[int]) -> int | None:
     if not ranks:
         return None
     return 0 if 0 in ranks else min(ranks)
+
+
+def _first_rank(models: Sequence[ModelInfo]) -> list[ModelInfo]:
+    low = min((m.rank for m in models), default=0)
+    return [m for m in models if m.rank == low]
 
 
 def _latest_modules(stats: Sequence[ModuleStat], rank: int | None) -> list[dict[str, Any]]:

@@ -168,3 +168,32 @@ def test_tui_applies_on_a_live_job_and_survives_an_injected_failure(monkeypatch,
         advice.close()
         session.close()
     assert code == 0
+
+
+def test_an_oom_before_the_last_block_plans_for_the_blocks_it_never_reached(tmp_path):
+    """An 8-block GPT that runs out of memory in blocks.6's forward recorded blocks 0-5 whole:
+    the plan checkpointed blocks 0-6, left blocks.7 as it was, and the planned run ran out
+    again. The unreached members are sized from the last completed one (recommend/unreached.py)."""
+    gpt = ["examples/gpt.py", "--layers", "8"]
+    base = tmp_path / "base.json"
+    run = advisor("attach", "--headless", "--probes", "memory", "--steps", "3", "--json", str(base), *gpt)
+    assert run.returncode == 0, run.stderr[-2000:]
+    budget = str(int(0.56 * json.loads(base.read_text())["memory"]["peak_bytes"]))
+    oom = tmp_path / "oom.json"
+    run = advisor("attach", "--headless", "--memory-budget", budget, "--enforce-budget", "--steps", "8",
+                  "--json", str(oom), *gpt)
+    assert run.returncode == 1
+    report = json.loads(oom.read_text())
+    record = report["memory"]["oom"]
+    assert record["phase"] == "forward" and not record["module"].startswith("blocks.7"), record["module"]
+    assert any("did not complete" in e["what"] for e in report["diagnosis"]["evidence"])
+    plan = tmp_path / "plan.json"
+    made = advisor("plan", "latest", "-o", str(plan))
+    assert made.returncode == 0, made.stderr
+    [remedy] = json.loads(plan.read_text())["remedies"]
+    assert "blocks.7" in (remedy["params"].get("modules") or []) + (remedy["params"].get("checkpoint") or []), remedy
+    fit = tmp_path / "fit.json"
+    run = advisor("attach", "--headless", "--memory-budget", budget, "--enforce-budget", "--plan", str(plan),
+                  "--probes", "memory", "--steps", "8", "--json", str(fit), *gpt)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(fit.read_text())["memory"]["peak_bytes"] <= int(budget)

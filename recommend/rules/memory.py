@@ -47,6 +47,10 @@ def memory_rule(profile: Profile) -> Finding | None:
         oom = profile.oom
         evidence.append({"what": "out of memory",
                          "value": f"{oom.get('op') or '?'} in {oom.get('module') or '?'} asked for {gib(oom.get('requested_bytes') or 0)}"})
+        if profile.unreached_modules:
+            names = profile.unreached_modules
+            evidence.append({"what": "modules the failed forward did not complete, sized as the last it did",
+                             "value": ", ".join(names) if len(names) <= 4 else f"{names[0]} … {names[-1]} ({len(names)})"})
     if largest:
         evidence.append({"what": f"largest category at peak: {largest}", "value": cats[largest], "unit": "bytes"})
     summary = (f"out of memory in {profile.oom.get('module') or profile.oom.get('op') or 'the step'}" if profile.oom
