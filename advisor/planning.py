@@ -61,6 +61,12 @@ def _nothing_to_plan(report: dict[str, Any]) -> AdvisorError:
                             hint="`advisor plan -o FILE` with no SESSION plans from the latest session "
                                  "that ran out of memory")
     diagnosis = report.get("diagnosis") or {}
+    if memory.get("oom"):
+        # The recorded peak stops short of the failed request: the job did not fit.
+        return AdvisorError(f"nothing to plan: {diagnosis.get('summary') or 'the job ran out of memory'}, and no "
+                            f"built remedy fits the {fmt_bytes(budget) if budget else 'device'} budget",
+                            hint="the report's recommendations say what would (more ranks, a smaller micro-batch); "
+                                 "or pass a larger --memory-budget")
     if budget and peak <= budget:
         return AdvisorError(f"nothing to plan: the job fits (peak {fmt_bytes(peak)} of a "
                             f"{fmt_bytes(budget)} budget)",
@@ -107,7 +113,7 @@ def write_plan_from_session(db_path: Path, output: str, *, budget_bytes: int | N
         print(f"no plan written to {output}: {chosen.get('title') or chosen['remedy']} needs the training loop "
               "changed as printed above (every rank), then a restart", file=sys.stderr)
         return 0
-    save_plan(plan_for(chosen), output)
+    save_plan(plan_for(chosen, capped_cuda=_capped_cuda(report, chosen)), output)
     print(f"wrote plan {output}: {chosen.get('title') or chosen['remedy']}; run it with "
           f"`advisor attach --plan {output} ...`", file=sys.stderr)
     return 0
@@ -120,11 +126,27 @@ def _loop_change(rec: dict[str, Any]) -> str | None:
     return change if isinstance(change, str) and change.strip() else None
 
 
-def plan_for(recommendation: dict[str, Any]) -> Plan:
-    """The plan that applies one recommendation (report-shaped dict) at the next attach."""
+def plan_for(recommendation: dict[str, Any], *, capped_cuda: bool = False) -> Plan:
+    """The plan that applies one recommendation (report-shaped dict) at the next attach.
+
+    ``capped_cuda``: a memory remedy planned for a CUDA job that ran out of memory or over its
+    budget also gets expandable allocator segments in its environment (a restart setting, exact).
+    On an H200 the planned checkpointing run fitted its tensors (2.67 GiB of a 3.58 GiB cap) and
+    still ran out: the caching allocator held 730 MiB of reserve no tensor used."""
+    env = _plan_env(recommendation["remedy"])
+    if capped_cuda:
+        env = {**_plan_env("expandable_segments"), **env}
     return Plan(remedies=(PlanEntry(remedy=recommendation["remedy"], params=recommendation.get("params") or {},
                                     recommendation_id=recommendation["id"]),),
-                env=_plan_env(recommendation["remedy"]))
+                env=env)
+
+
+def _capped_cuda(report: dict[str, Any], recommendation: dict[str, Any]) -> bool:
+    """A memory remedy for a CUDA job (the user's own allocator options are kept beside the
+    plan's: ``advisor.session.merge_plan_env``)."""
+    device = ((report.get("run") or {}).get("device") or {}).get("type")
+    memory = {m.SPEC.name for m in remedy_modules() if m.SPEC.addresses == "memory"}
+    return device == "cuda" and recommendation["remedy"] in memory
 
 
 def plannable(recommendation: dict[str, Any]) -> bool:

@@ -10,7 +10,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from advisor.exits import (
     LAUNCHER_CODE,
@@ -289,7 +289,7 @@ class Session:
             "PYTHONUNBUFFERED": "1",
             "ADVISOR_LAUNCHER_EXITS": str(self.dir / LAUNCHER_EXITS),
         })
-        env.update(config.get("plan_env") or {})  # a plan's restart remedies (advisor.records.plan)
+        env.update(merge_plan_env(env, config.get("plan_env") or {}))  # a plan's restart remedies
         return env
 
     def start(self) -> None:
@@ -383,3 +383,16 @@ class Session:
         self.server.close()
         self.store.close()
         self._remove_secret()  # the secret is only needed while agents start
+
+
+def merge_plan_env(env: Mapping[str, str], plan_env: Mapping[str, str]) -> dict[str, str]:
+    """A plan's environment (``advisor.records.plan``) over the job's: the allocator's
+    configuration is a comma-separated list of options, so the plan's options join the user's
+    own (a plan's ``expandable_segments:True`` must not drop their ``max_split_size_mb``)."""
+    out = dict(plan_env)
+    key = "PYTORCH_CUDA_ALLOC_CONF"
+    if key in out and env.get(key):
+        mine = [o for o in env[key].split(",") if o]
+        names = {o.split(":", 1)[0] for o in out[key].split(",") if o}
+        out[key] = ",".join([o for o in mine if o.split(":", 1)[0] not in names] + [out[key]])
+    return out

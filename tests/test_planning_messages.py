@@ -37,3 +37,32 @@ def test_nothing_to_plan_says_why() -> None:
     kept = _nothing_to_plan({"memory": {"peak_bytes": 10 << 20, "budget_bytes": 20 << 20},
                              "applied": [{"remedy": "activation_checkpointing", "status": "kept"}]})
     assert "already makes it fit" in str(kept) and "no SESSION" in (kept.hint or "")
+
+
+def test_an_oom_whose_recorded_peak_is_under_the_budget_is_not_called_a_fit() -> None:
+    """The recorded peak stops short of the failed request: a job that ran out of memory with
+    a peak of 17.6 MiB under an 18.0 MiB budget was told "the job fits"."""
+    error = _nothing_to_plan({"memory": {"peak_bytes": 17 << 20, "budget_bytes": 18 << 20, "oom": {"op": "aten.mm"}},
+                              "applied": [], "diagnosis": {"summary": "out of memory in blocks.3.mlp.fc"}})
+    assert "fits (" not in str(error)
+    assert "out of memory in blocks.3.mlp.fc" in str(error) and "no built remedy fits the 18.0 MiB budget" in str(error)
+
+
+def test_a_memory_plan_for_a_cuda_job_carries_expandable_segments_and_keeps_the_users_options() -> None:
+    """On an H200 the planned checkpointing run fitted its tensors and still ran out: the caching
+    allocator held 730 MiB of reserve no tensor used. A memory plan for a CUDA job sets
+    expandable segments (exact, a restart setting) beside the user's own allocator options."""
+    from advisor.planning import _capped_cuda, plan_for
+    from advisor.session import merge_plan_env
+
+    rec = {"id": "checkpoint-blocks-8", "remedy": "activation_checkpointing", "params": {"modules": ["blocks.0"]}}
+    cuda = {"run": {"device": {"type": "cuda"}}}
+    assert _capped_cuda(cuda, rec) and not _capped_cuda({"run": {"device": {"type": "cpu"}}}, rec)
+    assert not _capped_cuda(cuda, {"id": "f", "remedy": "fused_optimizer"})
+    plan = plan_for(rec, capped_cuda=True)
+    assert plan.env == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert plan_for(rec).env == {}
+    user = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,expandable_segments:False"}
+    assert merge_plan_env(user, plan.env) == {
+        "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,expandable_segments:True"}
+    assert merge_plan_env({}, plan.env) == plan.env
