@@ -2,7 +2,8 @@
 # GPU validation on a lent CUDA machine (see docs/gpu-validation.md).
 #   bash bench/gpu_validate.sh tests    # gpu-marked tests, the roofline bench, then the rest of the suite
 #   bash bench/gpu_validate.sh benches  # the GPU halves of the benchmarks
-#   bash bench/gpu_validate.sh short    # gpu-marked tests, then the closed loop on a GPU-sized GPT (~6 min)
+#   bash bench/gpu_validate.sh short    # gpu-marked tests, then the closed loop on a GPU-sized GPT (~2 min)
+#   bash bench/gpu_validate.sh e2e      # attach a bf16 GPT; an enforced budget's OOM, its plan, the planned run
 # Logs go to $OUT (the device tool's return folder) or ./gpu-logs. Textual and its
 # dependencies may be carried as wheels in .whl/ (the machine has no network).
 set -uo pipefail
@@ -31,6 +32,19 @@ case "$stage" in
     echo "== python3 bench/prediction.py (CUDA, 8 x 1024 GPT)" | tee "$out/prediction.txt"
     timeout "${BENCH_S:-200}" python3 bench/prediction.py --steps 16 --budgets 0.5,0.7 \
       --script-args "--layers 8 --hidden 1024 --seq 1024 --batch 8 --vocab 8192 --heads 16" 2>&1 | tee -a "$out/prediction.txt"
+    ;;
+  e2e)
+    gpt="examples/gpt.py --layers 8 --hidden 1024 --seq 1024 --batch 8 --vocab 8192 --heads 16"
+    export ADVISOR_HOME="$out/home"
+    python3 -m advisor attach --headless --steps 30 --json "$out/bf16.json" $gpt --steps 30 --dtype bfloat16 \
+      > "$out/bf16.txt" 2>&1; echo "bf16 attach: exit $?"
+    # 3 GiB: under half the fp32 run's 6.6 GiB peak, over what checkpointing every block needs (2.7)
+    python3 -m advisor attach --headless --steps 10 --memory-budget 3GiB --enforce-budget --json "$out/oom.json" \
+      $gpt > "$out/oom.txt" 2>&1; echo "enforced budget: exit $?"
+    python3 -m advisor plan latest -o "$out/plan.json" 2>&1 | tail -3; echo "plan: exit $?"
+    python3 -m advisor attach --headless --steps 10 --memory-budget 3GiB --enforce-budget --plan "$out/plan.json" \
+      --json "$out/planned.json" $gpt > "$out/planned.txt" 2>&1; echo "planned run: exit $?"
+    rm -rf "$out/home"
     ;;
   benches)
     for cmd in "bench/offload.py --device cuda --layers 8 --hidden 1024 --seq 1024 --batch 8" \

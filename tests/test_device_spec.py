@@ -91,6 +91,15 @@ def test_a_figure_measured_under_load_does_not_stay_cached() -> None:
     assert stored["peak_flops"]["fp32"] == 96e9 and stored["samples"] == cpu_ceilings.SAMPLES + 1
 
 
+def test_cached_only_reads_the_cache_and_measures_nothing() -> None:
+    """Under an enforced CUDA budget the agent asks for cached ceilings only: the benchmarks'
+    2.3 GiB ran an H200 job's capped allocator out and the planned run failed after it."""
+    assert microbench.cached_measure("cuda|test", None) is None
+    microbench.cached_measure("cuda|test", lambda: _measured(5e14, 3e12))
+    hit = microbench.cached_measure("cuda|test", None)
+    assert hit is not None and hit.peak_flops["fp32"] == 5e14
+
+
 def test_matmul_peak_touches_no_global_random_state() -> None:
     before = torch.get_rng_state()
     assert cpu_ceilings.matmul_flops(torch.float64, target_s=0.0, max_n=128) > 0

@@ -69,7 +69,8 @@ def measure_cuda(device: torch.device, nbytes: int = COPY_BYTES) -> dict[str, fl
     return out
 
 
-def host_link(device: torch.device | str, *, override: float | None = None, measure: bool = True) -> dict[str, Any]:
+def host_link(device: torch.device | str, *, override: float | None = None, measure: bool = True,
+              cached_only: bool = False) -> dict[str, Any]:
     """Fields added to the ``device_spec`` event: ``host_link_bandwidth`` (bytes/s, the slower
     direction, the one the cost model uses), each direction, and ``host_link_source``
     ("override", "measured", "same-device copy (no host link on a CPU-only device)" or None)."""
@@ -89,6 +90,8 @@ def host_link(device: torch.device | str, *, override: float | None = None, meas
     except (OSError, ValueError):
         cache = {}
     rates = cache.get(key)
+    if not isinstance(rates, dict) and cached_only and cuda:
+        return {"host_link_bandwidth": None, "host_link_source": None}  # see detect_device_spec
     if not isinstance(rates, dict):
         rates = measure_cuda(device) if cuda else measure_cpu()
         cache[key] = rates

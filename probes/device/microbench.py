@@ -50,14 +50,17 @@ def _load_cache(path: Path) -> dict:
         return {}
 
 
-def cached_measure(key: str, measure: Callable[[], Measured]) -> Measured:
-    """``measure()`` once per ``key``; later calls read the JSON cache."""
+def cached_measure(key: str, measure: Callable[[], Measured] | None) -> Measured | None:
+    """``measure()`` once per ``key``; later calls read the JSON cache. ``measure`` None: the
+    cached figures or None, measuring nothing."""
     path = cache_path()
     cache = _load_cache(path)
     hit = cache.get(key)
     if isinstance(hit, dict):
         return Measured(peak_flops={k: float(v) for k, v in hit.get("peak_flops", {}).items()},
                         memory_bandwidth=hit.get("memory_bandwidth"))
+    if measure is None:
+        return None
     result = measure()
     cache[key] = {"peak_flops": result.peak_flops, "memory_bandwidth": result.memory_bandwidth}
     try:

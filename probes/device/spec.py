@@ -126,8 +126,12 @@ def _cpu_memory() -> int | None:
 
 
 def detect_device_spec(device: torch.device | str, *, peak_flops: float | None = None,
-                       peak_bandwidth: float | None = None, measure: bool = True) -> DeviceSpec:
+                       peak_bandwidth: float | None = None, measure: bool = True,
+                       cached_only: bool = False) -> DeviceSpec:
     """Ceilings of ``device`` ("cpu" or "cuda[:i]"): spec table, micro-benchmarks, overrides.
+    ``cached_only``: a CUDA device's figures come from the cache when it has them, and are not
+    measured when it does not (the benchmarks take 2.3 GiB of device memory: under an enforced
+    budget they ran the job's allocator out and left it fragmented).
 
     The micro-benchmarks are the advisor's own work: they run outside every dispatch mode in
     force (the memory tracker, and the budget it enforces under ``--enforce-budget``), so their
@@ -137,11 +141,11 @@ def detect_device_spec(device: torch.device | str, *, peak_flops: float | None =
     """
     with _disable_current_modes():
         return _detect(torch.device(device), peak_flops=peak_flops, peak_bandwidth=peak_bandwidth,
-                       measure=measure)
+                       measure=measure, cached_only=cached_only)
 
 
 def _detect(device: torch.device, *, peak_flops: float | None, peak_bandwidth: float | None,
-            measure: bool) -> DeviceSpec:
+            measure: bool, cached_only: bool = False) -> DeviceSpec:
     if device.type == "cpu":
         name = cpu_name()
         threads = torch.get_num_threads()
@@ -169,7 +173,7 @@ def _detect(device: torch.device, *, peak_flops: float | None, peak_bandwidth: f
     if measure:
         key = f"cuda|{name}|driver={driver}|torch={torch.__version__}"
         dev = torch.device("cuda", index)
-        measured = microbench.cached_measure(key, lambda: microbench.measure_cuda(dev))
+        measured = microbench.cached_measure(key, None if cached_only else lambda: microbench.measure_cuda(dev))
     return combine(type="cuda", name=name, part=spec_table.lookup(name), measured=measured,
                    peak_flops=peak_flops, peak_bandwidth=peak_bandwidth, memory_capacity=capacity,
                    index=index, driver=driver)
