@@ -202,6 +202,10 @@ def losses(report: dict[str, Any], printed: list[str], bare: list[str]) -> None:
     ok = same == len(bare_values) == len(recorded) and lines_same == len(printed)
     print(f"  losses {'IDENTICAL' if ok else 'DIFFER'} to the bare run: report {same}/{len(bare_values)} equal "
           f"({len(recorded)} recorded); printed lines {lines_same}/{len(printed)} identical")
+    if not ok and ((report.get("run") or {}).get("device") or {}).get("type") == "cuda":
+        print("    (on CUDA the default kernels are not reproducible run to run: two unmodified backward passes "
+              "differ; under torch.use_deterministic_algorithms checkpointing changes no bit, "
+              "tests/test_checkpoint_gpu.py)")
     if len(printed) < len(bare):
         print(f"    OUTPUT DIFFERS: the script printed {len(printed)} step lines under the advisor, {len(bare)} bare "
               f"(--steps stopped it before its last print)")
