@@ -44,6 +44,8 @@ def test_the_agent_pairs_an_event_where_each_step_began_with_one_at_its_boundary
     boundary work) to its boundary event: the device clock advances 0.75 s per step while the
     host's barely moves, and 10 s of advisor work at each boundary is in no step."""
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    streams: list = []
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: streams.append(device))
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     emitted: list = []
@@ -75,6 +77,7 @@ def test_the_agent_pairs_an_event_where_each_step_began_with_one_at_its_boundary
     assert [s.device_time_s for s in steps[:2]] == [None, None]
     assert [round(s.device_time_s, 6) for s in steps[2:]] == [0.75, 0.75]
     assert all(s.time_s < 0.5 for s in steps)  # the host's clock barely moved
+    assert streams and all(d == torch.device("cuda") for d in streams)  # the job's device's stream
 
 
 def test_the_baseline_step_time_is_the_device_time_where_there_is_one() -> None:

@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 import torch
 
-from advisor.agent.block_timer import BlockTimer, DeviceTimes, numbered
+from advisor.agent.block_timer import BlockTimer, DeviceTimes, numbered, timing_event
 from advisor.agent.capture import Capture
 from advisor.agent.models import ModelRegistry
 from advisor.agent.naming import unique_label
@@ -554,12 +554,8 @@ class Agent:
         self._start_event = self._device_mark()
 
     def _device_mark(self) -> Any:
-        """A timing event recorded now on the current CUDA stream, or None off CUDA."""
-        if self.device.type != "cuda":
-            return None
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
+        """A timing event recorded now on the job device's current CUDA stream, or None off CUDA."""
+        return timing_event(self.device) if self.device.type == "cuda" else None
 
     def _close_step(self, end: float, kind: str, *, on_device: bool = False) -> None:
         """Emit the open step, which ended at ``end`` (its accounting is flushed to ``end``).
@@ -633,7 +629,7 @@ class Agent:
                 blocks = {key: name for key, name in self._models.names().items() if numbered(name)}
                 if blocks:
                     self._block_timer.start(blocks, self.subscribe_module_events,
-                                            cuda=self.device.type == "cuda")
+                                            cuda=self.device.type == "cuda", device=self.device)
         self.flush(sync=False)
 
     @property

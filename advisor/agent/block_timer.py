@@ -33,6 +33,15 @@ def numbered(name: str) -> bool:
     return name.rpartition(".")[2].isdigit()
 
 
+def timing_event(device: torch.device | None) -> Any:
+    """A timing event recorded now on ``device``'s current stream (the current device's when
+    None). The job's device, not the current one: a rank whose model is on ``cuda:1`` without
+    ``torch.cuda.set_device`` would otherwise time device 0's idle stream."""
+    event = torch.cuda.Event(enable_timing=True)
+    event.record(torch.cuda.current_stream(device))
+    return event
+
+
 class DeviceTimes:
     """A CUDA step's timed calls: (name, start event, end event), read once the events are done."""
 
@@ -60,6 +69,7 @@ class BlockTimer:
         self.totals: dict[str, float] = {}
         self._pairs: list[tuple[str, Any, Any]] = []
         self._cuda = False
+        self._device: torch.device | None = None
         self._unsubscribe: Unsubscribe | None = None
 
     @property
@@ -67,7 +77,7 @@ class BlockTimer:
         return self._unsubscribe is not None
 
     def start(self, names: dict[int, str], subscribe: Callable[[Any, Any], Unsubscribe], *,
-              cuda: bool = False) -> None:
+              cuda: bool = False, device: torch.device | None = None) -> None:
         """Time the modules in ``names`` (id(module) -> qualified name) until ``stop``; with
         ``cuda``, by timing events on the current stream."""
         self._names = names
@@ -75,6 +85,7 @@ class BlockTimer:
         self.totals = {}
         self._pairs = []
         self._cuda = cuda
+        self._device = device
         self._unsubscribe = subscribe(self.pre, self.post)
 
     def stop(self) -> dict[str, float] | DeviceTimes:
@@ -88,11 +99,7 @@ class BlockTimer:
         return DeviceTimes(pairs) if self._cuda and pairs else totals
 
     def _mark(self) -> Any:
-        if self._cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
+        return timing_event(self._device) if self._cuda else time.perf_counter()
 
     def pre(self, module: torch.nn.Module, args: Any) -> None:
         key = id(module)
