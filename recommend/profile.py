@@ -295,10 +295,11 @@ def profile_from_records(
             at_peak[category] = at_peak.get(category, 0) + extra
         peak_bytes += sum(missing.values())
     oom = _oom(events, rank)
+    first = _first_rank(models)
     rows, unreached = _latest_modules(modules, rank), []
-    if oom and oom.get("phase") == "forward" and len(first_models := _first_rank(models)) == 1:
-        rows, unreached = extrapolate(rows, first_models[0].modules, oom.get("module"))
-        rows.sort(key=lambda r: (-r["activation_bytes"], r["name"]))
+    if oom and oom.get("phase") == "forward" and len(first) == 1:
+        rows, unreached = extrapolate(rows, first[0].modules, oom.get("module"))
+        _heaviest_first(rows)
     section = {
         "peak_bytes": peak_bytes,
         "categories_at_peak": at_peak,
@@ -310,7 +311,6 @@ def profile_from_records(
                                   budget_bytes=budget_bytes)
     op_rank = min((o.rank for o in ops), default=0)
     comm_rank = min((c.rank for c in collectives), default=0)
-    first = [m for m in models if m.rank == min((x.rank for x in models), default=0)]
     device = min(runs, key=lambda r: r.rank).device if runs else {}
     return replace(profile, unreached_modules=tuple(unreached), ops=tuple(o for o in ops if o.rank == op_rank),
                    collectives=tuple(c for c in collectives if c.rank == comm_rank),
@@ -391,7 +391,11 @@ def _latest_modules(stats: Sequence[ModuleStat], rank: int | None) -> list[dict[
     for stat in stats:
         if stat.rank == rank and (stat.name not in latest or stat.step >= latest[stat.name].step):
             latest[stat.name] = stat
-    rows = [s.to_dict() for s in latest.values()]
+    return _heaviest_first([s.to_dict() for s in latest.values()])
+
+
+def _heaviest_first(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Module rows in the report's memory.modules order, in place: heaviest activations first."""
     rows.sort(key=lambda r: (-r["activation_bytes"], r["name"]))
     return rows
 

@@ -628,8 +628,7 @@ class Agent:
             elif self.light_timing_due(self._step):
                 blocks = {key: name for key, name in self._models.names().items() if numbered(name)}
                 if blocks:
-                    self._block_timer.start(blocks, self.subscribe_module_events,
-                                            cuda=self.device.type == "cuda", device=self.device)
+                    self._block_timer.start(blocks, self.subscribe_module_events, device=self.device)
         self.flush(sync=False)
 
     @property
@@ -685,7 +684,7 @@ class Agent:
         except Exception as exc:  # noqa: BLE001 - an unknown link leaves the offload cost assumed
             link = {"host_link_bandwidth": None, "host_link_source": f"unknown: {type(exc).__name__}: {exc}"}
         self.emit(Event(rank=self.rank, name="device_spec", data={**spec.to_dict(), **link}))
-        if cached_only and not spec.to_dict().get("measured_peak_flops"):
+        if cached_only and not spec.measured_peak_flops:
             self.emit(Event(rank=self.rank, name="warning", data={
                 "message": "device ceilings from the spec table: they are not measured under an enforced budget "
                            "(the micro-benchmarks take 2.3 GiB of device memory); an attach without "

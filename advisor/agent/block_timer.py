@@ -68,8 +68,7 @@ class BlockTimer:
         self._stack: list[tuple[int, Any]] = []
         self.totals: dict[str, float] = {}
         self._pairs: list[tuple[str, Any, Any]] = []
-        self._cuda = False
-        self._device: torch.device | None = None
+        self._device: torch.device | None = None  # a CUDA device: timing events on its stream
         self._unsubscribe: Unsubscribe | None = None
 
     @property
@@ -77,15 +76,14 @@ class BlockTimer:
         return self._unsubscribe is not None
 
     def start(self, names: dict[int, str], subscribe: Callable[[Any, Any], Unsubscribe], *,
-              cuda: bool = False, device: torch.device | None = None) -> None:
-        """Time the modules in ``names`` (id(module) -> qualified name) until ``stop``; with
-        ``cuda``, by timing events on the current stream."""
+              device: torch.device | None = None) -> None:
+        """Time the modules in ``names`` (id(module) -> qualified name) until ``stop``; on a
+        CUDA ``device``, by timing events on its current stream, else by the host's clock."""
         self._names = names
         self._stack = []
         self.totals = {}
         self._pairs = []
-        self._cuda = cuda
-        self._device = device
+        self._device = device if device is not None and device.type == "cuda" else None
         self._unsubscribe = subscribe(self.pre, self.post)
 
     def stop(self) -> dict[str, float] | DeviceTimes:
@@ -96,10 +94,10 @@ class BlockTimer:
             self._unsubscribe = None
         totals, pairs = self.totals, self._pairs
         self.totals, self._pairs, self._stack, self._names = {}, [], [], {}
-        return DeviceTimes(pairs) if self._cuda and pairs else totals
+        return DeviceTimes(pairs) if self._device is not None and pairs else totals
 
     def _mark(self) -> Any:
-        return timing_event(self._device) if self._cuda else time.perf_counter()
+        return timing_event(self._device) if self._device is not None else time.perf_counter()
 
     def pre(self, module: torch.nn.Module, args: Any) -> None:
         key = id(module)
@@ -111,7 +109,7 @@ class BlockTimer:
             key, start = self._stack.pop()
             name = self._names[key]
             end = self._mark()
-            if self._cuda:
+            if self._device is not None:
                 self._pairs.append((name, start, end))
             else:
                 self.totals[name] = self.totals.get(name, 0.0) + (end - start)
