@@ -153,13 +153,14 @@ class AdviceLoop:
         recompute cost the deep steps' scaled module times; that step measures both. So when the
         step asked for (``--apply-at-step``; none: as soon as ready) comes after it, wait for
         advice made with it, or for the last boundary that still meets the step asked for. An
-        earlier step asked for is chosen from the first advice made with a deep step, even when
-        that comes too late for the step asked for."""
+        earlier step asked for is chosen from the first advice (for ``auto``, the first made with
+        a deep step, even when that comes too late for the step asked for)."""
         deep = self._deep_steps()
-        if deep and self._advised_step < min(deep):
+        if self.apply_request == "auto" and deep and self._advised_step < min(deep):
             # Advice made before the first deep step has no memory timeline or op figures: under
-            # load it named a fused optimizer, or an optimizer-state offload sized on step 0's
-            # peak, for a job over its memory budget. No step asked for is worth that.
+            # load `auto` took a fused optimizer, or an optimizer-state offload sized on step 0's
+            # peak, for a job over its memory budget. No step asked for is worth that. A named
+            # remedy is the user's choice, not the measurement's: it keeps the step asked for.
             return False
         expected = first_timed_light_step(deep)
         if expected is None:

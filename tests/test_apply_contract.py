@@ -240,3 +240,28 @@ def test_an_apply_is_never_chosen_from_advice_made_before_the_first_deep_step(at
             loop._advised_step = 3
         loop._maybe_auto_apply()
     assert chosen == [(chosen_at, "deep")]
+
+
+def test_a_named_remedy_keeps_the_step_asked_for_though_the_advice_predates_the_deep_steps():
+    """The wait for a deep step is ``auto``'s (the choice itself reads the measurement): a named
+    remedy is the user's choice, and a rule may name it on step 0's advice alone (gradient
+    compression on 2 DDP ranks did, then not on the deep steps' until step 5)."""
+    from types import SimpleNamespace
+
+    from advisor.advice import AdviceLoop
+    from advisor.records.samples import StepSample
+    from advisor.state import LiveState
+
+    live = LiveState()
+    loop = AdviceLoop(SimpleNamespace(live=live, options=None, send_command=lambda c: True), budget_bytes=None,
+                      apply_at_step=5)
+    loop.close()
+    loop.apply_request = "grad-compression"
+    chosen = []
+    loop.apply = lambda rec_id, at_step=None: chosen.append((live.snapshot().latest_step(), rec_id))  # type: ignore[method-assign]
+    live.add(StepSample(index=0, time_s=0.1))
+    live.update(recommendations=[{"id": "grad-compression", "remedy": "grad_compression", "params": {}, "live": True,
+                                  "apply_class": "live-opt-in"}])
+    loop._advised_step = 0
+    loop._maybe_auto_apply()
+    assert chosen == [(0, "grad-compression")]
