@@ -49,7 +49,7 @@ def steps_section(state: SessionState) -> list[dict[str, Any]]:
                         "peak_memory_bytes": s.peak_memory_bytes, "deep": s.deep, "end_time": s.end_time,
                         "losses": s.losses, "eval_s": s.eval_s, "boundary": s.boundary,
                         "optimizer_s": dict(s.optimizer_s), "module_forward_s": dict(s.module_forward_s),
-                        "device_time_s": s.device_time_s})
+                        "device_time_s": s.device_time_s, "deep_probes": list(s.deep_probes)})
     return out
 
 

@@ -61,8 +61,11 @@ class FakeContext:
     def emit(self, record: Record) -> None:
         self.emitted.append(record)
 
-    def request_deep(self, steps: int) -> None:
+    def request_deep(self, steps: int, probes=None) -> None:
         self.deep_requests.append(steps)
+
+    def deep_next(self) -> bool:
+        return False
 
     def of_kind(self, kind: str) -> list[Record]:
         return [r for r in self.emitted if r.KIND == kind]

@@ -39,7 +39,7 @@ import time
 import weakref
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -135,6 +135,9 @@ class Agent:
         self.deep_min_s = float(self.config.get("deep_min_s", 30.0))
         self._deep_extra = 0
         self._deep_active = False
+        self._deep_running: list[Probe] = []  # the probes deep-sampling the step in progress
+        self._solo_extra, self._solo_names = 0, frozenset[str]()  # steps asked for by solo probes
+        self._solo_due = False  # a scheduled deep step ran the shared probes: the solo ones follow
         self._deep_limited = False
         self._deep_count = 0
         self._light_times: list[float] = []
@@ -234,8 +237,58 @@ class Agent:
     def warn(self, message: str, **data: Any) -> None:
         self.emit(Event(rank=self.rank, step=self._step, name="warning", data={"message": message, **data}))
 
-    def request_deep(self, steps: int) -> None:
-        self._deep_extra = max(self._deep_extra, int(steps))
+    def request_deep(self, steps: int, probes: Iterable[str] | None = None) -> None:
+        if probes is None:
+            self._deep_extra = max(self._deep_extra, int(steps))
+        else:
+            self._solo_extra = max(self._solo_extra, int(steps))
+            self._solo_names = self._solo_names | frozenset(probes)
+
+    def deep_next(self) -> bool:
+        """Whether the step after the one in progress is a scheduled or requested deep step for
+        every shared probe (as known now: a boundary's stop_deep calls run before it is decided)."""
+        step = self._step + 1
+        return self._deep_extra > 0 or (self.is_deep(step) and not self._solo_takes(step))
+
+    def _split_probes(self) -> tuple[list[Probe], list[Probe]]:
+        """(solo, shared): the probes that deep-sample on steps of their own, and the others."""
+        solo = [p for p in self.probes if getattr(p, "deep_solo", False)]
+        return solo, [p for p in self.probes if not getattr(p, "deep_solo", False)]
+
+    def _solo_takes(self, step: int) -> bool:
+        """Whether scheduled deep step ``step``, the last of a run of two or more, goes to the
+        solo probes alone (no deep step was requested over it)."""
+        solo, shared = self._split_probes()
+        return (bool(solo and shared) and self._deep_extra == 0 and self.is_deep(step)
+                and self.is_deep(step - 1) and not self.is_deep(step + 1))
+
+    def _deep_schedule(self, full: bool) -> list[Probe]:
+        """The probes to deep-sample the step that begins now. A probe with ``deep_solo`` (the
+        compute probe: on a step the memory tracker samples too, its op times would include the
+        tracker's dispatch-mode Python, and it would count the tracker's own ops) gets steps of
+        its own whenever another probe deep-samples: the last step of a run of scheduled deep
+        steps (steps 1-2 shared, 3 solo by default), or the step after a run of one; the steps it
+        then asks for (``request_deep(n, probes=...)``, its timed step) are its alone too. Steps
+        requested without names (an apply's verification window) run the shared probes."""
+        probes = list(self.probes)
+        solo, shared = self._split_probes()
+        step = self._step
+        if full:
+            if not (solo and shared):
+                self._solo_extra = max(0, self._solo_extra - 1)  # the solo probes run on this one
+                return probes
+            if self._solo_takes(step):
+                return solo
+            self._solo_due = self._solo_due or (self.is_deep(step) and not self.is_deep(step + 1)
+                                                and self._deep_extra == 0)
+            return shared
+        if self._solo_extra > 0:
+            self._solo_extra -= 1
+            return [p for p in probes if p.name in self._solo_names]
+        if self._solo_due:
+            self._solo_due = False
+            return solo
+        return []
 
     def on_first_forward(self, callback: Callable[[torch.nn.Module], None]) -> None:
         """Run ``callback(model)`` when the first model is found, before its forward runs (plans)."""
@@ -567,9 +620,11 @@ class Agent:
         deep = self._deep_active
         if deep:
             # Reverse order: probes push dispatch modes and saved-tensor hooks, which pop LIFO.
-            for probe in reversed(list(self.probes)):
+            for probe in reversed(self._deep_running):
                 self._call(probe, "stop_deep", step)
             self._deep_active = False
+        deep_probes = [p.name for p in self._deep_running] if deep else []
+        self._deep_running = []
         extra: dict[str, Any] = {}
         for probe in list(self.probes):
             extra.update(self._call(probe, "on_step_end", step) or {})
@@ -590,6 +645,7 @@ class Agent:
             boundary=kind,
             optimizer_s=dict(self._opt_times),
             module_forward_s=module_forward_s,
+            deep_probes=deep_probes,
         )
         self._queue_sample(sample, self._losses,
                            module_times if isinstance(module_times, DeviceTimes) else None, step_events)
@@ -618,12 +674,14 @@ class Agent:
         if not self._spec_sent:
             self._send_device_spec()
         if deep:
-            self._deep_active = self._deep_extra > 0 or self.is_deep(self._step)
+            full = self._deep_extra > 0 or self.is_deep(self._step)
             if self._deep_extra > 0:
                 self._deep_extra -= 1
+            self._deep_running = self._deep_schedule(full) if self.probes else []
+            self._deep_active = full or bool(self._deep_running)
             if self._deep_active:
                 self._deep_count += 1
-                for probe in list(self.probes):
+                for probe in self._deep_running:
                     self._call(probe, "start_deep", self._step)
             elif self.light_timing_due(self._step):
                 blocks = {key: name for key, name in self._models.names().items() if numbered(name)}

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
     import torch
 
@@ -56,8 +56,13 @@ class AgentContext(Protocol):
     def emit(self, record: "Record") -> None:
         """Queue a record for the controller (never blocks, never raises)."""
 
-    def request_deep(self, steps: int) -> None:
-        """Ask for the next ``steps`` steps to be deep-sampled (used to verify a remedy)."""
+    def request_deep(self, steps: int, probes: "Iterable[str] | None" = None) -> None:
+        """Ask for the next ``steps`` steps to be deep-sampled (used to verify a remedy); with
+        ``probes``, for those probes alone (the compute probe's timed step)."""
+
+    def deep_next(self) -> bool:
+        """Whether the step after the one in progress is deep-sampled for the shared probes, as
+        known now (a probe's ``stop_deep`` may keep its set-up for it)."""
 
     def subscribe_module_events(
         self,

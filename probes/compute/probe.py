@@ -3,9 +3,11 @@
 Why two steps: the counting dispatch mode costs tens of microseconds of Python
 per op, which would inflate the op times the profiler reports. So the probe
 counts on one deep step (dispatch mode plus module hooks) and asks the agent
-(``ctx.request_deep(1)``) to deep-sample the next step, which it times with the
-profiler alone; the two op sequences are joined in order (timing.py). Training
-steps repeat the same ops, so the counts of one step describe the next.
+(``ctx.request_deep(1, probes=("compute",))``) to deep-sample the next step for it
+alone, which it times with the profiler alone; the two op sequences are joined in order
+(timing.py). Training steps repeat the same ops, so the counts of one step describe the next.
+Both steps are the probe's own (``deep_solo``): the agent runs it after the other probes'
+scheduled deep steps, never on them.
 
 When no timed step follows (the run ended, or the agent ignored the request),
 the counted step is emitted with the counter's inline times on CPU (inflated by
@@ -63,6 +65,10 @@ class ComputeProbe(Probe):
     """
 
     name = "compute"
+    # Its own deep steps (Agent._deep_schedule): on a step the memory tracker also samples, the
+    # profiler's op times included the tracker's dispatch-mode Python (79 ms of ops in a 46 ms GPT
+    # step on CPU) and the counter counted the tracker's own detach() calls as the script's ops.
+    deep_solo = True
 
     def __init__(self, *, emit_device_spec: bool = False) -> None:
         self._emit_spec = emit_device_spec
@@ -98,7 +104,7 @@ class ComputeProbe(Probe):
 
     def stop_deep(self, ctx: AgentContext, step: int) -> None:
         if self._profiler is not None:
-            events = stop_profiler(self._profiler)
+            events = stop_profiler(self._profiler, use_cuda=self._use_cuda(ctx))
             self._profiler = None
             calls = self._pending or []
             times = join_times(calls, events, use_cuda=self._use_cuda(ctx))
@@ -112,7 +118,7 @@ class ComputeProbe(Probe):
             self._tracker.stop()
         self._pending, self._pending_step = self._counter.calls, step
         self._counter = self._tracker = None
-        ctx.request_deep(1)
+        ctx.request_deep(1, probes=(self.name,))
 
     def detach(self, ctx: AgentContext) -> None:
         if self._counter is not None:
