@@ -123,6 +123,8 @@ class MemoryProbe(Probe):
 
     def on_phase(self, ctx: AgentContext, phase: str, now: float) -> None:
         self._follow_device(ctx)
+        if self.tracker is not None and self.tracker.paused:
+            self._stop_tracking()  # kept for a deep step that did not come (deep sampling ended)
         tracker = self.tracker
         if tracker is not None:
             tracker.phase = phase
@@ -136,7 +138,9 @@ class MemoryProbe(Probe):
         self._follow_device(ctx)
         self.deep = True
         device_type = ctx.device.type
-        if self.tracker is None:
+        if self.tracker is not None and self.tracker.paused:
+            self.tracker.resume()  # kept from the deep step before: no new scan of live tensors
+        elif self.tracker is None:
             self._start_tracking(ctx, step, device_type)
         tracker, attributor = self.tracker, self.attributor
         assert tracker is not None and attributor is not None  # set by _start_tracking
@@ -176,7 +180,13 @@ class MemoryProbe(Probe):
         if self.until_deep:
             self.continuous = self.until_deep = False
         if not self.continuous:
-            self._stop_tracking()
+            deep_next = getattr(ctx, "deep_next", None)
+            if deep_next is not None and deep_next():
+                # The next step is deep too: keep what is alive (scanning every live object
+                # again cost about 1.5 light GPT steps per deep step on CPU)
+                tracker.pause()
+            else:
+                self._stop_tracking()
 
     def on_step_end(self, ctx: AgentContext, step: int) -> dict[str, Any]:
         out: dict[str, Any] = {}

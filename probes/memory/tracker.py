@@ -116,6 +116,7 @@ class StorageTracker(TorchDispatchMode):
         self.phase = "data"
         self.generation = 0
         self.active = False
+        self.paused = False  # out of the dispatch mode and hooks, still counting frees (pause())
         self.failed_op: tuple[str, str | None] | None = None
         self._hooks: Any = None
         self._resizes = ResizeWatch(self._resized_away, self._resized_back)
@@ -131,6 +132,21 @@ class StorageTracker(TorchDispatchMode):
         host_memory.listeners.append(self._reclassify)
         self._resizes.ensure()
 
+    def pause(self) -> None:
+        """Leave the mode and hooks between two tracked steps, keeping what is alive: frees are
+        still seen (finalizers), so ``resume()`` goes on without a new scan of live tensors.
+        Storages created while paused are counted once an op produces or autograd saves them."""
+        if self.active and not self.paused:
+            self.paused = True
+            self.__exit__(None, None, None)
+            self._hooks.__exit__(None, None, None)
+
+    def resume(self) -> None:
+        if self.active and self.paused:
+            self.paused = False
+            self._hooks.__enter__()
+            self.__enter__()
+
     def stop(self) -> None:
         """Leave the mode and hooks (in reverse order) and forget every storage."""
         if not self.active:
@@ -139,8 +155,10 @@ class StorageTracker(TorchDispatchMode):
         if self._reclassify in host_memory.listeners:
             host_memory.listeners.remove(self._reclassify)
         self._resizes.stop()
-        self.__exit__(None, None, None)
-        self._hooks.__exit__(None, None, None)
+        if not self.paused:
+            self.__exit__(None, None, None)
+            self._hooks.__exit__(None, None, None)
+        self.paused = False
         self._hooks = None
         for entry in self.entries.values():
             if entry.finalizer is not None:
