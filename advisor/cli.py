@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="probes to run: memory,compute,comm, all or none (default all)")
     attach.add_argument("--deep-steps", type=_steps_list, default=[1, 2, 3], metavar="LIST",
                         help="steps to deep-sample (default 1,2,3; step 0 is the warm-up; the compute "
-                             "probe also deep-samples the step after it counts ops, to time them)")
+                             "probe counts ops on the first of a run and times them alone on the next)")
     attach.add_argument("--deep-every", type=int, default=100, metavar="N",
                         help="also deep-sample every N-th step (0: never; default 100)")
     attach.add_argument("--peak-flops", type=float, metavar="FLOPS", help="override the device's peak FLOP/s")

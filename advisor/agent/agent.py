@@ -137,7 +137,7 @@ class Agent:
         self._deep_active = False
         self._deep_running: list[Probe] = []  # the probes deep-sampling the step in progress
         self._solo_extra, self._solo_names = 0, frozenset[str]()  # steps asked for by solo probes
-        self._solo_due = False  # a scheduled deep step ran the shared probes: the solo ones follow
+        self._solo_ran = False  # the solo probes had their step in this run of deep steps
         self._deep_limited = False
         self._deep_count = 0
         self._light_times: list[float] = []
@@ -245,50 +245,48 @@ class Agent:
             self._solo_names = self._solo_names | frozenset(probes)
 
     def deep_next(self) -> bool:
-        """Whether the step after the one in progress is a scheduled or requested deep step for
-        every shared probe (as known now: a boundary's stop_deep calls run before it is decided)."""
+        """Whether the shared probes deep-sample the next step, or the one after the solo steps
+        asked for now (as known now: a boundary's stop_deep calls run before it is decided; the
+        compute probe's stop, which asks for its timed step, runs before the memory probe's)."""
         step = self._step + 1
-        return self._deep_extra > 0 or (self.is_deep(step) and not self._solo_takes(step))
+        solo, shared = self._split_probes()
+        if solo and shared:
+            step += self._solo_extra  # the solo probes' own steps come first
+        return self._deep_extra > 0 or self.is_deep(step)
 
     def _split_probes(self) -> tuple[list[Probe], list[Probe]]:
-        """(solo, shared): the probes that deep-sample on steps of their own, and the others."""
+        """(solo, shared): the probes that time on steps of their own, and the others."""
         solo = [p for p in self.probes if getattr(p, "deep_solo", False)]
         return solo, [p for p in self.probes if not getattr(p, "deep_solo", False)]
 
-    def _solo_takes(self, step: int) -> bool:
-        """Whether scheduled deep step ``step``, the last of a run of two or more, goes to the
-        solo probes alone (no deep step was requested over it)."""
-        solo, shared = self._split_probes()
-        return (bool(solo and shared) and self._deep_extra == 0 and self.is_deep(step)
-                and self.is_deep(step - 1) and not self.is_deep(step + 1))
+    def _deep_schedule(self, full: bool) -> tuple[list[Probe], bool]:
+        """The probes to deep-sample the step that begins now, and whether it is one of the
+        shared probes' deep steps (a request without names counts it).
 
-    def _deep_schedule(self, full: bool) -> list[Probe]:
-        """The probes to deep-sample the step that begins now. A probe with ``deep_solo`` (the
-        compute probe: on a step the memory tracker samples too, its op times would include the
-        tracker's dispatch-mode Python, and it would count the tracker's own ops) gets steps of
-        its own whenever another probe deep-samples: the last step of a run of scheduled deep
-        steps (steps 1-2 shared, 3 solo by default), or the step after a run of one; the steps it
-        then asks for (``request_deep(n, probes=...)``, its timed step) are its alone too. Steps
-        requested without names (an apply's verification window) run the shared probes."""
+        A probe with ``deep_solo`` (the compute probe) counts its ops on the first step of a run of
+        scheduled deep steps, beside the others, and the step it then asks for
+        (``request_deep(1, probes=("compute",))``, its timed step) is its alone: with the memory
+        tracker under it, the profiler's op times held the tracker's dispatch-mode Python (79 ms
+        of ops in a 46 ms GPT step). That step takes the place of the next shared one, so the
+        default steps 1-3 run: 1 every probe, 2 the compute probe's timing, 3 the memory and comm
+        probes. Steps requested without names (an apply's window) run the shared probes only."""
         probes = list(self.probes)
         solo, shared = self._split_probes()
-        step = self._step
-        if full:
-            if not (solo and shared):
-                self._solo_extra = max(0, self._solo_extra - 1)  # the solo probes run on this one
-                return probes
-            if self._solo_takes(step):
-                return solo
-            self._solo_due = self._solo_due or (self.is_deep(step) and not self.is_deep(step + 1)
-                                                and self._deep_extra == 0)
-            return shared
+        if not (solo and shared):
+            if full or self._solo_extra > 0:
+                self._solo_extra = max(0, self._solo_extra - 1)
+                return (probes if full else [p for p in probes if p.name in self._solo_names]), full
+            return [], False
         if self._solo_extra > 0:
             self._solo_extra -= 1
-            return [p for p in probes if p.name in self._solo_names]
-        if self._solo_due:
-            self._solo_due = False
-            return solo
-        return []
+            self._solo_ran = True
+            return [p for p in probes if p.name in self._solo_names], False
+        if not full:
+            self._solo_ran = False
+            return [], False
+        if self.is_deep(self._step) and not self._solo_ran:
+            return probes, True
+        return shared, True
 
     def on_first_forward(self, callback: Callable[[torch.nn.Module], None]) -> None:
         """Run ``callback(model)`` when the first model is found, before its forward runs (plans)."""
@@ -675,10 +673,10 @@ class Agent:
             self._send_device_spec()
         if deep:
             full = self._deep_extra > 0 or self.is_deep(self._step)
-            if self._deep_extra > 0:
+            self._deep_running, shared_step = self._deep_schedule(full)
+            if self._deep_extra > 0 and (shared_step or not self.probes):
                 self._deep_extra -= 1
-            self._deep_running = self._deep_schedule(full) if self.probes else []
-            self._deep_active = full or bool(self._deep_running)
+            self._deep_active = bool(self._deep_running) or (full and not self.probes)
             if self._deep_active:
                 self._deep_count += 1
                 for probe in self._deep_running:

@@ -51,15 +51,16 @@ class OpCounter(TorchDispatchMode):
         packet = func.overloadpacket
         if packet.__name__ in _SKIP or func.namespace != "aten":  # e.g. profiler._record_function_*
             return out
-        cost = formulas.op_cost(func, args, kwargs, out)
+        inputs = formulas.tensor_args(args, kwargs)
+        cost = formulas.op_cost(func, args, kwargs, out, inputs)
         module, phase = self._where()
         self.calls.append(
             OpCall(
                 name=str(packet),
                 module=module,
                 phase=phase,
-                input_shapes=tuple(tuple(s) for s in formulas.input_shapes(args, kwargs)),
-                dtype=formulas.op_dtype(args, kwargs, out),
+                input_shapes=tuple(tuple(s) for s in formulas.input_shapes(args, kwargs, inputs)),
+                dtype=formulas.op_dtype(args, kwargs, out, inputs),
                 flops=cost.flops,
                 bytes=cost.bytes,
                 inline_s=elapsed,

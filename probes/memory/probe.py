@@ -123,8 +123,8 @@ class MemoryProbe(Probe):
 
     def on_phase(self, ctx: AgentContext, phase: str, now: float) -> None:
         self._follow_device(ctx)
-        if self.tracker is not None and self.tracker.paused:
-            self._stop_tracking()  # kept for a deep step that did not come (deep sampling ended)
+        if self.tracker is not None and self.tracker.paused and not _deep_next(ctx):
+            self._stop_tracking()  # kept for a deep step that will not come (deep sampling ended)
         tracker = self.tracker
         if tracker is not None:
             tracker.phase = phase
@@ -180,10 +180,9 @@ class MemoryProbe(Probe):
         if self.until_deep:
             self.continuous = self.until_deep = False
         if not self.continuous:
-            deep_next = getattr(ctx, "deep_next", None)
-            if deep_next is not None and deep_next():
-                # The next step is deep too: keep what is alive (scanning every live object
-                # again cost about 1.5 light GPT steps per deep step on CPU)
+            if _deep_next(ctx):
+                # Deep again next (or after the compute probe's own step): keep what is alive;
+                # scanning every live object again cost about 1.5 light GPT steps on CPU
                 tracker.pause()
             else:
                 self._stop_tracking()
@@ -192,7 +191,7 @@ class MemoryProbe(Probe):
         out: dict[str, Any] = {}
         if self._deep_peak is not None and self._deep_peak[0] == step:
             out["peak_memory_bytes"] = self._deep_peak[1]
-        elif self.tracker is not None:
+        elif self.tracker is not None and not self.tracker.paused:
             out["peak_memory_bytes"] = self.tracker.peak_total
             if self.continuous and not self.deep:
                 self.tracker.reset_peak()
@@ -445,6 +444,11 @@ def infer_untracked(categories: dict[str, int], allocated: int | None, phase: st
     category = {"forward": "activation", "backward": "activation", "optimizer": "temporary"}.get(phase, "other")
     categories[category] = categories.get(category, 0) + rest
     return {category: rest}
+
+
+def _deep_next(ctx: AgentContext) -> bool:
+    deep_next = getattr(ctx, "deep_next", None)  # optional: a context may not schedule
+    return bool(deep_next is not None and deep_next())
 
 
 def _parameters(ctx: AgentContext) -> list[torch.Tensor]:

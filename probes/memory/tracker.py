@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from advisor.probes.memory.categories import choose_category, role_tensors, storage_of, tensors_in
 from advisor.probes.memory.resized import ResizeWatch
@@ -52,8 +52,10 @@ class _Packed:
 
     def __init__(self, tensor: torch.Tensor, key: int, tracker: "StorageTracker") -> None:
         # detach(): keeping the saved output itself (with its grad_fn) makes a reference cycle
-        # through the C++ graph that is never freed; autograd rebuilds the link on unpack.
-        self.tensor = tensor.detach()
+        # through the C++ graph that is never freed; autograd rebuilds the link on unpack. Out of
+        # every dispatch mode: the compute probe's counter would count it as the script's op.
+        with _disable_current_modes():
+            self.tensor = tensor.detach()
         self.key = key
         self.tracker = tracker
         self.generation = tracker.generation
