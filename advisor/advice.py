@@ -18,7 +18,7 @@ from typing import Any
 from advisor.recommend.advise import advise
 from advisor.recommend.calibration import model_errors
 from advisor.recommend.profile import has_measurements, profile_from_records
-from advisor.records.commands import ApplyCommand, RevertCommand
+from advisor.records.commands import RELEASE, ApplyCommand, RevertCommand
 from advisor.records.remedy import command_digest
 from advisor.records.results import ApplyResult, RevertResult
 from advisor.records.samples import Event, Record, StepSample
@@ -73,6 +73,7 @@ class AdviceLoop:
         self._refreshing = False  # guarded by _idle
         self._closed = False
         self._applied_auto = False
+        self._released = False  # the ranks held for the decision at apply_at_step were let go
         self._advised_step = -1  # the latest step the recommendations in hand were made with
         self._lock = threading.Lock()  # one refresh at a time (loop thread, finish())
         self.last_error: str | None = None
@@ -128,12 +129,12 @@ class AdviceLoop:
         if not self.apply_request or self._applied_auto:
             return
         state = self.session.live.snapshot()
-        if state.finished or not state.recommendations:
-            return
-        if not self._ready(state):
+        if state.finished or not state.recommendations or not self._ready(state):
+            self._release_if_held()
             return
         rec = self._choose(state.recommendations, self.apply_request)
         if rec is None:
+            self._release_if_held()
             # A named recommendation may come with later advice (a rule needs light steps to
             # fire): wait for it until the step the apply was asked for (else a few steps).
             due = (self.apply_at_step if self.apply_at_step is not None else 3)
@@ -146,6 +147,16 @@ class AdviceLoop:
         error = self.apply(rec["id"], at_step=self.apply_at_step)
         if error:
             print(f"advisor: not applied: {error}", file=sys.stderr)
+            self._release_if_held()
+
+    def _release_if_held(self) -> None:
+        """With ``--apply-at-step K`` the ranks wait at the boundary before K (after sending
+        step K-2) for this loop's decision: once advice made with that step says nothing is
+        applied there, let them go on (a later apply still goes to the next boundary it can)."""
+        if self.apply_at_step is None or self._released or self._advised_step < self.apply_at_step - 2:
+            return
+        self._released = True
+        self.session.send_command({"type": RELEASE})
 
     def _ready(self, state: Any) -> bool:
         """Whether to choose the remedy now. Before the first block-timed light step after the

@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     attach.add_argument("--host-link-bandwidth", type=_rate, metavar="RATE",
                         help="override the measured host-device copy bandwidth, e.g. 25GB/s (offload plans)")
     attach.add_argument("--apply", type=_apply_choice, metavar="auto|ID", help="apply the top (auto) or the named recommendation")
-    attach.add_argument("--apply-at-step", type=_positive, metavar="K", help="step boundary to apply at (default: as soon as ready: after the first ordinary step that follows the deep-sampled ones)")
+    attach.add_argument("--apply-at-step", type=_positive, metavar="K", help="step boundary to apply at (default: as soon as ready: after the first ordinary step that follows the deep-sampled ones); the job waits at the boundary before it, up to 60 s, for the advice that decides it")
     attach.add_argument("--plan", metavar="FILE", help="apply a plan file's remedies before the first step")
     attach.add_argument("--allow-inexact", action="store_true",
                         help="allow live remedies that change numerics (apply class live-opt-in)")
@@ -236,6 +236,10 @@ def agent_config(ns: argparse.Namespace) -> dict[str, Any]:
         "host_link_bandwidth": ns.host_link_bandwidth,
         "allow_inexact": bool(getattr(ns, "allow_inexact", False)),
     }
+    if getattr(ns, "apply", None) and getattr(ns, "apply_at_step", None):
+        # The job waits for the controller's decision at the boundary before the step asked for
+        # (Agent._hold_for_decision): the apply lands there however long the advice takes.
+        config["apply_hold_step"] = ns.apply_at_step
     if ns.plan:
         if not os.path.isfile(ns.plan):
             raise UsageError(f"no such plan file: {ns.plan}", hint="`advisor plan SESSION -o plan.json` writes one")

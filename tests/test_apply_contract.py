@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -265,3 +266,87 @@ def test_a_named_remedy_keeps_the_step_asked_for_though_the_advice_predates_the_
     loop._advised_step = 0
     loop._maybe_auto_apply()
     assert chosen == [(0, "grad-compression")]
+
+
+def test_the_controller_releases_ranks_held_for_an_apply_it_will_not_make_there():
+    """``--apply X --apply-at-step K``: the ranks wait at the boundary before K, having sent step
+    K-2. When advice made with that step has no such live recommendation, the controller sends a
+    release (once), so the job goes on at once instead of after the hold's timeout."""
+    from types import SimpleNamespace
+
+    from advisor.advice import AdviceLoop
+    from advisor.records.samples import StepSample
+    from advisor.state import LiveState
+
+    live, sent = LiveState(), []
+    loop = AdviceLoop(SimpleNamespace(live=live, options=None, send_command=lambda c: sent.append(c) or 1),
+                      budget_bytes=None, apply="missing", apply_at_step=5)
+    loop.close()
+    live.update(recommendations=[{"id": "other", "remedy": "t", "params": {}, "live": True,
+                                  "apply_class": "live-exact"}])
+    for index in range(5):
+        live.add(StepSample(index=index, time_s=0.1, deep=index in (1, 2, 3)))
+        loop._advised_step = index
+        loop._maybe_auto_apply()
+        assert sent == ([] if index < 3 else [{"type": "release"}]), (index, sent)
+
+
+def test_a_rank_waits_at_the_boundary_before_the_step_asked_for_until_the_decision():
+    """The agent sends every record through step K-2, then waits for an apply command or a
+    release (at most ``apply_hold_s``): an apply named for step 5 then lands at 5 however long
+    the advice takes (faster deep steps had moved one to step 6)."""
+    import threading
+
+    import torch
+
+    from advisor.agent.agent import Agent
+    from advisor.agent.hooks import install
+    from advisor.records.samples import Event, StepSample
+
+    def run(release_after: float | None, hold_s: float) -> list:
+        emitted: list = []
+        agent = Agent(emit=emitted.append, config={"deep_steps": [], "apply_hold_step": 5, "apply_hold_s": hold_s})
+        held = threading.Event()
+        real_wait = agent._decision.wait
+
+        def wait(timeout):
+            held.set()
+            return real_wait(timeout)
+        agent._decision.wait = wait  # type: ignore[method-assign]
+        if release_after is not None:
+            threading.Thread(target=lambda: held.wait(10) and time.sleep(release_after) is None
+                             and agent.submit_command({"type": "release"}), daemon=True).start()
+        hooks = install(agent)
+        try:
+            torch.manual_seed(0)
+            model = torch.nn.Linear(8, 1)
+            _train_steps(model, 7)
+            agent.flush(sync=True)
+        finally:
+            hooks.remove()
+            agent.close()
+        return emitted
+
+    emitted = run(release_after=0.3, hold_s=30)
+    [hold] = [r for r in emitted if isinstance(r, Event) and r.name == "apply_hold"]
+    assert hold.step == 4 and hold.data["at_step"] == 5 and hold.data["decided"]
+    assert 0.25 <= hold.data["waited_s"] < 10
+    before = emitted[:emitted.index(hold)]
+    assert [s.index for s in before if isinstance(s, StepSample)] == [0, 1, 2, 3]  # sent before the wait
+    steps = [r for r in emitted if isinstance(r, StepSample)]
+    assert steps[4].time_s < hold.data["waited_s"]  # the wait is not the next step's time
+    emitted = run(release_after=None, hold_s=0.2)  # no controller: a bounded wait and a warning
+    [hold] = [r for r in emitted if isinstance(r, Event) and r.name == "apply_hold"]
+    assert not hold.data["decided"] and any(isinstance(r, Event) and r.name == "warning"
+                                            and "no decision" in r.data["message"] for r in emitted)
+
+
+def _train_steps(model, steps):
+    import torch
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        loss = model(torch.randn(4, 8)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()

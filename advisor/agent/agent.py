@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import os
 import statistics
+import threading
 import time
 import weakref
 from collections import deque
@@ -57,11 +58,12 @@ from advisor.probes.device.hostlink import host_link
 from advisor.probes.device.spec import detect_device_spec
 from advisor.probes.module_events import ModuleEvents
 from advisor.probes.probe import Probe
-from advisor.records.commands import command_from_dict
+from advisor.records.commands import RELEASE, command_from_dict
 from advisor.records.samples import Event, ModelInfo, OptimizerInfo, Record, StepSample
 
 log = logging.getLogger("advisor.agent")
 
+HOLD_S = 60.0  # the longest the job waits for the controller's decision on an apply at a step asked for
 _PHASE_KEYS = {"data": "data_s", "forward": "forward_s", "backward": "backward_s",
                "optimizer": "optimizer_s", "other": "other_s", "eval": "eval_s"}
 
@@ -128,6 +130,11 @@ class Agent:
         self.light_timing_every = int(self.config.get("light_timing_every", LIGHT_TIMING_EVERY) or 0)
         self._block_timer = BlockTimer(counting=lambda: self._phase != "eval")
         self.max_steps: int | None = self.config.get("max_steps")
+        # ``--apply X --apply-at-step K``: wait at the boundary before step K for the controller's
+        # decision (an apply command for K, or a release), at most ``apply_hold_s``.
+        self._hold_step: int | None = self.config.get("apply_hold_step")
+        self._hold_s = float(self.config.get("apply_hold_s", HOLD_S))
+        self._decision = threading.Event()
         self.deep_steps: set[int] = set(self.config.get("deep_steps", DEEP_STEPS))
         self.deep_every: int = int(self.config.get("deep_every", 0) or 0)
         # A deep step slower than this many light steps (and than deep_min_s) ends deep sampling.
@@ -294,10 +301,19 @@ class Agent:
 
     # -- commands from the controller (called on the channel's reader thread) ---------
     def submit_command(self, command: dict[str, Any]) -> None:
-        if self.relay is not None:  # every rank gets it from rank 0 at the next boundary
-            self.relay.submit(command)
-            return
-        self._run_command(command)
+        kind = command.get("type")
+        try:
+            if kind == RELEASE:
+                return
+            if self.relay is not None:  # every rank gets it from rank 0 at the next boundary
+                self.relay.submit(command)
+                return
+            self._run_command(command)
+        finally:
+            if kind in ("apply", RELEASE):
+                # A rank held for the decision goes on, once the apply is queued: set before, the
+                # boundary's executor ran without it and the apply slipped a step.
+                self._decision.set()
 
     def _run_command(self, command: dict[str, Any]) -> None:
         kind = command.get("type")
@@ -665,6 +681,7 @@ class Agent:
             self.flush(sync=True)
             self._stop_pending = True
             return
+        self._hold_for_decision()
         if self.relay is not None:
             self.relay.exchange(self._step)
         if self.executor is not None:
@@ -686,6 +703,26 @@ class Agent:
                 if blocks:
                     self._block_timer.start(blocks, self.subscribe_module_events, device=self.device)
         self.flush(sync=False)
+
+    def _hold_for_decision(self) -> None:
+        """At the boundary before the step an apply was asked for (``apply_hold_step``), send
+        every record so far and wait for the controller's decision: an apply command, or a
+        release when it applies nothing there. Without the wait the apply landed wherever the
+        advice happened to be ready: faster deep steps moved a named remedy from step 5 to 6.
+        One wait per job, bounded by ``apply_hold_s``; in a multi-node job on rank 0 only (the
+        others wait for it in the relay's exchange)."""
+        step = self._hold_step
+        if step is None or self._step != step - 1 or (self.relay is not None and self.rank != 0):
+            return
+        self._hold_step = None
+        self.flush(sync=True)
+        start = time.perf_counter()
+        decided = self._decision.wait(self._hold_s)
+        self.emit(Event(rank=self.rank, step=self._step, name="apply_hold",
+                        data={"at_step": step, "waited_s": time.perf_counter() - start, "decided": decided}))
+        if not decided:
+            self.warn(f"no decision from the controller on the apply asked for at step {step} after "
+                      f"{self._hold_s:.0f} s: training goes on", at_step=step)
 
     @property
     def deep_active(self) -> bool:

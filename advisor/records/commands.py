@@ -17,6 +17,10 @@ from typing import Any, ClassVar, Mapping
 from advisor.records.jsonable import known_fields, to_json
 
 DEFAULT_MEASURE_STEPS = 3  # steps measured after an apply before keep-or-revert
+# ``{"type": "release"}``: the controller applies nothing at the step an apply was asked for; a
+# rank waiting for that decision goes on (advisor/agent/agent.py, ``_hold_for_decision``). Not a
+# command for the executor: the agent takes it before its command relay.
+RELEASE = "release"
 
 
 @dataclass(frozen=True, kw_only=True)
