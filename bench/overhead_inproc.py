@@ -3,6 +3,7 @@
     python bench/overhead_inproc.py                       # MLP (~20 ms step) and examples/gpt.py, 1 thread
     python bench/overhead_inproc.py --threads 0           # torch's default thread count
     python bench/overhead_inproc.py --model mlp --blocks 40 --block-steps 12
+    python bench/overhead_inproc.py --device cuda --threads 0   # a GPU: every step ends in a synchronize
 
 One process, one model, one optimizer. Blocks of ``--block-steps`` training steps alternate
 between the agent's global hooks *installed* (with the enabled probes built as ``advisor attach``
@@ -50,26 +51,36 @@ from advisor.records.samples import StepSample  # noqa: E402
 Step = Callable[[], None]
 
 
-def mlp_step(hidden: int, layers: int, batch: int) -> Step:
+def _finish(device: torch.device) -> Callable[[], None]:
+    """What ends a timed step: on CUDA a synchronize (the kernels, not their launches, are the
+    step; both sides of a pair pay it alike), elsewhere nothing."""
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+def mlp_step(hidden: int, layers: int, batch: int, device: torch.device = torch.device("cpu")) -> Step:
     """A plain MLP step: fp32, AdamW, random batches from a private generator."""
     gen = torch.Generator().manual_seed(0)
     blocks = []
     for _ in range(layers):
         blocks += [torch.nn.Linear(hidden, hidden), torch.nn.GELU()]
-    model = torch.nn.Sequential(*blocks, torch.nn.Linear(hidden, 1))
+    model = torch.nn.Sequential(*blocks, torch.nn.Linear(hidden, 1)).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    finish = _finish(device)
 
     def step() -> None:
-        x = torch.randn(batch, hidden, generator=gen)
+        x = torch.randn(batch, hidden, generator=gen).to(device, non_blocking=True)
         loss = model(x).pow(2).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        finish()
 
     return step
 
 
-def gpt_step(args: list[str]) -> Step:
+def gpt_step(args: list[str], device: torch.device = torch.device("cpu")) -> Step:
     """examples/gpt.py's model and batches, driven by this loop."""
     spec = importlib.util.spec_from_file_location("bench_gpt_example", ROOT / "examples" / "gpt.py")
     gpt = importlib.util.module_from_spec(spec)
@@ -79,16 +90,18 @@ def gpt_step(args: list[str]) -> Step:
     ns = gpt.parse_args(args)
     cfg = gpt.GPTConfig(vocab=ns.vocab, seq=ns.seq, layers=ns.layers, hidden=ns.hidden, heads=ns.heads)
     gen = torch.Generator().manual_seed(ns.seed)
-    model = gpt.GPT(cfg)
+    model = gpt.GPT(cfg).to(device)
     opt = gpt.make_optimizer(ns.optimizer, model.parameters(), ns.lr)
+    finish = _finish(device)
 
     def step() -> None:
-        x, y = gpt.synthetic_batch(gen, cfg, ns.batch)
+        x, y = (t.to(device, non_blocking=True) for t in gpt.synthetic_batch(gen, cfg, ns.batch))
         logits = model(x)
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        finish()
 
     return step
 
@@ -205,19 +218,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--probes", choices=["all", "none", "both"], default="both")
     p.add_argument("--mlp", default="1024,4,128", help="hidden,layers,batch of the MLP")
     p.add_argument("--gpt-args", default="", help="arguments for examples/gpt.py's model")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (each step ends in a synchronize there)")
     ns = p.parse_args(argv)
+    device = torch.device(ns.device)
     if ns.threads:
         torch.set_num_threads(ns.threads)
     models = ["mlp", "gpt"] if ns.model == "both" else [ns.model]
     probe_sets = ["none", "all"] if ns.probes == "both" else [ns.probes]
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, {ns.blocks} pairs x {ns.block_steps} steps")
+    print(f"torch {torch.__version__}, {device}, threads {torch.get_num_threads()}, "
+          f"{ns.blocks} pairs x {ns.block_steps} steps")
     print(f"{'model':6} {'probes':6} {'step':>9} {'median':>7} {'95% CI':>15}  target <= 1.03, CI high < 1.05")
     for name in models:
         if name == "mlp":
             hidden, layers, batch = (int(v) for v in ns.mlp.split(","))
-            step = mlp_step(hidden, layers, batch)
+            step = mlp_step(hidden, layers, batch, device)
         else:
-            step = gpt_step(ns.gpt_args.split())
+            step = gpt_step(ns.gpt_args.split(), device)
         base = statistics.median(timed_block(step, 8)[3:])
         for probes in probe_sets:
             r = light_overhead(step, probes, ns.blocks, ns.block_steps)

@@ -66,6 +66,14 @@ def profile_of(state, budget: int):
         models=state.models, optimizers=state.optimizers, budget_bytes=budget)
 
 
+def phases_text(samples) -> str:
+    """Median forward, backward and optimizer seconds of light steps, in ms."""
+    if not samples:
+        return "-"
+    keys = ("forward_s", "backward_s", "optimizer_s", "data_s", "other_s")
+    return " / ".join(f"{statistics.median([s.phases.get(k, 0.0) for s in samples]) * 1e3:.1f}" for k in keys)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--script-args", default="--hidden 512 --layers 4")
@@ -80,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         base = state_of(base_home)
         print(f"examples/ddp.py {ns.script_args} on 2 gloo ranks; ZeRO-K applied at step {ns.at_step} "
               f"of {ns.steps}; measured = the memory probe's highest sample after the apply")
+        for rank in sorted(base.steps):
+            light = [s for s in base.steps[rank] if s.index > 0 and not s.deep]
+            print(f"  DDP rank {rank}: step {statistics.median([s.time_s for s in light]) * 1e3:.1f} ms; phases "
+                  f"forward / backward / optimizer / data / other {phases_text(light)} ms")
         for stage in ns.stages:
             budget = budget_selecting(base, stage)
             if budget is None:
@@ -118,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
                 error = 100 * (cost.peak_bytes - peak.total_bytes) / peak.total_bytes
                 print(f"  rank {rank}: {a['status']:8} measured {cells}, peak {format_size(peak.total_bytes)} "
                       f"(prediction {error:+.1f}%), step {t * 1e3:.1f} ms"
-                      + (f", collectives {statistics.median(comm.values()) * 1e3:.1f} ms per deep step" if comm else ""))
+                      + (f", collectives {statistics.median(comm.values()) * 1e3:.1f} ms per deep step" if comm else "")
+                      + f"; phases f/b/o/d/x {phases_text(steps)} ms")
     return 0
 
 

@@ -26,6 +26,7 @@ from advisor.probes.memory.budget import apply_cuda_budget
 from advisor.probes.memory.categories import local_part, role_tensors, storage_key
 from advisor.probes.device.nvml import Nvml
 from advisor.probes.memory.cuda import (
+    allocator_counters,
     allocator_view,
     device_uuid,
     dump_snapshot,
@@ -197,9 +198,10 @@ class MemoryProbe(Probe):
                 self.tracker.reset_peak()
         if self.cuda:
             index = _cuda_index(ctx)
-            out["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated(index))
+            counters = allocator_counters(index)
+            out["peak_memory_bytes"] = counters["peak_allocated_bytes"]
             torch.cuda.reset_peak_memory_stats(index)
-            retries = int(torch.cuda.memory_stats(index).get("num_alloc_retries", 0))
+            retries = counters["alloc_retries"]
             if retries != self._retries:  # the allocator had to flush its cache: worth a record
                 self._retries = retries
                 ctx.emit(Event(rank=ctx.rank, step=step, name="cuda_memory", data=self._cuda_view(ctx)))
@@ -331,9 +333,8 @@ class MemoryProbe(Probe):
             return
         allocated = reserved = None
         if self.cuda:
-            index = _cuda_index(ctx)
-            allocated = int(torch.cuda.memory_allocated(index))
-            reserved = int(torch.cuda.memory_reserved(index))
+            counters = allocator_counters(_cuda_index(ctx))
+            allocated, reserved = counters["allocated_bytes"], counters["reserved_bytes"]
         ctx.emit(
             MemorySample(
                 rank=ctx.rank,
@@ -398,9 +399,8 @@ class MemoryProbe(Probe):
         categories = self._light_categories(ctx)
         allocated = reserved = None
         if self.cuda:
-            index = _cuda_index(ctx)
-            allocated = int(torch.cuda.memory_allocated(index))
-            reserved = int(torch.cuda.memory_reserved(index))
+            counters = allocator_counters(_cuda_index(ctx))
+            allocated, reserved = counters["allocated_bytes"], counters["reserved_bytes"]
             known = sum(categories.values())
             categories["other"] = max(0, allocated - known)  # activations, temporaries, inputs
             categories["offloaded_host"] = host_memory.held_bytes()  # pinned host copies: not device bytes
