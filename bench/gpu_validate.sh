@@ -49,7 +49,7 @@ case "$stage" in
   benches)
     for cmd in "bench/offload.py --device cuda --layers 8 --hidden 1024 --seq 1024 --batch 8" \
                "bench/prediction.py --suite" \
-               "bench/overhead.py --inproc --threads 0"; do
+               "bench/overhead.py --inproc --threads 0 --device cuda"; do
       echo "== python3 $cmd" | tee -a "$out/benches.txt"
       timeout "${BENCH_S:-170}" python3 $cmd 2>&1 | tail -40 | tee -a "$out/benches.txt"
     done
