@@ -21,15 +21,33 @@ def _step(phase) -> None:
     y.backward()
 
 
-def _count_and_time():
+def _count_then_profile(step=_step, *, use_cuda: bool = False):
+    """The counted ops of one call of ``step``, and the profiler, still running, over the next."""
     phase = {"now": "forward"}
     counter = OpCounter(lambda: ("", phase["now"]))
     with counter:
-        _step(phase)
-    prof = start_profiler(use_cuda=False)
-    _step({"now": "forward"})
+        step(phase)
+    prof = start_profiler(use_cuda=use_cuda)
+    step({"now": "forward"})
+    if use_cuda:
+        torch.cuda.synchronize()
+    return counter.calls, prof
+
+
+def _count_and_time():
+    calls, prof = _count_then_profile()
     events = stop_profiler(prof)
-    return counter.calls, events, match_events(counter.calls, events)
+    return calls, events, match_events(calls, events)
+
+
+def _raw_and_tree(prof, *, use_cuda: bool = False):
+    """The profiler's aten events read raw and from PyTorch's own tree, in start order."""
+    from advisor.probes.compute.timing import raw_events
+
+    prof.__exit__(None, None, None)
+    raw = raw_events(prof.profiler.kineto_results.events(), use_cuda=use_cuda)
+    tree = sorted((e for e in prof.events() if e.name.startswith("aten::")), key=lambda e: e.time_range.start)
+    return raw, tree
 
 
 def test_ops_carry_the_composite_op_and_autograd_node_around_them() -> None:
@@ -64,19 +82,10 @@ def test_cuda_times_add_no_host_time() -> None:
 def test_raw_cpu_events_give_every_op_the_time_of_the_profilers_own_tree() -> None:
     """The timed step reads kineto's raw events (``raw_events``), not PyTorch's FunctionEvent
     tree (130-330 ms to build for a 45 ms GPT step): the joined times are equal."""
-    from advisor.probes.compute.timing import raw_events
-
-    phase = {"now": "forward"}
-    counter = OpCounter(lambda: ("", phase["now"]))
-    with counter:
-        _step(phase)
-    prof = start_profiler(use_cuda=False)
-    _step({"now": "forward"})
-    prof.__exit__(None, None, None)
-    raw = raw_events(prof.profiler.kineto_results.events())
-    tree = sorted((e for e in prof.events() if e.name.startswith("aten::")), key=lambda e: e.time_range.start)
-    fast, full = join_times(counter.calls, raw, use_cuda=False), join_times(counter.calls, tree, use_cuda=False)
-    assert sum(t is not None for t in full) >= 0.8 * len(counter.calls)
+    calls, prof = _count_then_profile()
+    raw, tree = _raw_and_tree(prof)
+    fast, full = join_times(calls, raw, use_cuda=False), join_times(calls, tree, use_cuda=False)
+    assert sum(t is not None for t in full) >= 0.8 * len(calls)
     assert fast == pytest.approx(full, abs=1e-9)
     assert any(outermost(e) is not None and outermost(e).name.startswith(AUTOGRAD_NODE) for e in raw)
 
@@ -87,8 +96,6 @@ def test_raw_events_join_cuda_kernels_to_their_ops_as_the_profilers_own_tree() -
     as PyTorch's FunctionEvent tree reads them (1.3 s to build for a 14 ms GPT step on an H200)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    from advisor.probes.compute.timing import raw_events
-
     def step(phase) -> None:
         w = torch.randn(1024, 1024, device="cuda", requires_grad=True)
         x = torch.randn(512, 1024, device="cuda")
@@ -98,17 +105,9 @@ def test_raw_events_join_cuda_kernels_to_their_ops_as_the_profilers_own_tree() -
 
     step({"now": "forward"})
     torch.cuda.synchronize()
-    phase = {"now": "forward"}
-    counter = OpCounter(lambda: ("", phase["now"]))
-    with counter:
-        step(phase)
-    prof = start_profiler(use_cuda=True)
-    step({"now": "forward"})
-    torch.cuda.synchronize()
-    prof.__exit__(None, None, None)
-    raw = raw_events(prof.profiler.kineto_results.events(), use_cuda=True)
-    tree = sorted((e for e in prof.events() if e.name.startswith("aten::")), key=lambda e: e.time_range.start)
-    fast, full = join_times(counter.calls, raw, use_cuda=True), join_times(counter.calls, tree, use_cuda=True)
+    calls, prof = _count_then_profile(step, use_cuda=True)
+    raw, tree = _raw_and_tree(prof, use_cuda=True)
+    fast, full = join_times(calls, raw, use_cuda=True), join_times(calls, tree, use_cuda=True)
     assert fast == pytest.approx(full, rel=1e-6, abs=1e-9)
-    mm = [t for c, t in zip(counter.calls, fast) if c.name in ("aten.mm", "aten.addmm")]
+    mm = [t for c, t in zip(calls, fast) if c.name in ("aten.mm", "aten.addmm")]
     assert mm and all(t and t > 0 for t in mm)
