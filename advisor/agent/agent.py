@@ -277,20 +277,22 @@ class Agent:
         of ops in a 46 ms GPT step). That step takes the place of the next shared one, so the
         default steps 1-3 run: 1 every probe, 2 the compute probe's timing, 3 the memory and comm
         probes. Steps requested without names (an apply's window) run the shared probes only."""
+        if not full and self._solo_extra == 0:  # a light step, the common case: nothing to split
+            self._solo_ran = False
+            return [], False
         probes = list(self.probes)
         solo, shared = self._split_probes()
-        if not (solo and shared):
-            if full or self._solo_extra > 0:
-                self._solo_extra = max(0, self._solo_extra - 1)
-                return (probes if full else [p for p in probes if p.name in self._solo_names]), full
-            return [], False
+        named = [p for p in probes if p.name in self._solo_names]  # the solo steps' probes
+        if not (solo and shared):  # nothing to keep apart
+            if full:
+                self._solo_extra = max(0, self._solo_extra - 1)  # the solo probes run on this one
+                return probes, True
+            self._solo_extra -= 1
+            return named, False
         if self._solo_extra > 0:
             self._solo_extra -= 1
             self._solo_ran = True
-            return [p for p in probes if p.name in self._solo_names], False
-        if not full:
-            self._solo_ran = False
-            return [], False
+            return named, False
         if self.is_deep(self._step) and not self._solo_ran:
             return probes, True
         return shared, True
