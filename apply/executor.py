@@ -21,9 +21,11 @@ Flow of one ``{"type": "apply", ...}`` command:
    a job must fit it) but not for the step time (first-call costs, allocator
    growth). Then ``measure_steps`` light steps give the step time: a deep step
    runs the deep probes and would overstate the remedy's cost several times
-   over. Deep steps are what is left when no light step comes (a run that
+   over. A handle with a ``step_period`` (a loader's workers, which deliver
+   batches in turn) gets whole periods of light steps: ``measure_steps``
+   rounded up. Deep steps are what is left when no light step comes (a run that
    deep-samples every step); the window never spans more than
-   ``2 * measure_steps + 1`` steps.
+   ``measure_steps + 1`` steps plus the light ones.
 4. *Decide* with ``decide`` below, emit ``Event("apply_result")``; a revert
    happens at the next boundary, before the result is emitted. A peak over the
    memory budget decides at once, without waiting for the light steps.
@@ -48,7 +50,7 @@ the ranks agree through the job's store on the boundary to start it at
 nodes the command relay hands it to every rank at one boundary. Every rank
 applies at that boundary, then all vote (``Agreement``): if any rank
 failed to apply, or the digests differ, all revert before a step runs. The
-after window then has a fixed length (``2 * measure_steps + 1`` steps, so that
+after window then has a fixed length (that bound, the same on every rank, so that
 it ends at the same step everywhere) and keep/revert is voted again: any
 rank's revert (over budget, too slow) reverts all. A vote that times out
 reverts.
@@ -215,20 +217,37 @@ def pair(before: list[StepSample], after: list[StepSample], *, measure_steps: in
     return b, a
 
 
+def _light_needed(measure_steps: int, period: int) -> int:
+    """``measure_steps`` rounded up to whole periods: a loader whose ``period`` workers deliver
+    batches in turn waits ~150 ms one step and none the next, and three steps of it average
+    100 ms or 50 ms by the window's phase, either side of an 80 ms prediction."""
+    period = max(1, period)
+    return -(-measure_steps // period) * period
+
+
 def _window_done(after: list[StepSample], measure_steps: int, budget_bytes: int | None,
-                 *, fixed: bool = False) -> bool:
-    """Warm-up and ``measure_steps`` deep steps, then ``measure_steps`` light ones (or the bound).
+                 *, fixed: bool = False, period: int = 1) -> bool:
+    """Warm-up and ``measure_steps`` deep steps, then ``measure_steps`` light ones rounded up to
+    whole periods of ``period`` steps (or the bound).
 
     ``fixed`` (several ranks): always the bound, so the window ends at the same step on every rank.
     """
+    light_needed = _light_needed(measure_steps, period)
+    bound = 1 + measure_steps + light_needed
     if fixed:
-        return len(after) >= 2 * measure_steps + 1
+        return len(after) >= bound
     if len(after) < measure_steps + 1:
         return False
     if budget_bytes is not None and any((s.peak_memory_bytes or 0) > budget_bytes for s in after):
         return True  # over budget: the step time cannot change the verdict
     light = sum(1 for s in after[1:] if not s.deep)
-    return light >= measure_steps or len(after) >= 2 * measure_steps + 1
+    return light >= light_needed or len(after) >= bound
+
+
+def _period(handle: Any) -> int:
+    """A handle's optional ``step_period`` (an int >= 1; anything else reads as 1)."""
+    value = getattr(handle, "step_period", 1)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
 
 
 def _recent_deep(history: Any, step: int, measure_steps: int) -> bool:
@@ -276,6 +295,7 @@ class _Active:
     from_plan: bool = False
     digest: str | None = None
     baseline_step_time_s: float | None = None
+    period: int = 1  # the handles' ``step_period``: step times repeat with it, timed in whole periods
     before: list[StepSample] = field(default_factory=list)
     after: list[StepSample] = field(default_factory=list)
 
@@ -342,7 +362,7 @@ class Executor:
                 return
             active.after.append(sample)
             if _window_done(active.after, active.measure_steps, self.ctx.config.get("memory_budget_bytes"),
-                            fixed=self._multi_rank() and not active.from_plan):
+                            fixed=self._multi_rank() and not active.from_plan, period=active.period):
                 self._decide(active, complete=True)
         except Exception as exc:  # the executor must never break training
             self._internal_error("on_step_end", exc)
@@ -533,7 +553,8 @@ class Executor:
         })
         self._active = _Active(results=[result], handles=[handle], applied_at=step,
                                measure_steps=request.measure_steps, digest=request.digest,
-                               baseline_step_time_s=request.baseline_step_time_s, before=before_samples)
+                               baseline_step_time_s=request.baseline_step_time_s, before=before_samples,
+                               period=_period(handle))
         self.ctx.request_deep(request.measure_steps + 1)
 
     def _decide(self, active: _Active, *, complete: bool) -> None:

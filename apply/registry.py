@@ -33,6 +33,8 @@ class RemedyHandle(Protocol):
 
     # Optional: ``commit()``, called once every rank has agreed to keep the remedy (right after
     # the apply's vote); a handle may then release what only a revert at that boundary needed.
+    # Optional: ``step_period`` (int), when the remedy makes step times repeat with that period
+    # (a DataLoader's workers deliver batches in turn); the executor times whole periods.
 
 
 ApplyFn = Callable[..., RemedyHandle]

@@ -292,3 +292,39 @@ def test_the_warm_up_step_0_is_not_a_before_time_when_later_steps_are() -> None:
     assert (b.time_steps, b.step_time_s) == ((4,), 0.1)
     b, _ = pair(before[:1], after, measure_steps=3)  # nothing else: step 0 is all there is
     assert (b.time_steps, b.step_time_s) == ((0,), 0.9)
+
+
+def test_a_remedy_with_a_step_period_is_timed_over_whole_periods() -> None:
+    """Two loader workers deliver batches in turn: 150 ms of waiting, then none. Three light steps
+    average 103 ms or 53 ms by their phase, either side of the 80 ms predicted; whole periods
+    (four steps) average 80 ms whatever the phase."""
+
+    class Handle:
+        step_period = 2
+
+        def revert(self) -> None:
+            pass
+
+    registry.register("paired", lambda model, **_: Handle())
+    try:
+        for phase in (0, 1):
+            _, _, ctx, ex = setup()
+            rec = {"id": "p", "remedy": "paired", "params": {},
+                   "predicted": {"step_time_s": 0.08}, "baseline_step_time_s": 0.16}
+            ex.submit({"type": "apply", "recommendation": rec, "at_step": 6, "measure_steps": 3})
+            extra, seen = 0, 0
+            for i in range(20):  # deep steps as the agent runs them: the ones request_deep asked for
+                ctx.step = i
+                ex.on_boundary(i)
+                extra, seen = max([extra, *ctx.deep_requests[seen:]]), len(ctx.deep_requests)
+                deep, extra = extra > 0, max(extra - 1, 0)
+                time_s = 0.16 if i < 6 else (0.155 if (i + phase) % 2 else 0.005)
+                ex.on_step_end(StepSample(index=i, time_s=time_s * (5 if deep else 1), deep=deep,
+                                          peak_memory_bytes=100 if deep else None))
+            [result] = events(ctx, "apply_result")
+            after = result.data["measured"]["after"]
+            assert len(after["time_steps"]) == 4, after  # measure_steps 3, rounded up to two periods
+            assert after["step_time_s"] == pytest.approx(0.08)
+            assert result.data["status"] == "kept", result.data["reason"]
+    finally:
+        registry.unregister("paired")

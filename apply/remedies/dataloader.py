@@ -154,6 +154,7 @@ class DataLoaderHandle:
     target: Any = None
     index: int = 0
     reverted: bool = False
+    step_period: int = 1  # the workers deliver batches in turn: step times repeat every num_workers
 
     def revert(self) -> None:
         if self.reverted:
@@ -217,4 +218,5 @@ def apply_dataloader(target: Target, *, loader: int = 0, num_workers: int | None
     logger.info("DataLoader set to %s%s", ", ".join(f"{k}={v}" for k, v in values.items()),
                 "; its running iterator restarted on the remaining batches" if running is not None else "")
     _notify(target, obj, loader)
-    return DataLoaderHandle(loader=obj, previous=previous, running=running, target=target, index=loader)
+    return DataLoaderHandle(loader=obj, previous=previous, running=running, target=target, index=loader,
+                            step_period=max(1, int(obj.num_workers)))
