@@ -146,8 +146,10 @@ def record_timeline(model, opt, x, y, vocab, names: list[str]) -> ChainMemory:
         hooks.remove()
         agent.close()
     samples = [r for r in records if isinstance(r, MemorySample) and r.step == 1]
-    inputs = {r.name: r.input_bytes for r in records if isinstance(r, ModuleStat) and r.step == 1}
-    memory = chain_memory(samples, names, inputs)
+    stats = [r for r in records if isinstance(r, ModuleStat) and r.step == 1]
+    freed = {r.name: (r.checkpoint_freed_bytes, r.checkpoint_freed_late_bytes or 0) for r in stats
+             if r.checkpoint_freed_bytes is not None}
+    memory = chain_memory(samples, names, {r.name: r.input_bytes for r in stats}, freed)
     if memory is None:
         raise SystemExit("the deep step's timeline did not cover the chain once forward and once backward")
     return memory

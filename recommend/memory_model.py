@@ -280,4 +280,7 @@ def chain_timeline(profile: Profile, chain: Chain | None) -> ChainMemory | None:
     once backward; None otherwise (no deep step, accumulation, an OOM before backward)."""
     if chain is None or not chain.contiguous or not profile.memory_timeline:
         return None
-    return chain_memory(profile.memory_timeline, chain.names, {m.name: m.input_bytes for m in profile.modules})
+    freed = {m.name: (m.checkpoint_freed_bytes, m.checkpoint_freed_late_bytes or 0) for m in profile.modules
+             if m.checkpoint_freed_bytes is not None}
+    return chain_memory(profile.memory_timeline, chain.names, {m.name: m.input_bytes for m in profile.modules},
+                        freed)

@@ -12,11 +12,17 @@ set S of chain blocks been checkpointed:
   running code still references (the running module's and its ancestors' inputs, the block's input
   and one running residual of that size);
 - a checkpointed block j keeps only its input while it waits for backward, so it frees
-  ``s_j`` = (activation bytes saved by ops inside block j, measured as the growth of the
-  "activation" category over its forward) - (its input, which the checkpoint keeps);
+  ``s_j`` = the storages created and saved inside its forward that nothing after it saves and
+  that are not its output (the memory probe follows each saved storage:
+  ``ModuleStat.checkpoint_freed_bytes``). Sessions without that figure use the growth of the
+  "activation" category over its forward less its input (which the checkpoint keeps);
+- what block j created and saved that something after it saves too (a ResNet block's in-place
+  ReLU output, saved again by the next block), ``l_j`` (``checkpoint_freed_late_bytes``), is
+  alive while j waits and gone by j's backward, after the later saver's backward ran;
 - during the forward of block m the blocks j < m are waiting; during the backward of block i the
   blocks j < i still wait, and i itself is live again: recomputed from its input, it grows from
-  (the total when its backward starts, less s_i) by its measured forward growth;
+  (the total just before its first backward op, less s_i and l_i) by its measured forward growth
+  (from the total just before its first forward op; ``MemorySample.op_bytes`` gives both);
 - between the chain's forward and its backward (loss head) every block is waiting; before the
   chain and after it (embedding, optimizer) nothing is.
 
@@ -35,7 +41,8 @@ stays on the device through this block's backward:
 
 It is exact where the checkpoint frees precisely what the block saved and everything else runs as
 measured; the CPU storage tracker's peak of a checkpointed run is the check (tests/test_peak_model.py:
-equal to the byte on examples/gpt.py's model for every selection tried). Not modelled: tensors
+equal to the byte on examples/gpt.py's model and on examples/cnn.py's ResNet, by stages and by
+BasicBlocks, for every selection tried). Not modelled: tensors
 that only a reference cycle keeps alive until the garbage collector runs.
 ``solve`` chooses S for a budget by dynamic programming over the chain with a Pareto front of
 (prefix savings, recompute time), exact because every constraint only improves with more savings;
@@ -64,6 +71,7 @@ class Sample(Protocol):
     module: str | None
     total_bytes: int
     categories: dict[str, int]
+    op_bytes: int | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,24 +111,28 @@ def _block_of(module: str | None, names: Sequence[str]) -> int | None:
     return None
 
 
-def chain_memory(samples: Iterable[Sample], names: Sequence[str], module_inputs: Mapping[str, int]) -> ChainMemory | None:
+def chain_memory(samples: Iterable[Sample], names: Sequence[str], module_inputs: Mapping[str, int],
+                 freed: Mapping[str, tuple[int, int]] | None = None) -> ChainMemory | None:
     """Summarise the timeline of the step with the highest peak that ran one forward and one
     backward through the chain ``names`` (in forward order). ``module_inputs``: input bytes of
-    every measured module by qualified name (``ModuleStat.input_bytes``). None when no such step
-    was measured (no deep step, gradient accumulation, several forwards per step, blocks out of
-    order)."""
+    every measured module by qualified name (``ModuleStat.input_bytes``); ``freed``: what
+    checkpointing each frees while it waits and what only by its own backward
+    (``ModuleStat.checkpoint_freed_bytes``, ``checkpoint_freed_late_bytes``), where measured.
+    None when no such step was measured (no deep step, gradient accumulation, several forwards
+    per step, blocks out of order)."""
     by_step: dict[int, list[Sample]] = {}
     for s in samples:
         by_step.setdefault(s.step, []).append(s)
     best: ChainMemory | None = None
     for step, seq in by_step.items():
-        summary = _summarise(step, seq, names, module_inputs)
+        summary = _summarise(step, seq, names, module_inputs, freed or {})
         if summary is not None and (best is None or summary.measured_peak_bytes > best.measured_peak_bytes):
             best = summary
     return best
 
 
-def _summarise(step: int, seq: Sequence[Sample], names: Sequence[str], module_inputs: Mapping[str, int]) -> ChainMemory | None:
+def _summarise(step: int, seq: Sequence[Sample], names: Sequence[str], module_inputs: Mapping[str, int],
+               freed: Mapping[str, tuple[int, int]]) -> ChainMemory | None:
     n = len(names)
     phase = "data"
     fwd: list[list[Sample]] = [[] for _ in range(n)]
@@ -169,24 +181,38 @@ def _summarise(step: int, seq: Sequence[Sample], names: Sequence[str], module_in
         act0 = start.categories.get("activation", 0)
         grown = fwd[i][-1].categories.get("activation", 0) - act0
         x = int(module_inputs.get(names[i], 0))
-        saving = max(0, grown - x)
+        # What the checkpoint frees: per storage where the probe measured it (what the block
+        # created and saved, less what something after it saves too: that goes only once the
+        # later module's backward ran, before this block's recomputation); else the growth of
+        # saved bytes over its forward less its input, which the checkpoint keeps.
+        saving, late = freed.get(names[i], (max(0, grown - x), 0))
         own = [s.total_bytes - max(0, s.categories.get("activation", 0) - act0 - _referenced(s.module, names[i], x, module_inputs))
                for s in fwd[i]]
         # Recomputed at the start of its backward, the block grows again from its input alone, as
         # it grew in the forward: from (the total then, less what it saved) by its forward growth.
-        growth = max(s.total_bytes - start.total_bytes for s in fwd[i])
+        # From the total just before its first op: the sample before the block can still hold
+        # the previous block's temporaries (freed before this one's first op).
+        start_total = _before_op(start, fwd[i][0])
+        growth = max(s.total_bytes for s in fwd[i]) - start_total
         # The total as the block's backward begins: at most the sample before it (only frees
         # happen between the two: a gradient sum's inputs, for one) and at most the sample after
-        # its first op (which only added that op's output), so the lower of the two.
-        at_backward = min((before_bwd[i] or bwd[i][0]).total_bytes, bwd[i][0].total_bytes)
+        # its first op less that op's new storages (``op_bytes``; older records: the whole sample).
+        at_backward = _before_op(before_bwd[i] or bwd[i][0], bwd[i][0])
         blocks.append(BlockMemory(
             name=names[i], saving_bytes=saving,
             forward_max=max(s.total_bytes for s in fwd[i]), forward_max_own=max(own),
             backward_max=max(s.total_bytes for s in bwd[i]),
-            recompute_peak=at_backward - saving + growth, offload_bytes=max(0, grown)))
+            recompute_peak=at_backward - saving - late + growth, offload_bytes=max(0, grown)))
     peak = max([outside, between] + [b.forward_max for b in blocks] + [b.backward_max for b in blocks])
     return ChainMemory(step=step, blocks=tuple(blocks), outside_bytes=outside, between_bytes=between,
                        measured_peak_bytes=peak)
+
+
+def _before_op(before: Sample, first: Sample) -> int:
+    """The total just before ``first``'s op ran: at most the sample before it (only frees happen
+    between the two) and at most ``first`` less its op's new storages (``op_bytes``; records
+    without it: the whole of ``first``, an upper bound)."""
+    return min(before.total_bytes, first.total_bytes - (first.op_bytes or 0))
 
 
 def _referenced(module: str | None, block: str, x: int, module_inputs: Mapping[str, int]) -> int:

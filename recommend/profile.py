@@ -54,6 +54,10 @@ class ModuleProfile:
     call_activation_bytes: int = 0
     call_input_bytes: int = 0
     call_output_bytes: int = 0
+    # What checkpointing it alone frees while it waits for backward, and what only by its own
+    # backward (``ModuleStat``; probes/memory/modules.py). None: not measured (older sessions).
+    checkpoint_freed_bytes: int | None = None
+    checkpoint_freed_late_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__dataclass_fields__}
@@ -494,6 +498,12 @@ def light_forward(steps: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 
 _PER_CALL = ("calls", "live_calls", "call_activation_bytes", "call_input_bytes", "call_output_bytes")
+_FREED = ("checkpoint_freed_bytes", "checkpoint_freed_late_bytes")
+
+
+def _largest(values: Iterable[Any]) -> int | None:
+    known = [int(v) for v in values if v is not None]
+    return max(known) if known else None
 
 
 def _aggregate_modules(rows: Sequence[Any]) -> tuple[ModuleProfile, ...]:
@@ -520,6 +530,7 @@ def _aggregate_modules(rows: Sequence[Any]) -> tuple[ModuleProfile, ...]:
                 forward_s=_median([g.get("forward_s") for g in group]) or 0.0,
                 backward_s=_median([g.get("backward_s") for g in group]) or 0.0,
                 **{k: max(int(g.get(k) or 0) for g in group) for k in _PER_CALL},
+                **{k: _largest(g.get(k) for g in group) for k in _FREED},
             )
         )
     return tuple(out)

@@ -140,6 +140,7 @@ class MemorySample(Record):
     module: str | None = None
     categories: dict[str, int] = field(default_factory=dict)  # keys: MEMORY_CATEGORIES
     total_bytes: int = 0
+    op_bytes: int | None = None  # an op's sample: the bytes of its new storages, in total_bytes already
     # CUDA only: allocator view and NVML (None elsewhere)
     allocated_bytes: int | None = None
     reserved_bytes: int | None = None
@@ -171,6 +172,10 @@ class ModuleStat(Record):
     call_activation_bytes: int = 0
     call_input_bytes: int = 0
     call_output_bytes: int = 0
+    # What checkpointing this module alone frees while it waits for backward, and what it frees
+    # only by its own backward (saved again after it); probes/memory/modules.py. None: not measured.
+    checkpoint_freed_bytes: int | None = None
+    checkpoint_freed_late_bytes: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -128,6 +128,8 @@ def _modules(state: SessionState, rank: int | None) -> list[dict[str, Any]]:
             "call_activation_bytes": s.call_activation_bytes,
             "call_input_bytes": s.call_input_bytes,
             "call_output_bytes": s.call_output_bytes,
+            "checkpoint_freed_bytes": s.checkpoint_freed_bytes,
+            "checkpoint_freed_late_bytes": s.checkpoint_freed_late_bytes,
         }
         for s in latest.values()
     ]

@@ -19,6 +19,14 @@ What each ``ModuleStat`` field measures:
   T times before one backward). A backward is seen as an op run by an autograd node.
 - ``call_activation_bytes`` / ``call_input_bytes`` / ``call_output_bytes``: the largest figure
   of one grad-enabled call (the totals above sum every call of the step).
+- ``checkpoint_freed_bytes``: what checkpointing this module alone would free while it waits for
+  its backward: storages created inside its forward call and saved there, by nothing after the
+  call (its input, created before the call, is kept by the checkpoint and never counts).
+  ``checkpoint_freed_late_bytes``: storages created and saved inside the call that something
+  after it saves too (a ResNet block's in-place ReLU output, the next block's input): alive
+  while the later module waits, gone by this module's backward, where its recomputation
+  starts; the call's output too (the code after the call holds it while that runs). Both
+  summed over the step's calls; None without the tracker's creation clock.
 - ``forward_s``: wall time from the forward pre-hook to the forward hook (``time.perf_counter``),
   submodules included, summed over calls; recomputation during backward is ignored.
 - ``backward_s``: wall time of the backward ops run by autograd nodes created inside this module's
@@ -73,6 +81,8 @@ class _Frame:
     stop_nodes: set[Any] = field(default_factory=set)
     own_start: int = 0  # the module's own activation bytes when the call began
     grad: bool = False
+    seq0: int = 0  # the tracker's creation clock when the call began
+    call: int = 0  # this call's number in the step
 
 
 def _bytes_of(value: Any, device_type: str) -> int:
@@ -114,6 +124,14 @@ class ModuleAttributor:
         self.acc: dict[str, _Acc] = {}
         self.backward_own: dict[str, float] = {}
         self._unsubscribe: Unsubscribe | None = None
+        # Set by the memory probe to the tracker's: the creation clock, and a storage's time on it.
+        self.clock: Callable[[], int] | None = None
+        self.created_at: Callable[[int], int] | None = None
+        self._calls: dict[int, str] = {}  # call number -> module name (numbers run on over the step)
+        self._outputs: dict[int, set[int]] = {}  # call number -> its output's storage keys
+        self._saves: dict[int, tuple[int, list[frozenset[int]]]] = {}  # key -> (bytes, calls holding its creation, per save)
+        self._freed: dict[str, int] = {}
+        self._freed_late: dict[str, int] = {}
 
     def start(self, ctx: Any = None) -> None:
         """Follow module forwards through ``ctx``'s module events (the agent's one hook set),
@@ -131,6 +149,11 @@ class ModuleAttributor:
         self.backward_own.clear()
         self.stack.clear()
         self._epoch, self._backward_seen = 0, False
+        self._calls.clear()
+        self._outputs.clear()
+        self._saves.clear()
+        self._freed.clear()
+        self._freed_late.clear()
 
     def current(self) -> str | None:
         """Qualified name of the innermost running module with a name, or None.
@@ -166,12 +189,16 @@ class ModuleAttributor:
             if frame.grad:
                 self._count_call(acc)
                 acc.call_input_bytes = max(acc.call_input_bytes, nbytes)
+            if self.clock is not None:
+                frame.seq0, frame.call = self.clock(), len(self._calls)
+                self._calls[frame.call] = name
         self.stack.append(frame)
 
     def _count_call(self, acc: _Acc) -> None:
         if self._backward_seen:  # a backward ran since the last forward call: a new stretch
             self._epoch += 1
             self._backward_seen = False
+            self._fold_saves()  # storage keys are addresses: the freed ones may come back
         if acc.epoch != self._epoch:
             acc.epoch, acc.epoch_calls = self._epoch, 0
         acc.calls += 1
@@ -193,6 +220,9 @@ class ModuleAttributor:
             acc.call_output_bytes = max(acc.call_output_bytes, nbytes)
             acc.call_activation_bytes = max(acc.call_activation_bytes, acc.activation_bytes - frame.own_start)
         tag_created_nodes(output, name, frame.stop_nodes)
+        if self.clock is not None and frame.grad:
+            self._outputs[frame.call] = {found[0] for t in tensors_in(output)
+                                         if t.device.type == self.device_type and (found := storage_key(t))}
 
     def on_saved(self, key: int, nbytes: int, is_role: bool) -> None:
         """A storage was saved for backward (called by the tracker's pack hook)."""
@@ -211,6 +241,25 @@ class ModuleAttributor:
             if key not in acc.inclusive_keys:
                 acc.inclusive_keys.add(key)
                 acc.inclusive_bytes += nbytes
+        if self.created_at is not None:
+            seq = self.created_at(key)
+            holding = frozenset(f.call for f in self.stack if f.name is not None and 0 <= f.seq0 <= seq)
+            self._saves.setdefault(key, (nbytes, []))[1].append(holding)
+
+    def _fold_saves(self) -> None:
+        """Each saved storage into the calls it was created in: freed by their checkpoint when
+        every save of it was inside the call, freed late when something after the call saved it
+        or it is the call's output (the code after the call holds it while it runs)."""
+        for key, (nbytes, saves) in self._saves.items():
+            for call in frozenset().union(*saves):
+                name = self._calls.get(call)
+                if name is None:
+                    continue
+                late = key in self._outputs.get(call, ()) or not all(call in held for held in saves)
+                into = self._freed_late if late else self._freed
+                into[name] = into.get(name, 0) + nbytes
+        self._saves.clear()
+        self._outputs.clear()
 
     def on_backward_op(self, node: Any, seconds: float) -> None:
         self._backward_seen = True
@@ -226,6 +275,8 @@ class ModuleAttributor:
         )
 
     def stats(self, *, step: int, rank: int) -> list[ModuleStat]:
+        self._fold_saves()
+        tracked = self.created_at is not None
         return [
             ModuleStat(
                 rank=rank,
@@ -244,6 +295,8 @@ class ModuleAttributor:
                 call_activation_bytes=acc.call_activation_bytes,
                 call_input_bytes=acc.call_input_bytes,
                 call_output_bytes=acc.call_output_bytes,
+                checkpoint_freed_bytes=self._freed.get(name, 0) if tracked else None,
+                checkpoint_freed_late_bytes=self._freed_late.get(name, 0) if tracked else None,
             )
             for name, acc in self.acc.items()
         ]

@@ -278,6 +278,7 @@ class MemoryProbe(Probe):
             on_backward_op=attributor.on_backward_op,
             on_budget_exceeded=self._on_budget_exceeded,
         )
+        attributor.clock, attributor.created_at = (lambda: tracker.seq), (lambda key: tracker.entries[key].seq)
         tracker.step = step
         tracker.phase = ctx.phase
         tracker.start()
@@ -308,8 +309,8 @@ class MemoryProbe(Probe):
             self._emit_tracked(self._ctx, "optimizer_end", None)
 
     def _on_op(self, op: str, module: str | None) -> None:
-        if self.deep and self._ctx is not None:
-            self._emit_tracked(self._ctx, op, module)
+        if self.deep and self._ctx is not None and self.tracker is not None:
+            self._emit_tracked(self._ctx, op, module, op_bytes=self.tracker.op_bytes)
 
     def _on_budget_exceeded(self, info: BudgetExceeded) -> None:
         ctx = self._ctx
@@ -326,7 +327,8 @@ class MemoryProbe(Probe):
 
     # -- samples ---------------------------------------------------------------------------
     def _emit_tracked(
-        self, ctx: AgentContext, event: str, module: str | None, *, step: int | None = None, force: bool = False
+        self, ctx: AgentContext, event: str, module: str | None, *, step: int | None = None, force: bool = False,
+        op_bytes: int | None = None,
     ) -> None:
         tracker = self.tracker
         if tracker is None or not (self.deep or self.continuous or force):
@@ -344,6 +346,7 @@ class MemoryProbe(Probe):
                 module=module,
                 categories=dict(tracker.totals),
                 total_bytes=tracker.device_total(),  # host copies of offload remedies are not device bytes
+                op_bytes=op_bytes,
                 allocated_bytes=allocated,
                 reserved_bytes=reserved,
             )

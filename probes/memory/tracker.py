@@ -33,9 +33,9 @@ def _op_name(func: Any) -> str:
 
 
 class _Entry:
-    __slots__ = ("nbytes", "origin", "step", "module", "op", "category", "finalizer")
+    __slots__ = ("nbytes", "origin", "step", "module", "op", "category", "finalizer", "seq")
 
-    def __init__(self, nbytes: int, origin: str, step: int, module: str | None, op: str) -> None:
+    def __init__(self, nbytes: int, origin: str, step: int, module: str | None, op: str, seq: int) -> None:
         self.nbytes = nbytes
         self.origin = origin
         self.step = step
@@ -43,6 +43,7 @@ class _Entry:
         self.op = op
         self.category = "other"
         self.finalizer: weakref.finalize | None = None
+        self.seq = seq  # when it was registered (``StorageTracker.seq``); -1: alive before tracking
 
 
 class _Packed:
@@ -120,6 +121,8 @@ class StorageTracker(TorchDispatchMode):
         self.active = False
         self.paused = False  # out of the dispatch mode and hooks, still counting frees (pause())
         self.failed_op: tuple[str, str | None] | None = None
+        self.seq = 0  # storages registered so far: a clock that orders creations and module calls
+        self.op_bytes = 0  # bytes of the new storages of the last op that allocated (on_op reads it)
         self._hooks: Any = None
         self._resizes = ResizeWatch(self._resized_away, self._resized_back)
 
@@ -239,7 +242,10 @@ class StorageTracker(TorchDispatchMode):
     def _add(
         self, key: int, storage: torch.UntypedStorage, nbytes: int, origin: str, step: int, op: str
     ) -> None:
-        entry = _Entry(nbytes, origin, step, self.current_module(), op)
+        # A storage first seen when autograd saves it existed before tracking began.
+        seq = -1 if op == "existing" else self.seq
+        self.seq += 1
+        entry = _Entry(nbytes, origin, step, self.current_module(), op, seq)
         entry.category = self._category(key, entry)
         entry.finalizer = weakref.finalize(storage, self._freed, key, self.generation)
         entry.finalizer.atexit = False
@@ -359,6 +365,7 @@ class StorageTracker(TorchDispatchMode):
         origin = "input" if self.phase == "data" else "temporary"
         for key, storage, nbytes in fresh:
             self._add(key, storage, nbytes, origin, self.step, op)
+        self.op_bytes = requested
         self._note_peak()
         if self.on_op is not None:
             self.on_op(op, self.current_module())
