@@ -230,29 +230,26 @@ def _run_probes(names, deep_steps, steps, model_factory=None):
 def test_the_compute_probe_times_its_ops_on_a_step_of_its_own():
     """On a step the memory tracker also sampled, the profiler's op times included the tracker's
     dispatch-mode Python (79 ms of ops in a 46 ms GPT step) and the counter counted the tracker's
-    own detach() calls. The compute probe counts on the first step of a run, beside the others,
-    and its timed step is its alone: the default steps 1-3 stay the deep steps."""
+    own detach() calls; the counter beside the tracker made that step 3.6-5.6x a light one. The
+    first step of a run runs the shared probes, the next two are the compute probe's (it counts,
+    then times): the default steps 1-3 stay the deep steps."""
     steps, ops, _ = _run_probes(["memory", "compute", "comm"], [1, 2, 3], 7)
-    assert [s.deep_probes for s in steps] == [[], ["memory", "compute", "comm"], ["compute"], ["memory", "comm"],
-                                              [], [], []]
+    assert [s.deep_probes for s in steps] == [[], ["memory", "comm"], ["compute"], ["compute"], [], [], []]
     assert [s.deep for s in steps] == [False, True, True, True, False, False, False]
     assert steps[1].peak_memory_bytes and steps[2].peak_memory_bytes is None  # memory figures: its steps only
     single, _, _ = _run_probes(["memory", "compute"], [1, 5], 8)
-    assert [s.deep_probes for s in single] == [[], ["memory", "compute"], ["compute"], [], [], ["memory", "compute"],
-                                               ["compute"], []]
+    assert [s.deep_probes for s in single] == [[], ["memory"], ["compute"], ["compute"], [], ["memory"],
+                                               ["compute"], ["compute"]]
     alone_steps, alone_ops, _ = _run_probes(["compute"], [1, 2, 3], 7)
     assert [s.deep_probes for s in alone_steps] == [[], ["compute"], ["compute"], ["compute"], ["compute"], [], []]
 
     def signature(records, step):
         return Counter((o.name, o.module, o.phase) for o in records if o.step == step for _ in range(o.count))
-    # Op records carry the timed step. The same ops, but for a few of autograd's detach() calls
-    # around saved tensors that the tracker's saved-tensor hooks change (no longer the tracker's
-    # own detach() of every saved tensor, which added one op per saved tensor)
-    assert {o.step for o in ops} == {2} and {o.step for o in alone_ops} == {2, 4}
-    shared, alone = signature(ops, 2), signature(alone_ops, 2)
-    differ = (shared - alone) + (alone - shared)
-    assert {name for name, _, _ in differ} <= {"aten.detach"} and sum(differ.values()) <= 4, differ
-    assert sum(shared.values()) > 4 * sum(differ.values())
+    # Op records carry the timed step. Counted on a step of its own, with no tracker's saved-tensor
+    # hooks around (which changed a few of autograd's detach() calls), the ops are those of the
+    # compute probe alone, to the op
+    assert {o.step for o in ops} == {3} and {o.step for o in alone_ops} == {2, 4}
+    assert signature(ops, 3) == signature(alone_ops, 2) and signature(ops, 3)
 
 
 def test_the_memory_tracker_pauses_between_consecutive_deep_steps(monkeypatch):
@@ -271,7 +268,8 @@ def test_the_memory_tracker_pauses_between_consecutive_deep_steps(monkeypatch):
     assert all(peaks[i] for i in (1, 2, 3, 5)) and peaks[2] == peaks[3], peaks  # same step, same peak
     assert probes[0].tracker is None  # stopped after the last deep step of each run
     scans.clear()
-    steps, _, probes = _run_probes(["memory", "compute"], [1, 2, 3], 6)
-    assert len(scans) == 1  # paused over the compute probe's own step 2
-    assert steps[1].peak_memory_bytes == steps[3].peak_memory_bytes and steps[2].peak_memory_bytes is None
+    steps, _, probes = _run_probes(["memory", "compute"], [1, 2, 3, 4], 6)
+    assert len(scans) == 1  # paused over the compute probe's own steps 2 and 3
+    assert steps[1].peak_memory_bytes == steps[4].peak_memory_bytes
+    assert steps[2].peak_memory_bytes is None and steps[3].peak_memory_bytes is None
     assert probes[0].tracker is None

@@ -270,13 +270,16 @@ class Agent:
         """The probes to deep-sample the step that begins now, and whether it is one of the
         shared probes' deep steps (a request without names counts it).
 
-        A probe with ``deep_solo`` (the compute probe) counts its ops on the first step of a run of
-        scheduled deep steps, beside the others, and the step it then asks for
-        (``request_deep(1, probes=("compute",))``, its timed step) is its alone: with the memory
+        A probe with ``deep_solo`` (the compute probe) has steps of its own: with the memory
         tracker under it, the profiler's op times held the tracker's dispatch-mode Python (79 ms
-        of ops in a 46 ms GPT step). That step takes the place of the next shared one, so the
-        default steps 1-3 run: 1 every probe, 2 the compute probe's timing, 3 the memory and comm
-        probes. Steps requested without names (an apply's window) run the shared probes only."""
+        of ops in a 46 ms GPT step), and its counter and the tracker on one step (two dispatch
+        modes, every op through both) made that step 3.6-5.6x a light GPT step with two threads.
+        The first step of a run of scheduled deep steps runs the shared probes and books the solo
+        probes' ``solo_steps`` (the compute probe: 2, its counting step and the timed step it
+        then asks for with ``request_deep(1, probes=("compute",))``) right after it; they take
+        the places of the next shared ones, so the default steps 1-3 run: 1 the memory and comm
+        probes, 2 the compute probe's counting, 3 its timing. Steps requested without names (an
+        apply's window) run the shared probes only."""
         if not full and self._solo_extra == 0:  # a light step, the common case: nothing to split
             self._solo_ran = False
             return [], False
@@ -294,7 +297,8 @@ class Agent:
             self._solo_ran = True
             return named, False
         if self.is_deep(self._step) and not self._solo_ran:
-            return probes, True
+            self._solo_extra = max(getattr(p, "solo_steps", 1) for p in solo)
+            self._solo_names = self._solo_names | frozenset(p.name for p in solo)
         return shared, True
 
     def on_first_forward(self, callback: Callable[[torch.nn.Module], None]) -> None:

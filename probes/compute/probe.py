@@ -71,6 +71,7 @@ class ComputeProbe(Probe):
     # samples, the profiler's op times included the tracker's dispatch-mode Python (79 ms of ops
     # in a 46 ms GPT step on CPU).
     deep_solo = True
+    solo_steps = 2  # a run of deep steps gives it two of its own: it counts, then times (Agent._deep_schedule)
 
     def __init__(self, *, emit_device_spec: bool = False) -> None:
         self._emit_spec = emit_device_spec
