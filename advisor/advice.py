@@ -162,10 +162,13 @@ class AdviceLoop:
         """Whether to choose the remedy now. Before the first block-timed light step after the
         deep ones (step 4 by default) the baseline step time is step 0's (warm-up) and the
         recompute cost the deep steps' scaled module times; that step measures both. So when the
-        step asked for (``--apply-at-step``; none: as soon as ready) comes after it, wait for
-        advice made with it, or for the last boundary that still meets the step asked for. An
-        earlier step asked for is chosen from the first advice (for ``auto``, the first made with
-        a deep step, even when that comes too late for the step asked for)."""
+        step asked for (``--apply-at-step K``; none: as soon as ready) comes after it, wait for
+        advice made with it, or for the last boundary that still meets the step asked for. With
+        a K after it, wait for advice made with step K-2, the last the job sends before it holds
+        for the decision: every light step up to there is in the baseline and the block times
+        (advice made with step 4 alone made a slow step 4 the baseline, +8 ms on a 50 ms GPT
+        step). An earlier step asked for is chosen from the first advice (for ``auto``, the first
+        made with a deep step, even when that comes too late for the step asked for)."""
         deep = self._deep_steps()
         if self.apply_request == "auto" and deep and self._advised_step < min(deep):
             # Advice made before the first deep step has no memory timeline or op figures: under
@@ -178,7 +181,8 @@ class AdviceLoop:
             return True
         if self.apply_at_step is not None and self.apply_at_step < expected + 2:
             return True  # the light step cannot inform that boundary: do not wait for it
-        if self._advised_step >= expected:
+        wanted = expected if self.apply_at_step is None else max(expected, self.apply_at_step - 2)
+        if self._advised_step >= wanted:
             return True  # the advice in hand was made with that step (not a refresh before it)
         due = self.apply_at_step if self.apply_at_step is not None else expected + 2
         return state.latest_step() + 2 >= due

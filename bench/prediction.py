@@ -16,11 +16,12 @@ the errors (target |peak error| <= 5%, |step-time error| <= 10% on every kept pl
    the unconstrained peak P (``memory.peak_bytes``) and the profile the offline solver reads.
 3. For each budget B = f * P (f in ``--budgets``, default 0.5, 0.7, 0.9):
    ``python -m advisor attach --headless --probes memory --memory-budget B --apply auto
-   --apply-at-step 10 --steps S --json R examples/gpt.py --steps S`` (S = ``--steps``, default 40;
-   the script gets it too, its own default being 30). The recommendation then reads the
-   ordinary steps after the deep steps 1-3 (from step 4 on): they time the blocks' forward (the
-   recompute cost) and their median is the baseline step time. Applied at step 6 it read step 4
-   alone, and one step on this machine swings by 10-20%.
+   --apply-at-step 15 --steps S --json R examples/gpt.py --steps S`` (S = ``--steps``, default 45;
+   the script gets it too, its own default being 30). The recommendation is the advice made
+   with step 13 (the last the job sends before it holds for the decision), so it reads the
+   ordinary steps after the deep steps 1-3 up to there: steps 4 and 9 time the blocks' forward
+   (the recompute cost, their median), and the median of them all is the baseline step time. Applied at step 6 it read step 4 alone, and one step on this machine swings by
+   10-20%: a slow step 4 doubled the predicted recompute of a GPT once.
 
 Printed per budget: the remedy applied (``report["applied"][0]``: modules, status,
 predicted and measured peak, the relative error (predicted - measured) / measured,
@@ -226,8 +227,8 @@ def losses(report: dict[str, Any], printed: list[str], bare: list[str]) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--budgets", default="0.5,0.7,0.9", help="fractions of the unconstrained peak (default 0.5,0.7,0.9)")
-    p.add_argument("--steps", type=int, default=40, help="steps of each budgeted run (default 40)")
-    p.add_argument("--apply-at-step", type=int, default=10, help="step boundary to apply at (default 10)")
+    p.add_argument("--steps", type=int, default=45, help="steps of each budgeted run (default 45)")
+    p.add_argument("--apply-at-step", type=int, default=15, help="step boundary to apply at (default 15)")
     p.add_argument("--profile-steps", type=int, default=6, help="steps of the unconstrained run (default 6)")
     p.add_argument("--threads", type=int, default=1,
                    help="OMP_NUM_THREADS for every run (default 1; 0 leaves the environment as it is)")

@@ -279,3 +279,16 @@ def test_fsdp_switch_refuses_tied_weights_and_shards_the_blocks() -> None:
     net = Net()
     # FSDP units: the ModuleList's entries that hold parameters; the root takes the rest
     assert blocks_of(net) == [net.layers[0], net.layers[2]]
+
+
+def test_on_cpu_stages_2_and_3_say_their_step_time_is_a_lower_bound() -> None:
+    """gloo runs FSDP2's per-unit collectives synchronously on the host (bench/zero.py: ZeRO-2 at
+    61 ms for 24 ms predicted): the recommendation says so and is not of medium confidence."""
+    from advisor.recommend.remedies.zero import HOST_SYNCHRONOUS, propose
+
+    for device, confidence in (("cpu", "low"), ("cuda", "medium")):
+        [rec] = propose(_blocks_profile(device_type=device), 1500, [])
+        assert rec.id == "zero-2" and rec.confidence == confidence
+        assert (HOST_SYNCHRONOUS in rec.evidence) is (device == "cpu")
+    [rec] = propose(_blocks_profile(device_type="cpu"), 1600, [])
+    assert rec.id == "zero-1" and rec.confidence == "high" and HOST_SYNCHRONOUS not in rec.evidence
