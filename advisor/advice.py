@@ -74,6 +74,7 @@ class AdviceLoop:
         self._closed = False
         self._applied_auto = False
         self._released = False  # the ranks held for the decision at apply_at_step were let go
+        self._said_unfit = False  # `auto` found only recommendations over the budget, and said so
         self._advised_step = -1  # the latest step the recommendations in hand were made with
         self._lock = threading.Lock()  # one refresh at a time (loop thread, finish())
         self.last_error: str | None = None
@@ -142,6 +143,12 @@ class AdviceLoop:
                 self._applied_auto = True
                 print(f"advisor: no live recommendation {self.apply_request!r}; valid: "
                       f"{', '.join(r['id'] for r in state.recommendations) or 'none'}", file=sys.stderr)
+            elif self.apply_request == "auto" and state.latest_step() >= due and not self._said_unfit:
+                self._said_unfit = True  # said once; a later advice may still bring one that fits
+                unfit = [r["id"] for r in state.recommendations if r.get("live")]
+                if unfit:
+                    print(f"advisor: --apply auto: no live recommendation fits the memory budget "
+                          f"({', '.join(unfit)} would not); nothing applied", file=sys.stderr)
             return
         self._applied_auto = True
         error = self.apply(rec["id"], at_step=self.apply_at_step)
@@ -195,9 +202,12 @@ class AdviceLoop:
 
     @staticmethod
     def _choose(recs: list[dict[str, Any]], request: str) -> dict[str, Any] | None:
+        """``auto``: the best live recommendation that fits the memory budget (the ranking puts
+        those first); one that does not would only be reverted by the executor, over the budget,
+        after its measuring window (an optimizer-state offload at 50% of a GPT's peak was)."""
         live = [r for r in recs if r.get("live")]
         if request == "auto":
-            return live[0] if live else None
+            return next((r for r in live if r.get("fits", True) is not False), None)
         return next((r for r in live if r["id"] == request), None)
 
     # -- user actions (TUI, headless --apply) -------------------------------------------

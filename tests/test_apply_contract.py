@@ -353,3 +353,16 @@ def _train_steps(model, steps):
         opt.zero_grad()
         loss.backward()
         opt.step()
+
+
+def test_auto_takes_the_best_live_recommendation_that_fits_and_none_when_none_fits(capsys):
+    """The ranking puts what fits the budget first; one that does not would only be reverted, over
+    the budget, after its window (an optimizer-state offload at 50% of a GPT's peak was)."""
+    from advisor.advice import AdviceLoop
+
+    recs = [{"id": "offline", "live": False, "fits": True}, {"id": "over", "live": True, "fits": False},
+            {"id": "fits", "live": True, "fits": True}]
+    assert AdviceLoop._choose(recs, "auto")["id"] == "fits"
+    assert AdviceLoop._choose(recs[:2], "auto") is None
+    assert AdviceLoop._choose(recs[:2], "over")["id"] == "over"  # a named one is the user's choice
+    assert AdviceLoop._choose([{"id": "compute", "live": True}], "auto")["id"] == "compute"  # no budget said
