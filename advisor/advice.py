@@ -133,7 +133,7 @@ class AdviceLoop:
         if state.finished or not state.recommendations or not self._ready(state):
             self._release_if_held()
             return
-        rec = self._choose(state.recommendations, self.apply_request)
+        rec = self._choose(state.recommendations, self.apply_request, self.budget_bytes)
         if rec is None:
             self._release_if_held()
             # A named recommendation may come with later advice (a rule needs light steps to
@@ -201,14 +201,25 @@ class AdviceLoop:
         return list(DEEP_STEPS if steps is None else steps)
 
     @staticmethod
-    def _choose(recs: list[dict[str, Any]], request: str) -> dict[str, Any] | None:
+    def _choose(recs: list[dict[str, Any]], request: str, budget_bytes: int | None = None) -> dict[str, Any] | None:
         """``auto``: the best live recommendation that fits the memory budget (the ranking puts
         those first); one that does not would only be reverted by the executor, over the budget,
-        after its measuring window (an optimizer-state offload at 50% of a GPT's peak was)."""
+        after its measuring window (an optimizer-state offload at 50% of a GPT's peak was). With
+        the job over ``budget_bytes``, only one predicted to bring the peak under it: a remedy
+        that does not touch memory (gradient compression) "fits" only because it says nothing."""
         live = [r for r in recs if r.get("live")]
-        if request == "auto":
-            return next((r for r in live if r.get("fits", True) is not False), None)
-        return next((r for r in live if r["id"] == request), None)
+        if request != "auto":
+            return next((r for r in live if r["id"] == request), None)
+        for rec in live:
+            if rec.get("fits", True) is False:
+                continue
+            measured = (rec.get("baseline") or {}).get("peak_memory_bytes")
+            predicted = (rec.get("predicted") or {}).get("peak_memory_bytes")
+            over = budget_bytes is not None and measured is not None and measured > budget_bytes
+            if over and (predicted is None or predicted > budget_bytes):
+                continue
+            return rec
+        return None
 
     # -- user actions (TUI, headless --apply) -------------------------------------------
     def apply(self, recommendation_id: str, *, at_step: int | None = None, confirmed: bool = False) -> str | None:

@@ -366,3 +366,9 @@ def test_auto_takes_the_best_live_recommendation_that_fits_and_none_when_none_fi
     assert AdviceLoop._choose(recs[:2], "auto") is None
     assert AdviceLoop._choose(recs[:2], "over")["id"] == "over"  # a named one is the user's choice
     assert AdviceLoop._choose([{"id": "compute", "live": True}], "auto")["id"] == "compute"  # no budget said
+    # Over a budget, a remedy that says nothing of memory does not count as fitting it.
+    over = {"baseline": {"peak_memory_bytes": 16}}
+    comm = {"id": "comm", "live": True, "fits": True, "predicted": {"peak_memory_bytes": None}, **over}
+    shard = {"id": "shard", "live": True, "fits": True, "predicted": {"peak_memory_bytes": 11}, **over}
+    assert AdviceLoop._choose([comm, shard], "auto", 12)["id"] == "shard"
+    assert AdviceLoop._choose([comm], "auto", 12) is None and AdviceLoop._choose([comm], "auto", 20)["id"] == "comm"
