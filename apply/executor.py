@@ -348,7 +348,12 @@ class Executor:
             history = list(self._history)  # a copy: the training thread appends meanwhile
             m = command.measure_steps
             lead = 0 if _recent_deep(history, step, m) else m + 1  # room for the before window's deep steps
-        self._align.post(index, max(command.at_step or 0, step + 2 + lead))
+        # Two boundaries ahead: another rank may have passed the next one already. Not while the
+        # ranks are held for this decision (--apply-at-step K): they all wait at the boundary
+        # before K, so K is next everywhere. With two, a decision that came during the hold
+        # always slipped to K+1.
+        ahead = 1 if getattr(self.ctx, "holding", False) else 2
+        self._align.post(index, max(command.at_step or 0, step + ahead + lead))
         return index
 
     # -- training thread -----------------------------------------------------------

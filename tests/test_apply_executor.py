@@ -328,3 +328,29 @@ def test_a_remedy_with_a_step_period_is_timed_over_whole_periods() -> None:
             assert result.data["status"] == "kept", result.data["reason"]
     finally:
         registry.unregister("paired")
+
+
+@pytest.mark.parametrize(("holding", "earliest"), [(False, 6), (True, 5)])
+def test_a_decision_that_comes_while_the_ranks_are_held_lands_at_the_step_asked_for(monkeypatch, holding, earliest):
+    """Ranks of one node post the earliest boundary they can apply at, two ahead (another rank may
+    have passed the next one). Held for the decision at the boundary before step 5, every rank
+    waits there: a command that arrives then can land at 5, where two ahead slipped it to 6
+    (tests/test_zero_attach.py did, on CI, when the advice came late)."""
+    from advisor.apply import executor as executor_module
+
+    posted = []
+
+    class Align:
+        def __init__(self, **kw) -> None:
+            pass
+
+        def post(self, index: int, step: int) -> None:
+            posted.append(step)
+
+    monkeypatch.setattr(executor_module, "StepAlign", Align)
+    monkeypatch.setattr(executor_module.Agreement, "distributed", staticmethod(lambda: True))
+    model, opt = make()
+    ctx = FakeContext([model], [opt], world_size=2)
+    ctx.step, ctx.holding = 4, holding
+    Executor(ctx).submit({"type": "apply", "recommendation": REC, "at_step": 5})
+    assert posted == [earliest]

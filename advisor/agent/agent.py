@@ -135,6 +135,7 @@ class Agent:
         self._hold_step: int | None = self.config.get("apply_hold_step")
         self._hold_s = float(self.config.get("apply_hold_s", HOLD_S))
         self._decision = threading.Event()
+        self.holding = False  # waiting at the boundary before the step an apply was asked for
         self.deep_steps: set[int] = set(self.config.get("deep_steps", DEEP_STEPS))
         self.deep_every: int = int(self.config.get("deep_every", 0) or 0)
         # A deep step slower than this many light steps (and than deep_min_s) ends deep sampling.
@@ -723,7 +724,11 @@ class Agent:
         self._hold_step = None
         self.flush(sync=True)
         start = time.perf_counter()
-        decided = self._decision.wait(self._hold_s)
+        self.holding = True  # every rank waits at this boundary: a command now can land at the next
+        try:
+            decided = self._decision.wait(self._hold_s)
+        finally:
+            self.holding = False
         self.emit(Event(rank=self.rank, step=self._step, name="apply_hold",
                         data={"at_step": step, "waited_s": time.perf_counter() - start, "decided": decided}))
         if not decided:
