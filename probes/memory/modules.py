@@ -85,7 +85,8 @@ class _Frame:
     call: int = 0  # this call's number in the step
 
 
-def _bytes_of(value: Any, device_type: str) -> int:
+def _storages(value: Any, device_type: str) -> dict[int, int]:
+    """The storages of the tensors in ``value`` on ``device_type``: key -> bytes, each once."""
     seen: dict[int, int] = {}
     for tensor in tensors_in(value):
         if tensor.device.type != device_type:
@@ -93,7 +94,11 @@ def _bytes_of(value: Any, device_type: str) -> int:
         found = storage_key(tensor)
         if found is not None:
             seen[found[0]] = found[1]
-    return sum(seen.values())
+    return seen
+
+
+def _bytes_of(value: Any, device_type: str) -> int:
+    return sum(_storages(value, device_type).values())
 
 
 def _parameter_bytes(module: torch.nn.Module) -> int:
@@ -214,15 +219,15 @@ class ModuleAttributor:
             return
         acc = self.acc[name]
         acc.forward_s += time.perf_counter() - frame.started
-        nbytes = _bytes_of(output, self.device_type)
+        outputs = _storages(output, self.device_type)
+        nbytes = sum(outputs.values())
         acc.output_bytes += nbytes
         if frame.grad:
             acc.call_output_bytes = max(acc.call_output_bytes, nbytes)
             acc.call_activation_bytes = max(acc.call_activation_bytes, acc.activation_bytes - frame.own_start)
         tag_created_nodes(output, name, frame.stop_nodes)
         if self.clock is not None and frame.grad:
-            self._outputs[frame.call] = {found[0] for t in tensors_in(output)
-                                         if t.device.type == self.device_type and (found := storage_key(t))}
+            self._outputs[frame.call] = set(outputs)
 
     def on_saved(self, key: int, nbytes: int, is_role: bool) -> None:
         """A storage was saved for backward (called by the tracker's pack hook)."""
