@@ -48,7 +48,7 @@ from advisor.apply.remedies.activation_offload import apply_activation_offload  
 from advisor.probes.device.hostlink import host_link  # noqa: E402
 from advisor.probes.memory.tracker import StorageTracker  # noqa: E402
 from advisor.recommend.memory_model import Block, Chain  # noqa: E402
-from advisor.recommend.peak_model import ChainMemory, chain_memory  # noqa: E402
+from advisor.recommend.peak_model import ChainMemory, chain_memory, module_figures  # noqa: E402
 from advisor.recommend.remedies.offload import KEEP, OFFLOAD, RECOMPUTE, Model, evaluate, solve  # noqa: E402
 from advisor.records.samples import MemorySample, ModuleStat  # noqa: E402
 
@@ -147,9 +147,7 @@ def record_timeline(model, opt, x, y, vocab, names: list[str]) -> ChainMemory:
         agent.close()
     samples = [r for r in records if isinstance(r, MemorySample) and r.step == 1]
     stats = [r for r in records if isinstance(r, ModuleStat) and r.step == 1]
-    freed = {r.name: (r.checkpoint_freed_bytes, r.checkpoint_freed_late_bytes or 0) for r in stats
-             if r.checkpoint_freed_bytes is not None}
-    memory = chain_memory(samples, names, {r.name: r.input_bytes for r in stats}, freed)
+    memory = chain_memory(samples, names, *module_figures(stats))
     if memory is None:
         raise SystemExit("the deep step's timeline did not cover the chain once forward and once backward")
     return memory

@@ -44,7 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from advisor.recommend.peak_model import ChainMemory, chain_memory
+from advisor.recommend.peak_model import ChainMemory, chain_memory, module_figures
 from advisor.recommend.profile import ModuleProfile, Profile
 
 COST_MODEL = "peak = fixed + kept(S) + max recomputed block; time += sum forward_s"
@@ -280,7 +280,4 @@ def chain_timeline(profile: Profile, chain: Chain | None) -> ChainMemory | None:
     once backward; None otherwise (no deep step, accumulation, an OOM before backward)."""
     if chain is None or not chain.contiguous or not profile.memory_timeline:
         return None
-    freed = {m.name: (m.checkpoint_freed_bytes, m.checkpoint_freed_late_bytes or 0) for m in profile.modules
-             if m.checkpoint_freed_bytes is not None}
-    return chain_memory(profile.memory_timeline, chain.names, {m.name: m.input_bytes for m in profile.modules},
-                        freed)
+    return chain_memory(profile.memory_timeline, chain.names, *module_figures(profile.modules))

@@ -56,7 +56,7 @@ it alive through the next block's forward.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 MODEL = "simulated backward over the measured timeline (recommend/peak_model.py)"
 KEEP, RECOMPUTE, OFFLOAD = "keep", "recompute", "offload"
@@ -109,6 +109,17 @@ def _block_of(module: str | None, names: Sequence[str]) -> int | None:
         if module == name or module.startswith(name + "."):
             return i
     return None
+
+
+def module_figures(modules: Iterable[Any]) -> tuple[dict[str, int], dict[str, tuple[int, int]]]:
+    """``chain_memory``'s ``module_inputs`` and ``freed`` from module records (``ModuleStat`` or
+    ``ModuleProfile``: ``name``, ``input_bytes``, ``checkpoint_freed_bytes``,
+    ``checkpoint_freed_late_bytes``); a module without the freed figures is left out of ``freed``."""
+    modules = list(modules)
+    inputs = {m.name: m.input_bytes for m in modules}
+    freed = {m.name: (m.checkpoint_freed_bytes, m.checkpoint_freed_late_bytes or 0) for m in modules
+             if m.checkpoint_freed_bytes is not None}
+    return inputs, freed
 
 
 def chain_memory(samples: Iterable[Sample], names: Sequence[str], module_inputs: Mapping[str, int],

@@ -15,7 +15,7 @@ from advisor.agent.agent import Agent
 from advisor.apply.remedies.activation_offload import apply_activation_offload
 from advisor.agent.hooks import install
 from advisor.agent.probe_registry import build_probes
-from advisor.recommend.peak_model import ChainMemory, BlockMemory, chain_memory, simulated_peak, solve
+from advisor.recommend.peak_model import ChainMemory, BlockMemory, chain_memory, module_figures, simulated_peak, solve
 from advisor.records.samples import MemorySample, ModuleStat
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,8 +85,7 @@ def _deep_step_records(train_step) -> tuple[list[MemorySample], list[ModuleStat]
 
 def _chain_of(memory: list[MemorySample], names: list[str], modules: list[ModuleStat]) -> ChainMemory | None:
     """The chain's summary as the recommender makes it (``memory_model.chain_timeline``)."""
-    freed = {m.name: (m.checkpoint_freed_bytes, m.checkpoint_freed_late_bytes) for m in modules}
-    return chain_memory(memory, names, {m.name: m.input_bytes for m in modules}, freed)
+    return chain_memory(memory, names, *module_figures(modules))
 
 
 @pytest.fixture(scope="module")
