@@ -107,14 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="probes to run: memory,compute,comm, all or none (default all)")
     attach.add_argument("--deep-steps", type=_steps_list, default=[1, 2, 3], metavar="LIST",
                         help="steps to deep-sample (default 1,2,3; step 0 is the warm-up; the compute "
-                             "probe counts ops on the first of a run and times them alone on the next)")
+                             "probe counts ops and then times them on two steps of its own after the first of a run)")
     attach.add_argument("--deep-every", type=int, default=100, metavar="N",
                         help="also deep-sample every N-th step (0: never; default 100)")
     attach.add_argument("--peak-flops", type=float, metavar="FLOPS", help="override the device's peak FLOP/s")
     attach.add_argument("--peak-bandwidth", type=float, metavar="B/S", help="override the device's memory bandwidth")
     attach.add_argument("--host-link-bandwidth", type=_rate, metavar="RATE",
                         help="override the measured host-device copy bandwidth, e.g. 25GB/s (offload plans)")
-    attach.add_argument("--apply", type=_apply_choice, metavar="auto|ID", help="apply the top (auto) or the named recommendation")
+    attach.add_argument("--apply", type=_apply_choice, metavar="auto|ID", help="apply the top live recommendation that fits the memory budget (auto) or the named one")
     attach.add_argument("--apply-at-step", type=_positive, metavar="K", help="step boundary to apply at (default: as soon as ready: after the first ordinary step that follows the deep-sampled ones); the job waits at the boundary before it, up to 60 s, for the advice that decides it")
     attach.add_argument("--plan", metavar="FILE", help="apply a plan file's remedies before the first step")
     attach.add_argument("--allow-inexact", action="store_true",

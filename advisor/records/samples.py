@@ -122,9 +122,9 @@ class StepSample(Record):
     # step after a synchronised one read 20 ms of launches for 130 ms of kernels on an H200. None
     # off CUDA and for a step that ended at a snapshot rather than a boundary hook.
     device_time_s: float | None = None
-    # The probes that deep-sampled this step ([] on a light step). The compute probe times its
-    # ops on a step of its own (on a step the memory tracker samples, the times would include the
-    # tracker's dispatch-mode Python): such a step has no memory figures.
+    # The probes that deep-sampled this step ([] on a light step). The compute probe counts and
+    # then times its ops on two steps of its own (beside the memory tracker, its counts and times
+    # would include the tracker's dispatch-mode Python): such steps have no memory figures.
     deep_probes: list[str] = field(default_factory=list)
 
 

@@ -6,10 +6,10 @@ counts on one deep step (dispatch mode plus module hooks) and asks the agent
 (``ctx.request_deep(1, probes=("compute",))``) to deep-sample the next step for it
 alone, which it times with the profiler alone; the two op sequences are joined in order
 (timing.py). Training steps repeat the same ops, so the counts of one step describe the next.
-The timed step is the probe's alone (``deep_solo``): the other probes skip it (with the
-memory tracker's mode under it, the profiler's op times held the tracker's Python). The counted
-step is shared: the counter sits above the tracker's mode, which is below autograd's saved-tensor
-hooks, and the tracker detaches outside every mode, so the counts are the script's ops.
+Both steps are the probe's alone (``deep_solo``, ``solo_steps = 2``): the agent books them
+right after the first step of a run of deep steps, which the other probes take. With the memory
+tracker's mode under it, the profiler's op times held the tracker's Python, and counting beside
+the tracker put every op through two dispatch modes (3.6-5.6x a light GPT step with two threads).
 
 When no timed step follows (the run ended, or the agent ignored the request),
 the counted step is emitted with the counter's inline times on CPU (inflated by
@@ -67,9 +67,9 @@ class ComputeProbe(Probe):
     """
 
     name = "compute"
-    # Its timed step is its alone (Agent._deep_schedule): on a step the memory tracker also
-    # samples, the profiler's op times included the tracker's dispatch-mode Python (79 ms of ops
-    # in a 46 ms GPT step on CPU).
+    # Its steps are its alone (Agent._deep_schedule): on a step the memory tracker also samples,
+    # the profiler's op times included the tracker's dispatch-mode Python (79 ms of ops in a 46 ms
+    # GPT step on CPU), and counting beside it made the step several light steps long.
     deep_solo = True
     solo_steps = 2  # a run of deep steps gives it two of its own: it counts, then times (Agent._deep_schedule)
 
