@@ -519,7 +519,7 @@ class Executor:
                       world_size=self.ctx.world_size)
 
     def _apply(self, request: _Request, step: int) -> None:
-        before_samples = self._before_samples(step, request.measure_steps)
+        before_samples = self._on_device(self._before_samples(step, request.measure_steps))
         before, _ = pair(before_samples, [], measure_steps=request.measure_steps)
         result = ApplyResult(
             remedy=request.remedy, recommendation_id=request.recommendation_id, params=dict(request.params),
@@ -562,9 +562,19 @@ class Executor:
                                period=_period(handle))
         self.ctx.request_deep(request.measure_steps + 1)
 
+    def _on_device(self, samples: list[StepSample]) -> list[StepSample]:
+        """The samples timed on the device's timeline where the job runs on one (CUDA): the
+        predictions were made against device time (the recommender's baseline reads
+        ``device_time_s``), and a step's host time after a synchronised boundary (a deep step's,
+        the hold for a decision) counts its launches, not its kernels."""
+        read = getattr(self.ctx, "device_step_times", None)
+        times = read() if samples and callable(read) else {}
+        return [dataclasses.replace(s, time_s=times[s.index]) if s.index in times else s for s in samples]
+
     def _decide(self, active: _Active, *, complete: bool) -> None:
         self._active = None
-        before, after = pair(active.before, active.after, measure_steps=active.measure_steps)
+        before, after = pair(self._on_device(active.before), self._on_device(active.after),
+                             measure_steps=active.measure_steps)
         if active.before:
             active.results = [r.with_(before=before) for r in active.results]
         active.results = [r.with_(after=after) for r in active.results]

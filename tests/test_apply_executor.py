@@ -354,3 +354,44 @@ def test_a_decision_that_comes_while_the_ranks_are_held_lands_at_the_step_asked_
     ctx.step, ctx.holding = 4, holding
     Executor(ctx).submit({"type": "apply", "recommendation": REC, "at_step": 5})
     assert posted == [earliest]
+
+
+def test_on_a_device_the_windows_are_timed_on_its_timeline_not_the_hosts() -> None:
+    """On CUDA a step's host time after a synchronised boundary counts its launches, not its
+    kernels (an H100 read 100 ms on the host for 135 ms of kernels). A remedy that doubles the
+    kernels' time but not the launches' must be reverted: the executor times both windows with
+    the agent's device times (``device_step_times``), as the prediction was made against them."""
+
+    class Handle:
+        def revert(self) -> None:
+            pass
+
+    registry.register("slower_kernels", lambda model, **_: Handle())
+    try:
+        for on_device in (False, True):
+            _, _, ctx, ex = setup()
+            device: dict[int, float] = {}
+            if on_device:
+                ctx.device_step_times = lambda: dict(device)
+            rec = {"id": "k", "remedy": "slower_kernels", "params": {},
+                   "predicted": {"step_time_s": 0.11, "peak_memory_bytes": 100}, "baseline_step_time_s": 0.10}
+            ex.submit({"type": "apply", "recommendation": rec, "at_step": 4, "measure_steps": 2})
+            extra, seen = 0, 0
+            for i in range(12):
+                ctx.step = i
+                ex.on_boundary(i)
+                extra, seen = max([extra, *ctx.deep_requests[seen:]]), len(ctx.deep_requests)
+                deep, extra = extra > 0, max(extra - 1, 0)
+                device[i] = 0.10 if i < 4 else 0.20
+                ex.on_step_end(StepSample(index=i, time_s=0.07, deep=deep, peak_memory_bytes=100 if deep else None))
+            [result] = events(ctx, "apply_result")
+            after = result.data["measured"]["after"]
+            if on_device:
+                assert result.data["measured"]["before"]["step_time_s"] == pytest.approx(0.10)
+                assert after["step_time_s"] == pytest.approx(0.20)
+                assert result.data["status"] == "reverted", result.data["reason"]
+            else:  # the host's figures alone: the slowdown is invisible
+                assert after["step_time_s"] == pytest.approx(0.07)
+                assert result.data["status"] == "kept", result.data["reason"]
+    finally:
+        registry.unregister("slower_kernels")

@@ -77,6 +77,8 @@ def test_the_agent_pairs_an_event_where_each_step_began_with_one_at_its_boundary
     assert [s.device_time_s for s in steps[:2]] == [None, None]
     assert [round(s.device_time_s, 6) for s in steps[2:]] == [0.75, 0.75]
     assert all(s.time_s < 0.5 for s in steps)  # the host's clock barely moved
+    # What the executor times its before and after windows with (apply/executor.py::_on_device).
+    assert {i: round(t, 6) for i, t in agent.device_step_times().items()} == {2: 0.75, 3: 0.75}
     assert streams and all(d == torch.device("cuda") for d in streams)  # the job's device's stream
 
 
@@ -127,3 +129,4 @@ def test_on_cuda_a_step_after_a_synchronised_boundary_reads_its_kernels(monkeypa
         kernels = start.elapsed_time(end) / 1e3
         assert s.device_time_s == pytest.approx(kernels, rel=0.15, abs=2e-3), (s.device_time_s, kernels)
         assert s.time_s < 0.5 * kernels, (s.time_s, kernels)  # the host returned from the launches long before
+        assert agent.device_step_times()[s.index] == s.device_time_s  # the executor's windows read these

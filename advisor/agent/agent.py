@@ -123,6 +123,8 @@ class Agent:
         # The last steps' samples (loss not read yet), for the executor's before window when it
         # is created after them.
         self.recent_steps: deque[StepSample] = deque(maxlen=EXECUTOR_HISTORY)
+        # CUDA: the recent steps' device_time_s by index, as flush resolves them (device_step_times).
+        self._device_times: dict[int, float] = {}
         self.capture = Capture()  # what the script built, for remedies (installed by hooks.install)
         self.module_events = ModuleEvents()  # probes' module hooks, fanned out from the agent's one pair
         # One light step in this many (steps every-1, 2*every-1, ...) times its numbered modules'
@@ -828,7 +830,23 @@ class Agent:
                 start, end = step_events
                 end.synchronize()  # done already (``event`` was recorded after it)
                 extra["device_time_s"] = max(0.0, start.elapsed_time(end) / 1e3 - sample.eval_s)
+                self._device_times[sample.index] = extra["device_time_s"]
+                if len(self._device_times) > EXECUTOR_HISTORY:
+                    del self._device_times[min(self._device_times)]
             self.emit(StepSample(**{**sample.to_dict(), "loss": loss, "losses": values or None, **extra}))
+
+    def device_step_times(self) -> dict[int, float]:
+        """The recent steps' times on the device's timeline by index (CUDA; empty elsewhere), for
+        the executor's before and after windows. Resolving the steps still pending waits for the
+        device once: a decision's cost, never a light step's.
+
+        The host's ``time_s`` of a step that follows a synchronised boundary counts its kernel
+        launches, not its kernels: on an H100 an fp32 GPT's steps read 100 ms on the host against
+        135 ms of kernels before an apply, and 124 ms against 164 ms after it."""
+        if self.device.type != "cuda":
+            return {}
+        self.flush(sync=True)
+        return dict(self._device_times)
 
     def close(self) -> None:
         """At exit: close a loop's last step without optimizer, emit what is pending, stop probes."""
