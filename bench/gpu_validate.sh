@@ -3,6 +3,7 @@
 #   bash bench/gpu_validate.sh tests    # gpu-marked tests, the roofline bench, then the rest of the suite
 #   bash bench/gpu_validate.sh benches  # the GPU halves of the benchmarks
 #   bash bench/gpu_validate.sh short    # gpu-marked tests, then the closed loop on a GPU-sized GPT (~2 min)
+#   bash bench/gpu_validate.sh overhead # the light path and deep steps on CUDA, ~20 ms steps and the small defaults
 #   bash bench/gpu_validate.sh e2e      # attach a bf16 GPT; an enforced budget's OOM, its plan, the planned run
 # Logs go to $OUT (the device tool's return folder) or ./gpu-logs. Textual and its
 # dependencies may be carried as wheels in .whl/ (the machine has no network).
@@ -45,6 +46,14 @@ case "$stage" in
     python3 -m advisor attach --headless --steps 10 --memory-budget 3GiB --enforce-budget --plan "$out/plan.json" \
       --json "$out/planned.json" $gpt > "$out/planned.txt" 2>&1; echo "planned run: exit $?"
     rm -rf "$out/home"
+    ;;
+  overhead)
+    # ~20 ms fp32 steps on an H100/H200 (the target step), then the small defaults (3-10 ms)
+    gpt="--layers 8 --hidden 1024 --seq 1024 --batch 1 --vocab 8192 --heads 16"
+    { echo "== bench/overhead_inproc.py --device cuda --threads 0 --mlp 4096,8,1024 --gpt-args '$gpt'"
+      timeout "${BENCH_S:-150}" python3 bench/overhead_inproc.py --device cuda --threads 0 --mlp 4096,8,1024 --gpt-args "$gpt"
+      echo "== bench/overhead_inproc.py --device cuda --threads 0 --blocks 16"
+      timeout "${BENCH_S:-150}" python3 bench/overhead_inproc.py --device cuda --threads 0 --blocks 16; } 2>&1 | tee -a "$out/overhead.txt"
     ;;
   benches)
     for cmd in "bench/offload.py --device cuda --layers 8 --hidden 1024 --seq 1024 --batch 8" \
