@@ -30,7 +30,7 @@ _AT_LEAST_ONE = {"world_size", "group_size"}
 # Lists of global ranks: each >= 0, at most this many (the largest world a record describes).
 _RANK_LISTS = {"group_ranks"}
 # Maps of name -> seconds: every value a time, so >= 0 (the generic check only sees finite floats).
-_SECONDS_MAPS = {"module_forward_s"}
+_SECONDS_MAPS = {"module_forward_s", "module_recompute_s"}
 MAX_RANKS = 65536
 
 

@@ -35,8 +35,10 @@ Calibration from the measured step (``chain_from_profile``):
     fixed = measured peak - activation bytes at the peak   (model states, temporaries, inputs, other)
     other = max(0, activation at peak - sum of candidate a_i)   (embedding, head, loss: not candidates)
 so peak({}) = max(measured peak, fixed + sum a_i): never below what was measured.
-Recompute time: sum_{i in S} forward_s_i: the forward timed on light steps where the agent
-sampled it (``recompute_seconds``), else the deep step's time scaled to an ordinary step.
+Recompute time: sum_{i in S} recompute_s_i: what PyTorch's checkpoint runs again of each block,
+timed on light steps where the agent sampled it (from the call's start to its last saved tensor:
+the recomputation stops there), else the block's light-step forward, else the deep step's time
+scaled to an ordinary step (``recompute_seconds``).
 """
 
 from __future__ import annotations
@@ -47,18 +49,25 @@ from typing import Sequence
 from advisor.recommend.peak_model import ChainMemory, chain_memory, module_figures
 from advisor.recommend.profile import ModuleProfile, Profile
 
-COST_MODEL = "peak = fixed + kept(S) + max recomputed block; time += sum forward_s"
+COST_MODEL = "peak = fixed + kept(S) + max recomputed block; time += sum recompute_s"
 
 
 @dataclass(frozen=True, kw_only=True)
 class Block:
-    """One candidate unit for checkpointing (bytes; seconds of an ordinary step)."""
+    """One candidate unit for checkpointing (bytes; seconds of an ordinary step). ``forward_s``:
+    its forward; ``recompute_s``: what a checkpoint of it runs again (the forward up to its last
+    saved tensor; the forward when unknown)."""
 
     name: str
     activation_bytes: int
     input_bytes: int
     output_bytes: int
     forward_s: float
+    recompute_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.recompute_s is None:
+            object.__setattr__(self, "recompute_s", self.forward_s)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -67,6 +76,7 @@ class Block:
             "input_bytes": self.input_bytes,
             "output_bytes": self.output_bytes,
             "forward_s": self.forward_s,
+            "recompute_s": self.recompute_s,
         }
 
 
@@ -150,7 +160,7 @@ def predicted_peak(chain: Chain, selected: Sequence[bool] | Sequence[int] | set[
 def recompute_s(chain: Chain, selected: Sequence[bool] | Sequence[int] | set[int]) -> float:
     """Extra seconds per step: one more forward of each checkpointed unit."""
     mask = _mask(chain, selected)
-    return sum(b.forward_s for b, on in zip(chain.blocks, mask) if on)
+    return sum(b.recompute_s for b, on in zip(chain.blocks, mask) if on)
 
 
 def measured_peak(profile: Profile) -> int:
@@ -219,18 +229,29 @@ def live_block(profile: Profile, module: ModuleProfile) -> Block:
         activation_bytes=profile.subtree_activation(module.name) * live // calls,
         input_bytes=live * module.call_input_bytes if per_call else module.input_bytes,
         output_bytes=live * module.call_output_bytes if per_call else module.output_bytes,
-        forward_s=recompute_seconds(profile, module),
+        forward_s=forward_seconds(profile, module),
+        recompute_s=recompute_seconds(profile, module),
     )
 
 
-def recompute_seconds(profile: Profile, module: ModuleProfile) -> float:
-    """Seconds one more forward of ``module`` adds to an ordinary step: its forward timed on
-    light steps when the agent sampled it, else its deep-step time scaled by the light/deep
-    forward ratio (deep steps run their probes: slower, and not evenly per module)."""
+def forward_seconds(profile: Profile, module: ModuleProfile) -> float:
+    """Seconds of ``module``'s forward in an ordinary step: timed on light steps when the agent
+    sampled it, else its deep-step time scaled by the light/deep forward ratio (deep steps run
+    their probes: slower, and not evenly per module)."""
     light = profile.light_forward_s.get(module.name)
     if light is not None:
         return light
     return module.forward_s * profile.time_scale
+
+
+def recompute_seconds(profile: Profile, module: ModuleProfile) -> float:
+    """Seconds a checkpoint of ``module`` adds to an ordinary step: the light steps' span from
+    its call's start to its last saved tensor (PyTorch's checkpoint stops recomputing there: a
+    GPT block's last matmul is not run again), else its whole forward (``forward_seconds``)."""
+    span = profile.light_recompute_s.get(module.name)
+    if span is not None:
+        return span
+    return forward_seconds(profile, module)
 
 
 def live_activation_total(profile: Profile) -> int:

@@ -89,6 +89,9 @@ class Profile:
     # the median over the sampled steps): the recompute cost of checkpointing them, preferred to
     # a deep step's module time times ``time_scale`` (recommend/memory_model.py ``live_block``).
     light_forward_s: dict[str, float] = field(default_factory=dict)
+    # On the same steps, each module's recompute span (StepSample.module_recompute_s, median): what
+    # a checkpoint of it runs again, preferred to its forward (``memory_model.recompute_seconds``).
+    light_recompute_s: dict[str, float] = field(default_factory=dict)
     # The rank of interest's deep-step measurements, for rules that read ops or communication
     # (not serialised by ``to_dict``: the report has its own ops and collectives sections).
     ops: tuple[OpStat, ...] = ()
@@ -145,6 +148,7 @@ class Profile:
             "oom": self.oom,
             "time_scale": self.time_scale,
             "light_forward_s": dict(self.light_forward_s),
+            "light_recompute_s": dict(self.light_recompute_s),
         }
 
     # --- module tree, from qualified names -------------------------------------------------
@@ -480,18 +484,20 @@ def profile_from_memory(
         oom=dict(memory["oom"]) if memory.get("oom") else None,
         time_scale=_time_scale(modules, step_dicts, phases.get("forward_s")),
         light_forward_s=light_forward(step_dicts),
+        light_recompute_s=light_forward(step_dicts, "module_recompute_s"),
     )
 
 
-def light_forward(steps: Sequence[dict[str, Any]]) -> dict[str, float]:
+def light_forward(steps: Sequence[dict[str, Any]], key: str = "module_forward_s") -> dict[str, float]:
     """Each module's median forward seconds over the light steps that timed it (step 0 left out
-    while a later step timed it: its first calls pay one-off costs)."""
-    timed = [s for s in steps if not s.get("deep") and s.get("module_forward_s")]
+    while a later step timed it: its first calls pay one-off costs); with ``key`` another of the
+    steps' per-module maps (``module_recompute_s``)."""
+    timed = [s for s in steps if not s.get("deep") and s.get(key)]
     timed = [s for s in timed if int(s.get("index", 1)) > 0] or timed
-    names = sorted({name for s in timed for name in s["module_forward_s"]})
+    names = sorted({name for s in timed for name in s[key]})
     out = {}
     for name in names:
-        value = _median([s["module_forward_s"].get(name) for s in timed])
+        value = _median([s[key].get(name) for s in timed])
         if value is not None:
             out[name] = value
     return out

@@ -72,16 +72,80 @@ def test_one_light_step_in_n_times_the_numbered_modules(clock: None) -> None:
     timed = {s.index: s.module_forward_s for s in steps if s.module_forward_s}
     assert sorted(timed) == [2, 5]  # steps every-1, 2*every-1: every other step carries nothing
     # Only the container's numbered members: not "head", not the blocks' "inner" Linear; one
-    # call each, one clock tick between its pre and post hooks (the inner module's look-up
-    # reads no clock).
-    assert timed[2] == {"blocks.0": 1.0, "blocks.1": 1.0, "blocks.2": 1.0}
+    # call each. Between its pre and post hooks a call reads the clock once per tensor autograd
+    # saves (the recompute spans' marks; the inner module's look-up reads none): blocks.0 saves
+    # its input and the ReLU's output, the later blocks the weight too (their input needs a gradient).
+    assert timed[2] == {"blocks.0": 3.0, "blocks.1": 4.0, "blocks.2": 4.0}
+    # A recompute span ends at the call's last save: here the ReLU's output, the last op.
+    assert steps[2].module_recompute_s == {"blocks.0": 2.0, "blocks.1": 3.0, "blocks.2": 3.0}
 
 
 def test_calls_add_up_and_recomputation_in_backward_is_not_counted(clock: None) -> None:
     steps = _run({"light_timing_every": 2}, 2, Net(checkpointed=True), calls=2)
     # Two forwards in the step: each block's two calls add up. blocks.1 is checkpointed: its
-    # forward runs again inside backward, which is recompute, not the training forward.
-    assert steps[1].module_forward_s == {"blocks.0": 2.0, "blocks.1": 2.0, "blocks.2": 2.0}
+    # forward runs again inside backward, which is recompute, not the training forward. Its own
+    # checkpoint's hooks hide its saves: no recompute span (the forward stands for it).
+    assert steps[1].module_forward_s == {"blocks.0": 6.0, "blocks.1": 2.0, "blocks.2": 8.0}
+    assert steps[1].module_recompute_s == {"blocks.0": 4.0, "blocks.2": 6.0}
+
+
+class Projected(torch.nn.Module):
+    """A transformer MLP's shape: the last matmul's input is saved, its output is not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(8, 32), torch.nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.relu(self.up(x)))
+
+
+def test_the_recompute_span_is_what_a_checkpoint_recomputes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The clock counts aten ops. The span the timer reports for a block equals the ops PyTorch's
+    checkpoint runs again in backward: it stops at the last saved tensor, so the last matmul and
+    the residual add are not recomputed. The forward span counts them."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class OpClock(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is not torch.ops.aten.detach.default:  # the checkpoint's own bookkeeping
+                OpClock.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    monkeypatch.setattr(block_timer.time, "perf_counter", lambda: float(OpClock.ops))
+
+    class Net(torch.nn.Module):
+        def __init__(self, checkpointed: bool = False) -> None:
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([Projected(), Projected()])
+            self.checkpointed = checkpointed
+            self.spans: list[int] = []
+
+        def _counted(self, x: torch.Tensor) -> torch.Tensor:
+            start = OpClock.ops
+            try:
+                return self.blocks[1](x)
+            finally:  # the recomputation ends in an exception at the last save
+                self.spans.append(OpClock.ops - start)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = self.blocks[0](x)
+            return checkpoint(self._counted, x, use_reentrant=False) if self.checkpointed else self.blocks[1](x)
+
+    torch.manual_seed(0)
+    plain = Net()
+    with OpClock():
+        step = _run({"light_timing_every": 2}, 2, plain)[1]  # step 1 is the timed one
+    reference = Net(checkpointed=True)
+    reference.load_state_dict(plain.state_dict())
+    with OpClock():
+        reference(torch.randn(4, 8)).sum().backward()
+    forward, recomputed = reference.spans
+    assert (forward, recomputed) == (6, 4)  # t addmm relu t [addmm add]: the early stop skipped the tail
+    assert step.module_recompute_s["blocks.1"] == recomputed
+    assert step.module_forward_s["blocks.1"] == forward
 
 
 def test_deep_steps_and_disabled_sampling_carry_nothing() -> None:
@@ -135,9 +199,24 @@ def test_profile_takes_the_median_of_light_steps_and_the_chain_uses_it() -> None
 
 
 def test_recompute_seconds_falls_back_per_module() -> None:
-    profile = Profile(peak_bytes=1, time_scale=0.25, light_forward_s={"blocks.0": 0.003})
+    profile = Profile(peak_bytes=1, time_scale=0.25, light_forward_s={"blocks.0": 0.003, "blocks.2": 0.004},
+                      light_recompute_s={"blocks.2": 0.003})
     assert recompute_seconds(profile, ModuleProfile(name="blocks.0", forward_s=0.1)) == 0.003
     assert recompute_seconds(profile, ModuleProfile(name="blocks.1", forward_s=0.1)) == pytest.approx(0.025)
+    assert recompute_seconds(profile, ModuleProfile(name="blocks.2", forward_s=0.1)) == 0.003  # the span
+
+
+def test_the_chain_costs_a_checkpoint_by_the_recompute_span_and_keeps_the_forward() -> None:
+    """The steps' recompute spans reach the chain: the checkpointing cost sums them, while the
+    forward (what an offloaded block's copy hides behind) stays the forward."""
+    from advisor.recommend.memory_model import recompute_s
+
+    modules = [_module("", 0.2), _module("blocks.0", 0.05), _module("blocks.1", 0.05)]
+    steps = _steps([{"blocks.0": 0.010, "blocks.1": 0.020}])
+    steps[-1]["module_recompute_s"] = {"blocks.0": 0.008}
+    chain = chain_from_profile(profile_from_memory({"peak_bytes": 10_000, "modules": modules}, steps))
+    assert [(b.forward_s, b.recompute_s) for b in chain.blocks] == [(0.010, 0.008), (0.020, 0.020)]
+    assert recompute_s(chain, {0, 1}) == pytest.approx(0.028)
 
 
 @pytest.mark.gpu
@@ -183,11 +262,15 @@ def test_cuda_times_the_kernels_not_the_launches() -> None:
         hooks.remove()
     torch.cuda.synchronize()
     sleeps = [start.elapsed_time(end) / 1e3 for start, end in references]
-    timed = [(s.index, s.module_forward_s) for s in emitted if isinstance(s, StepSample) and s.module_forward_s]
+    samples = [s for s in emitted if isinstance(s, StepSample) and s.module_forward_s]
+    timed = [(s.index, s.module_forward_s) for s in samples]
     assert [index for index, _ in timed] == [1, 3]
     for index, t in timed:
         assert t["blocks.0"] == pytest.approx(sleeps[index], rel=0.2), (t, sleeps)
         assert t["blocks.1"] < sleeps[index] / 10
+    for s in samples:  # the sleep saves nothing (no span); the Linear saves its input before its matmul
+        assert "blocks.0" not in s.module_recompute_s, s.module_recompute_s
+        assert 0 <= s.module_recompute_s["blocks.1"] <= s.module_forward_s["blocks.1"]
 
 
 def test_the_first_timed_light_step_follows_the_deep_ones() -> None:

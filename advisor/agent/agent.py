@@ -651,8 +651,8 @@ class Agent:
         extra: dict[str, Any] = {}
         for probe in list(self.probes):
             extra.update(self._call(probe, "on_step_end", step) or {})
-        module_times = self._block_timer.stop() if self._block_timer.active else {}
-        module_forward_s = module_times if isinstance(module_times, dict) else {}
+        module_times = self._block_timer.stop() if self._block_timer.active else ({}, {})
+        module_forward_s, module_recompute_s = ({}, {}) if isinstance(module_times, DeviceTimes) else module_times
         eval_s = self._acc.get("eval", 0.0)
         sample = StepSample(
             index=step,
@@ -668,6 +668,7 @@ class Agent:
             boundary=kind,
             optimizer_s=dict(self._opt_times),
             module_forward_s=module_forward_s,
+            module_recompute_s=module_recompute_s,
             deep_probes=deep_probes,
         )
         self._queue_sample(sample, self._losses,
@@ -825,7 +826,9 @@ class Agent:
             # The objective whose gradient the step applied: gradients of several backward
             # calls add up, so the losses do too (nanoGPT divides each micro-batch's by K).
             loss = float(sum(counted)) if counted else None
-            extra: dict[str, Any] = {"module_forward_s": device_times.resolve()} if device_times is not None else {}
+            extra: dict[str, Any] = {}
+            if device_times is not None:
+                extra["module_forward_s"], extra["module_recompute_s"] = device_times.resolve()
             if step_events is not None:
                 start, end = step_events
                 end.synchronize()  # done already (``event`` was recorded after it)

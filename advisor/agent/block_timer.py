@@ -12,6 +12,17 @@ On a timed step each module call costs one dictionary look-up; the numbered ones
 ``perf_counter`` pair. Forwards run inside backward (checkpoint recomputation) and evaluation
 forwards are not counted: the figure is the training forward, summed over the step's calls.
 
+The same steps measure what a checkpoint's recomputation of each module costs. PyTorch's
+non-reentrant checkpoint stops the recomputation once the last tensor the forward saved has been
+saved again (its early stop, on by default): a GPT block's last matmul, whose input its backward
+needs but whose output nothing saved, never runs again, and recomputing the block cost 0.78-0.85
+of its forward on this CPU (examples/gpt.py at hidden 256; 0.97 at the default 128, where Python
+dominates). So while it times, the timer also
+holds saved-tensor hooks that mark each save (identity pack and unpack, one clock read or a
+re-recorded event per save), and each module's recompute span runs from its call's start to its
+last save (``recompute``). A module whose saves it never saw (its own checkpoint's hooks hid
+them, or the script disabled saved-tensor hooks) gets no span: the forward stands for it.
+
 On CUDA the host clock would time the kernel launches, not the kernels: there each timed call
 records a pair of timing events on the current stream instead, and ``stop`` returns a
 ``DeviceTimes`` that the agent resolves when the step's loss copy has completed (the events
@@ -42,20 +53,26 @@ def timing_event(device: torch.device | None) -> Any:
     return event
 
 
+def _sum(pairs: list[tuple[str, Any, Any]]) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for name, start, end in pairs:
+        end.synchronize()
+        totals[name] = totals.get(name, 0.0) + start.elapsed_time(end) / 1e3
+    return totals
+
+
 class DeviceTimes:
-    """A CUDA step's timed calls: (name, start event, end event), read once the events are done."""
+    """A CUDA step's timed calls: (name, start event, end event) for the forwards and (name, start
+    event, last save's event) for the recompute spans, read once the events are done."""
 
-    def __init__(self, pairs: list[tuple[str, Any, Any]]) -> None:
+    def __init__(self, pairs: list[tuple[str, Any, Any]], recompute: list[tuple[str, Any, Any]] | None = None) -> None:
         self.pairs = pairs
+        self.recompute = recompute or []
 
-    def resolve(self) -> dict[str, float]:
-        """Seconds per module name (waits for any event not done yet: the agent calls it once the
-        step's later event has completed, or at exit)."""
-        totals: dict[str, float] = {}
-        for name, start, end in self.pairs:
-            end.synchronize()
-            totals[name] = totals.get(name, 0.0) + start.elapsed_time(end) / 1e3
-        return totals
+    def resolve(self) -> tuple[dict[str, float], dict[str, float]]:
+        """Forward and recompute seconds per module name (waits for any event not done yet: the
+        agent calls it once the step's later event has completed, or at exit)."""
+        return _sum(self.pairs), _sum(self.recompute)
 
 
 class BlockTimer:
@@ -68,8 +85,14 @@ class BlockTimer:
         self._stack: list[tuple[int, Any]] = []
         self.totals: dict[str, float] = {}
         self._pairs: list[tuple[str, Any, Any]] = []
+        self.recompute: dict[str, float] = {}
+        self._recompute_pairs: list[tuple[str, Any, Any]] = []
         self._device: torch.device | None = None  # a CUDA device: timing events on its stream
         self._unsubscribe: Unsubscribe | None = None
+        self._hooks: Any = None  # the saved-tensor hooks while timing
+        self._saves = 0  # saves seen while a timed module was open
+        self._last: Any = None  # the last save's clock reading, or its event on CUDA
+        self._last_taken = False  # a module holds ``_last`` (an event): the next save records a new one
 
     @property
     def active(self) -> bool:
@@ -81,20 +104,42 @@ class BlockTimer:
         CUDA ``device``, by timing events on its current stream, else by the host's clock."""
         self._names = names
         self._stack = []
-        self.totals = {}
-        self._pairs = []
+        self.totals, self.recompute = {}, {}
+        self._pairs, self._recompute_pairs = [], []
+        self._saves, self._last, self._last_taken = 0, None, False
         self._device = device if device is not None and device.type == "cuda" else None
+        try:
+            hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+            hooks.__enter__()
+            self._hooks = hooks
+        except RuntimeError:  # the script disabled saved-tensor hooks: forward times only
+            self._hooks = None
         self._unsubscribe = subscribe(self.pre, self.post)
 
-    def stop(self) -> dict[str, float] | DeviceTimes:
-        """Stop timing; the step's forward seconds per module name (empty when none ran), or on
-        CUDA the events to resolve once they are done."""
+    def stop(self) -> tuple[dict[str, float], dict[str, float]] | DeviceTimes:
+        """Stop timing; the step's forward and recompute seconds per module name (empty when none
+        ran), or on CUDA the events to resolve once they are done."""
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
-        totals, pairs = self.totals, self._pairs
-        self.totals, self._pairs, self._stack, self._names = {}, [], [], {}
-        return DeviceTimes(pairs) if self._device is not None and pairs else totals
+        if self._hooks is not None:
+            self._hooks.__exit__(None, None, None)
+            self._hooks = None
+        totals, recompute, pairs, spans = self.totals, self.recompute, self._pairs, self._recompute_pairs
+        self.totals, self.recompute, self._pairs, self._recompute_pairs = {}, {}, [], []
+        self._stack, self._names, self._last = [], {}, None
+        return DeviceTimes(pairs, spans) if self._device is not None and pairs else (totals, recompute)
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self._stack:
+            self._saves += 1
+            if self._device is None:
+                self._last = time.perf_counter()
+            else:
+                if self._last is None or self._last_taken:
+                    self._last, self._last_taken = torch.cuda.Event(enable_timing=True), False
+                self._last.record(torch.cuda.current_stream(self._device))
+        return tensor
 
     def _mark(self) -> Any:
         return timing_event(self._device) if self._device is not None else time.perf_counter()
@@ -102,14 +147,24 @@ class BlockTimer:
     def pre(self, module: torch.nn.Module, args: Any) -> None:
         key = id(module)
         if key in self._names and torch._C._current_graph_task_id() == -1 and self._counting():
-            self._stack.append((key, self._mark()))
+            self._stack.append((key, self._mark(), self._saves))
 
     def post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if self._stack and self._stack[-1][0] == id(module):
-            key, start = self._stack.pop()
+            key, start, saves = self._stack.pop()
             name = self._names[key]
             end = self._mark()
+            last = self._last if self._saves > saves else None
             if self._device is not None:
                 self._pairs.append((name, start, end))
+                if last is not None:
+                    self._recompute_pairs.append((name, start, last))
+                    self._last_taken = True
             else:
                 self.totals[name] = self.totals.get(name, 0.0) + (end - start)
+                if last is not None:
+                    self.recompute[name] = self.recompute.get(name, 0.0) + (last - start)
+
+
+def _unpack(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor

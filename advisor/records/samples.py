@@ -117,6 +117,10 @@ class StepSample(Record):
     # step's training calls; only on the light steps the agent samples for it (light_timing_every),
     # empty on every other step. The recompute cost of checkpointing them (recommend/profile.py).
     module_forward_s: dict[str, float] = field(default_factory=dict)
+    # On the same steps, what a checkpoint's recomputation of each of those modules runs: from the
+    # call's start to its last saved tensor (PyTorch's checkpoint stops recomputing there), summed
+    # over the calls; absent for a module whose saves were not seen (advisor/agent/block_timer.py).
+    module_recompute_s: dict[str, float] = field(default_factory=dict)
     # CUDA: the step on the device's timeline, less eval_s: from an event recorded where the step
     # began to one at its boundary. The host's time_s counts kernel launches, not the kernels: a
     # step after a synchronised one read 20 ms of launches for 130 ms of kernels on an H200. None

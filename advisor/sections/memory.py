@@ -10,7 +10,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from advisor.sections.timebase import light_module_forward, light_phase_time, light_step_time, scale
+from advisor.sections.timebase import (light_module_forward, light_module_recompute, light_phase_time, light_step_time,
+                                       scale)
 from advisor.state import SessionState
 from advisor.records.units import fmt_bytes, fmt_seconds
 from advisor.records.samples import MEMORY_CATEGORIES, MemorySample, ModuleStat
@@ -78,10 +79,12 @@ def build_memory_section(state: SessionState, *, budget_bytes: int | None) -> di
         row["checkpointed"] = row["name"] in checkpointed
     time_scale = _module_time_scale(state, modules)
     measured = light_module_forward(state)
+    spans = light_module_recompute(state)
     for row in modules:
         timed = measured.get(row["name"])
         row["light_forward_s"] = timed if timed is not None else row["forward_s"] * time_scale["forward"]
         row["light_forward_measured"] = timed is not None
+        row["light_recompute_s"] = spans.get(row["name"])
         row["light_backward_s"] = row["backward_s"] * time_scale["backward"]
     section: dict[str, Any] = {
         "budget_bytes": budget_bytes,

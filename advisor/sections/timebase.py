@@ -39,6 +39,13 @@ def light_module_forward(state: SessionState) -> dict[str, float]:
     return light_forward([s.to_dict() for s in light_samples(state) if s.module_forward_s])
 
 
+def light_module_recompute(state: SessionState) -> dict[str, float]:
+    """Median recompute span of each module timed on ordinary steps (``module_recompute_s``): what
+    a checkpoint of it runs again, up to its last saved tensor."""
+    return light_forward([s.to_dict() for s in light_samples(state) if s.module_recompute_s],
+                         "module_recompute_s")
+
+
 def scale(light_s: float | None, profiled_s: float | None) -> float:
     """``light / profiled``, at most 1; 1.0 when either is unknown."""
     if not light_s or not profiled_s or profiled_s <= 0:

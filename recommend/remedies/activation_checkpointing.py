@@ -53,7 +53,7 @@ def validate(params: Mapping[str, Any]) -> None:
 
 
 def _simulated_plan(chain: Chain, memory: ChainMemory, budget: int) -> Plan | None:
-    choice = solve(memory, [b.forward_s for b in chain.blocks], budget)
+    choice = solve(memory, [b.recompute_s for b in chain.blocks], budget)
     if choice is None:
         return None
     return Plan(modules=tuple(chain.blocks[i].name for i in choice.selected), indices=choice.selected,
@@ -96,7 +96,7 @@ def fitting_plan(profile: Profile, budget: int) -> tuple[Chain | None, Plan | No
         if plan is None:  # nothing fits: say how low checkpointing everything would go
             every = tuple(range(chain.n))
             plan = Plan(modules=chain.names, indices=every, peak_bytes=simulated_peak(memory, every),
-                        overhead_s=sum(b.forward_s for b in chain.blocks), budget_bytes=budget,
+                        overhead_s=sum(b.recompute_s for b in chain.blocks), budget_bytes=budget,
                         baseline_peak_bytes=memory.measured_peak_bytes, feasible=False, method="dp")
         if plan.peak_bytes <= budget:
             return units, plan

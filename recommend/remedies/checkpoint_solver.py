@@ -98,7 +98,7 @@ def _arrays(chain: Chain) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarra
     a = np.array([b.activation_bytes for b in chain.blocks], dtype=np.int64)
     x = np.array([b.input_bytes for b in chain.blocks], dtype=np.int64)
     y = np.array([b.output_bytes for b in chain.blocks], dtype=np.int64)
-    f = np.array([b.forward_s for b in chain.blocks], dtype=np.float64)
+    f = np.array([b.recompute_s for b in chain.blocks], dtype=np.float64)
     return a, x, y, f
 
 

@@ -94,7 +94,7 @@ class JointPlan:
         out = {RECOMPUTE: 0.0, OFFLOAD: 0.0, "optimizer": 0.0}
         for i, c in enumerate(self.choices):
             if c == RECOMPUTE:
-                out[RECOMPUTE] += chain.blocks[i].forward_s
+                out[RECOMPUTE] += chain.blocks[i].recompute_s
             elif c == OFFLOAD:
                 out[OFFLOAD] += offload_cost(chain, model, i, i + 1 < chain.n and self.choices[i + 1] == OFFLOAD)
         if self.offload_optimizer:
@@ -139,7 +139,7 @@ def step_cost(chain: Chain, model: Model) -> Cost:
     bwd = [(_backward_part(chain, model, i, False), _backward_part(chain, model, i, True)) for i in range(chain.n)]
 
     def cost(i: int, prev: str | None, c: str | None) -> float:
-        dt = chain.blocks[i].forward_s if c == RECOMPUTE else fwd[i] if c == OFFLOAD else 0.0
+        dt = chain.blocks[i].recompute_s if c == RECOMPUTE else fwd[i] if c == OFFLOAD else 0.0
         return dt + (bwd[i - 1][c == OFFLOAD] if prev == OFFLOAD else 0.0)
 
     return cost
@@ -423,7 +423,7 @@ def why(chain: Chain, model: Model, plan: JointPlan) -> list[str]:
             continue
         b = chain.blocks[i]
         copy = b.activation_bytes / model.bandwidth
-        recompute = f"recompute would cost {b.forward_s * 1e3:.1f} ms"
+        recompute = f"recompute would cost {b.recompute_s * 1e3:.1f} ms"
         nxt_o = i + 1 < chain.n and plan.choices[i + 1] == OFFLOAD
         if c == OFFLOAD:
             out.append(f"{b.name}: offload ({copy * 1e3:.1f} ms each way) hides behind "
@@ -431,8 +431,8 @@ def why(chain: Chain, model: Model, plan: JointPlan) -> list[str]:
                        f"{' and backward' if nxt_o else ''}, exposing {offload_cost(chain, model, i, nxt_o) * 1e3:.1f} ms; "
                        f"{recompute}")
         elif i + 1 < chain.n:
-            out.append(f"{b.name}: recompute costs {b.forward_s * 1e3:.1f} ms; offload would expose at least "
+            out.append(f"{b.name}: recompute costs {b.recompute_s * 1e3:.1f} ms; offload would expose at least "
                        f"{offload_cost(chain, model, i, True) * 1e3:.1f} ms ({copy * 1e3:.1f} ms copies)")
         else:
-            out.append(f"{b.name}: recompute costs {b.forward_s * 1e3:.1f} ms (the last block is never offloaded)")
+            out.append(f"{b.name}: recompute costs {b.recompute_s * 1e3:.1f} ms (the last block is never offloaded)")
     return out
