@@ -31,7 +31,7 @@ case "$stage" in
   short)
     timeout "${TESTS_S:-240}" python3 -m pytest -m gpu -v -p no:cacheprovider -rs "$@" 2>&1 | tee "$out/gpu-tests.txt"
     echo "== python3 bench/prediction.py (CUDA, 8 x 1024 GPT)" | tee "$out/prediction.txt"
-    timeout "${BENCH_S:-200}" python3 bench/prediction.py --steps 16 --budgets 0.5,0.7 \
+    timeout "${BENCH_S:-200}" python3 bench/prediction.py --steps 22 --apply-at-step 10 --budgets 0.5,0.7 \
       --script-args "--layers 8 --hidden 1024 --seq 1024 --batch 8 --vocab 8192 --heads 16" 2>&1 | tee -a "$out/prediction.txt"
     ;;
   e2e)

@@ -108,6 +108,14 @@ def test_on_cuda_a_step_after_a_synchronised_boundary_reads_its_kernels(monkeypa
         after_boundary(**kw)
 
     monkeypatch.setattr(agent, "_after_boundary", synchronised)
+    # Load every kernel the steps launch first: with lazy module loading (CUDA's default) the
+    # first launch of a kernel can wait for the device, and in a fresh process step 1's first
+    # gradient accumulation did, so its host time read the sleep (26.5 ms for 26.0 ms of kernels).
+    for _ in range(2):
+        torch.cuda._sleep(1000)
+        model(torch.randn(4, 8, device="cuda")).sum().backward()
+        opt.step()
+    torch.cuda.synchronize()
     hooks = install(agent)
     references = []
     try:
