@@ -352,7 +352,11 @@ class Executor:
         # ranks are held for this decision (--apply-at-step K): they all wait at the boundary
         # before K, so K is next everywhere. With two, a decision that came during the hold
         # always slipped to K+1.
-        ahead = 1 if getattr(self.ctx, "holding", False) else 2
+        holds = getattr(self.ctx, "holds_before", None)
+        held = getattr(self.ctx, "holding", False) or (
+            isinstance(command, ApplyCommand) and command.at_step is not None and callable(holds)
+            and holds(command.at_step))
+        ahead = 1 if held else 2
         self._align.post(index, max(command.at_step or 0, step + ahead + lead))
         return index
 

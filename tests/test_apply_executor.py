@@ -330,7 +330,7 @@ def test_a_remedy_with_a_step_period_is_timed_over_whole_periods() -> None:
         registry.unregister("paired")
 
 
-@pytest.mark.parametrize(("holding", "earliest"), [(False, 6), (True, 5)])
+@pytest.mark.parametrize(("holding", "earliest"), [(False, 6), (True, 5), ("ahead", 5)])
 def test_a_decision_that_comes_while_the_ranks_are_held_lands_at_the_step_asked_for(monkeypatch, holding, earliest):
     """Ranks of one node post the earliest boundary they can apply at, two ahead (another rank may
     have passed the next one). Held for the decision at the boundary before step 5, every rank
@@ -351,7 +351,9 @@ def test_a_decision_that_comes_while_the_ranks_are_held_lands_at_the_step_asked_
     monkeypatch.setattr(executor_module.Agreement, "distributed", staticmethod(lambda: True))
     model, opt = make()
     ctx = FakeContext([model], [opt], world_size=2)
-    ctx.step, ctx.holding = 4, holding
+    ctx.step, ctx.holding = 4, holding is True
+    if holding == "ahead":  # step 4 counted, the wait not begun yet (CI: test_zero_attach.py[3] slipped so)
+        ctx.holds_before = lambda step: step == 5
     Executor(ctx).submit({"type": "apply", "recommendation": REC, "at_step": 5})
     assert posted == [earliest]
 
@@ -395,3 +397,17 @@ def test_on_a_device_the_windows_are_timed_on_its_timeline_not_the_hosts() -> No
                 assert result.data["status"] == "kept", result.data["reason"]
     finally:
         registry.unregister("slower_kernels")
+
+
+def test_a_rank_holds_before_the_step_asked_for_until_its_wait_is_over() -> None:
+    """``holds_before(K)``: true from the job's start until the wait at the boundary before K ends
+    (while the boundary's own work runs, the step count already says K-1), false after it."""
+    from advisor.agent.agent import Agent
+
+    agent = Agent(emit=lambda record: None, config={"apply_hold_step": 5, "deep_steps": []})
+    for step in (0, 3, 4):
+        agent._step = step
+        assert agent.holds_before(5) and not agent.holds_before(6)
+    agent._decision.set()  # the decision is in: the wait returns at once
+    agent._hold_for_decision()
+    assert not agent.holds_before(5)

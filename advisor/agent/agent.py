@@ -724,10 +724,10 @@ class Agent:
         step = self._hold_step
         if step is None or self._step != step - 1 or (self.relay is not None and self.rank != 0):
             return
+        self.holding = True  # every rank waits at this boundary: a command now can land at the next
         self._hold_step = None
         self.flush(sync=True)
         start = time.perf_counter()
-        self.holding = True  # every rank waits at this boundary: a command now can land at the next
         try:
             decided = self._decision.wait(self._hold_s)
         finally:
@@ -737,6 +737,12 @@ class Agent:
         if not decided:
             self.warn(f"no decision from the controller on the apply asked for at step {step} after "
                       f"{self._hold_s:.0f} s: training goes on", at_step=step)
+
+    def holds_before(self, step: int) -> bool:
+        """Whether this rank waits for the controller's decision at the boundary before ``step``:
+        now, or still ahead of it (its step count already says ``step - 1`` while the boundary's
+        own work runs, before the wait begins: a command that came then slipped to ``step + 1``)."""
+        return self.holding or (self._hold_step == step and self._step <= step - 1)
 
     @property
     def deep_active(self) -> bool:
