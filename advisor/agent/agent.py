@@ -863,6 +863,8 @@ class Agent:
                 and not self.optimizers()):  # an optimizer that never stepped: no step ended
             self._set_boundary_kind(self.boundary_kind or "exit")
             self._close_at_snapshot("exit", learn=False)
+        if self._block_timer.active:  # a timed step cut short: its saved-tensor hooks come off
+            self._block_timer.stop()
         self.flush(sync=True)
         if self.executor is not None:
             self.executor.close()  # reports a measurement window cut short by the exit

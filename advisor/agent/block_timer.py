@@ -31,6 +31,7 @@ were recorded before it), so timing adds no device synchronisation.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Callable
 
@@ -89,7 +90,8 @@ class BlockTimer:
         self._recompute_pairs: list[tuple[str, Any, Any]] = []
         self._device: torch.device | None = None  # a CUDA device: timing events on its stream
         self._unsubscribe: Unsubscribe | None = None
-        self._hooks: Any = None  # the saved-tensor hooks while timing
+        self._hooks: Any = None  # the saved-tensor hooks while timing (thread-local: pushed on _thread)
+        self._thread: int | None = None
         self._saves = 0  # saves seen while a timed module was open
         self._last: Any = None  # the last save's clock reading, or its event on CUDA
         self._last_taken = False  # a module holds ``_last`` (an event): the next save records a new one
@@ -111,7 +113,7 @@ class BlockTimer:
         try:
             hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
             hooks.__enter__()
-            self._hooks = hooks
+            self._hooks, self._thread = hooks, threading.get_ident()
         except RuntimeError:  # the script disabled saved-tensor hooks: forward times only
             self._hooks = None
         self._unsubscribe = subscribe(self.pre, self.post)
@@ -122,9 +124,9 @@ class BlockTimer:
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
-        if self._hooks is not None:
-            self._hooks.__exit__(None, None, None)
-            self._hooks = None
+        if self._hooks is not None and self._thread == threading.get_ident():
+            self._hooks.__exit__(None, None, None)  # another thread (an exit handler) cannot pop this one's
+        self._hooks = self._thread = None
         totals, recompute, pairs, spans = self.totals, self.recompute, self._pairs, self._recompute_pairs
         self.totals, self.recompute, self._pairs, self._recompute_pairs = {}, {}, [], []
         self._stack, self._names, self._last = [], {}, None
