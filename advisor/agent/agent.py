@@ -738,6 +738,12 @@ class Agent:
             self.warn(f"no decision from the controller on the apply asked for at step {step} after "
                       f"{self._hold_s:.0f} s: training goes on", at_step=step)
 
+    def stop_timing(self) -> None:
+        """End a light step's block timing cut short (at exit, or when the hooks are uninstalled):
+        its saved-tensor hooks must not outlive the agent on autograd's stack."""
+        if self._block_timer.active:
+            self._block_timer.stop()
+
     def holds_before(self, step: int) -> bool:
         """Whether this rank waits for the controller's decision at the boundary before ``step``:
         now, or still ahead of it (its step count already says ``step - 1`` while the boundary's
@@ -863,8 +869,7 @@ class Agent:
                 and not self.optimizers()):  # an optimizer that never stepped: no step ended
             self._set_boundary_kind(self.boundary_kind or "exit")
             self._close_at_snapshot("exit", learn=False)
-        if self._block_timer.active:  # a timed step cut short: its saved-tensor hooks come off
-            self._block_timer.stop()
+        self.stop_timing()
         self.flush(sync=True)
         if self.executor is not None:
             self.executor.close()  # reports a measurement window cut short by the exit

@@ -46,6 +46,7 @@ class InstalledHooks:
 
 def install(agent: Agent) -> InstalledHooks:
     hooks = InstalledHooks()
+    hooks.add(agent.stop_timing)  # undone last: a timed step's saved-tensor hooks come off too
 
     compiling = torch.compiler.is_compiling
 
