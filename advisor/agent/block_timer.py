@@ -17,11 +17,11 @@ non-reentrant checkpoint stops the recomputation once the last tensor the forwar
 saved again (its early stop, on by default): a GPT block's last matmul, whose input its backward
 needs but whose output nothing saved, never runs again, and recomputing the block cost 0.78-0.85
 of its forward on this CPU (examples/gpt.py at hidden 256; 0.97 at the default 128, where Python
-dominates). So while it times, the timer also
-holds saved-tensor hooks that mark each save (identity pack and unpack, one clock read or a
-re-recorded event per save), and each module's recompute span runs from its call's start to its
-last save (``recompute``). A module whose saves it never saw (its own checkpoint's hooks hid
-them, or the script disabled saved-tensor hooks) gets no span: the forward stands for it.
+dominates). So while it times, the timer also holds saved-tensor hooks that mark each save
+(identity pack and unpack, one clock read or a re-recorded event per save), and each module's
+recompute span runs from its call's start to its last save (``recompute``). A module whose saves
+it never saw (its own checkpoint's hooks hid them, or the script disabled saved-tensor hooks) gets
+no span: the forward stands for it.
 
 On CUDA the host clock would time the kernel launches, not the kernels: there each timed call
 records a pair of timing events on the current stream instead, and ``stop`` returns a
@@ -83,7 +83,7 @@ class BlockTimer:
         # ``counting``: whether a forward now is the training forward (not an evaluation pass).
         self._counting = counting
         self._names: dict[int, str] = {}
-        self._stack: list[tuple[int, Any]] = []
+        self._stack: list[tuple[int, Any, int]] = []  # (module id, start mark, saves before it)
         self.totals: dict[str, float] = {}
         self._pairs: list[tuple[str, Any, Any]] = []
         self.recompute: dict[str, float] = {}
