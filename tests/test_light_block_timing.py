@@ -304,3 +304,43 @@ def test_closing_the_agent_in_a_timed_step_takes_the_saved_tensor_hooks_off() ->
             hooks.remove()
         assert not agent._block_timer.active
         assert top(False) == before, ending
+
+
+def test_a_timed_step_keeps_no_graph_that_no_backward_freed_and_changes_no_gradient() -> None:
+    """The timer's hooks pack a detached alias: a forward with gradients on that never ran backward
+    (a metric) leaves nothing alive (a tensor packed as itself, a saved output, holds its own
+    graph in a cycle), and the gradients of a timed step, double backward included, are bit for
+    bit an untimed step's."""
+    import gc
+    import weakref
+
+    def penalty_grads(model: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+        out = torch.sigmoid(model(x)).pow(2).sum()
+        (g,) = torch.autograd.grad(out, x, create_graph=True)
+        g.pow(2).sum().backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(4, 8, requires_grad=True)
+    reference = penalty_grads(model, x)
+    model.zero_grad()
+    timer = block_timer.BlockTimer(counting=lambda: True)
+    names = {id(m): name for name, m in model.named_modules() if block_timer.numbered(name)}
+    handles = []
+
+    def subscribe(pre, post):
+        handles.extend([torch.nn.modules.module.register_module_forward_pre_hook(pre),
+                        torch.nn.modules.module.register_module_forward_hook(post)])
+        return lambda: [h.remove() for h in handles]
+
+    timer.start(names, subscribe)
+    try:
+        metric = torch.sigmoid(model(torch.randn(4, 8)))  # gradients on, never backward
+        alive = weakref.ref(metric)
+        del metric
+        gc.collect()
+        assert alive() is None
+        timed = penalty_grads(model, x)
+    finally:
+        timer.stop()
+    assert all(torch.equal(a, b) for a, b in zip(timed, reference))

@@ -18,7 +18,7 @@ saved again (its early stop, on by default): a GPT block's last matmul, whose in
 needs but whose output nothing saved, never runs again, and recomputing the block cost 0.78-0.85
 of its forward on this CPU (examples/gpt.py at hidden 256; 0.97 at the default 128, where Python
 dominates). So while it times, the timer also holds saved-tensor hooks that mark each save
-(identity pack and unpack, one clock read or a re-recorded event per save), and each module's
+(a detached alias packed, one clock read or a re-recorded event per save), and each module's
 recompute span runs from its call's start to its last save (``recompute``). A module whose saves
 it never saw (its own checkpoint's hooks hid them, or the script disabled saved-tensor hooks) gets
 no span: the forward stands for it.
@@ -141,7 +141,11 @@ class BlockTimer:
                 if self._last is None or self._last_taken:
                     self._last, self._last_taken = torch.cuda.Event(enable_timing=True), False
                 self._last.record(torch.cuda.current_stream(self._device))
-        return tensor
+        # A detached alias, not the tensor: an op's saved output packed as itself holds its own
+        # grad_fn, a cycle Python cannot collect, so a forward that never ran backward (a metric
+        # computed with gradients on) kept its whole graph. Autograd rebuilds the unpacked
+        # tensor's history from its own record, so gradients, double backward included, are equal.
+        return tensor.detach()
 
     def _mark(self) -> Any:
         return timing_event(self._device) if self._device is not None else time.perf_counter()
