@@ -71,12 +71,15 @@ def test_explicit_all_reduce_exact_bytes(tmp_path):
 
 
 def test_straggler_named_and_wait_grows(tmp_path):
-    sleep = 0.15
+    # The wait measured is the sleep plus whatever else makes rank 1 later than rank 0 in that
+    # step: on a loaded 2-core CI machine that read 62 ms a step once (0.212 s for a 0.15 s sleep).
+    # A sleep large against that noise keeps the check about the sleep.
+    sleep = 0.4
     state, _ = run("ddp", tmp_path, arg=sleep)
     section = build_straggler_section(state)
     assert section is not None
     assert section["rank"] == 1
-    assert section["wait_caused_per_step_s"] == pytest.approx(sleep, abs=0.06)
+    assert section["wait_caused_per_step_s"] == pytest.approx(sleep, rel=0.3)
     rank0_wait = sum(c["wait_s"] for c in build_collectives_section(state) if c["rank"] == 0 and c["op"] == "all_reduce")
     assert rank0_wait == pytest.approx(sleep * STEPS, rel=0.35)
     # rank 0 sits in DDP's finalize wait: that wait is exposed communication
