@@ -566,6 +566,11 @@ class Executor:
                                period=_period(handle))
         self.ctx.request_deep(request.measure_steps + 1)
 
+    def _measured(self, active: _Active) -> tuple[Measurement, Measurement]:
+        """Before and after of the active apply (its before samples were put on the device's
+        timeline when it was applied; the after ones are here)."""
+        return pair(active.before, self._on_device(active.after), measure_steps=active.measure_steps)
+
     def _on_device(self, samples: list[StepSample]) -> list[StepSample]:
         """The samples timed on the device's timeline where the job runs on one (CUDA): the
         predictions were made against device time (the recommender's baseline reads
@@ -577,8 +582,7 @@ class Executor:
 
     def _decide(self, active: _Active, *, complete: bool) -> None:
         self._active = None
-        before, after = pair(self._on_device(active.before), self._on_device(active.after),
-                             measure_steps=active.measure_steps)
+        before, after = self._measured(active)
         if active.before:
             active.results = [r.with_(before=before) for r in active.results]
         active.results = [r.with_(after=after) for r in active.results]
@@ -632,7 +636,7 @@ class Executor:
         suffix = f"; {note}" if note else ""
         if self._active is not None:
             active, self._active = self._active, None
-            before, after = pair(active.before, active.after, measure_steps=active.measure_steps)
+            before, after = self._measured(active)
             active.results = [r.with_(before=before if active.before else r.before, after=after)
                               for r in active.results]
             self._revert_active(active, step, reason="reverted on request during measurement" + suffix)

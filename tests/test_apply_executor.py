@@ -411,3 +411,39 @@ def test_a_rank_holds_before_the_step_asked_for_until_its_wait_is_over() -> None
     agent._decision.set()  # the decision is in: the wait returns at once
     agent._hold_for_decision()
     assert not agent.holds_before(5)
+
+
+def test_a_revert_asked_for_during_the_window_reports_it_on_the_devices_timeline_too() -> None:
+    """The user's revert during the measuring window reports before and after alike: both on
+    the device's timeline (the after side read the host's launches before)."""
+
+    class Handle:
+        def revert(self) -> None:
+            pass
+
+    registry.register("slower_kernels", lambda model, **_: Handle())
+    try:
+        _, _, ctx, ex = setup()
+        device: dict[int, float] = {}
+        ctx.device_step_times = lambda: dict(device)
+        rec = {"id": "k", "remedy": "slower_kernels", "params": {},
+               "predicted": {"step_time_s": 0.11, "peak_memory_bytes": 100}, "baseline_step_time_s": 0.10}
+        ex.submit({"type": "apply", "recommendation": rec, "at_step": 4, "measure_steps": 2})
+        extra, seen = 0, 0
+        for i in range(10):
+            ctx.step = i
+            if i == 8:  # deep steps 4-6, light 7: the window still wants step 8
+                ex.submit({"type": "revert"})
+            ex.on_boundary(i)
+            extra, seen = max([extra, *ctx.deep_requests[seen:]]), len(ctx.deep_requests)
+            deep, extra = extra > 0, max(extra - 1, 0)
+            device[i] = 0.10 if i < 4 else 0.20
+            ex.on_step_end(StepSample(index=i, time_s=0.07, deep=deep, peak_memory_bytes=100 if deep else None))
+        [result] = events(ctx, "apply_result")
+        assert result.data["status"] == "reverted" and "on request" in result.data["reason"]
+        measured = result.data["measured"]
+        assert measured["after"]["time_steps"] == [7]
+        assert measured["before"]["step_time_s"] == pytest.approx(0.10)
+        assert measured["after"]["step_time_s"] == pytest.approx(0.20)
+    finally:
+        registry.unregister("slower_kernels")
