@@ -34,9 +34,10 @@ def test_a_module_forward_timed_on_ordinary_steps_replaces_the_scaled_one() -> N
     that median and marks it measured; the others stay scaled from the deep step."""
     live = LiveState()
     timed = {2: {"blocks.0": 0.03}, 3: {"blocks.0": 0.01}, 4: {"blocks.0": 0.02}}
+    spans = {2: {"blocks.0": 0.024}, 3: {"blocks.0": 0.008}, 4: {"blocks.0": 0.016}}  # up to the last save
     for index, deep, fwd in ((0, False, 1.0), (1, True, 0.4), (2, False, 0.1), (3, False, 0.1), (4, False, 0.1)):
         live.add(StepSample(index=index, time_s=2 * fwd, deep=deep, phases={"forward_s": fwd, "backward_s": fwd},
-                            module_forward_s=timed.get(index, {})))
+                            module_forward_s=timed.get(index, {}), module_recompute_s=spans.get(index, {})))
     live.add(ModuleStat(step=1, name="", type="GPT", depth=0, forward_s=0.4, backward_s=0.2))
     for name in ("blocks.0", "blocks.1"):
         live.add(ModuleStat(step=1, name=name, type="Block", depth=2, activation_bytes=10, forward_s=0.2,
@@ -44,6 +45,9 @@ def test_a_module_forward_timed_on_ordinary_steps_replaces_the_scaled_one() -> N
     rows = {m["name"]: m for m in build_memory_section(live.snapshot(), budget_bytes=None)["modules"]}
     assert rows["blocks.0"]["light_forward_s"] == pytest.approx(0.02) and rows["blocks.0"]["light_forward_measured"]
     assert rows["blocks.1"]["light_forward_s"] == pytest.approx(0.05) and not rows["blocks.1"]["light_forward_measured"]
+    # What checkpointing it runs again: the median span where measured, null where not.
+    assert rows["blocks.0"]["light_recompute_s"] == pytest.approx(0.016)
+    assert rows["blocks.1"]["light_recompute_s"] is None
 
 def test_a_wait_never_exceeds_its_call_nor_its_step() -> None:
     live = LiveState()

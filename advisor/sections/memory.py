@@ -10,8 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from advisor.sections.timebase import (light_module_forward, light_module_recompute, light_phase_time, light_step_time,
-                                       scale)
+from advisor.sections.timebase import light_module_times, light_phase_time, light_step_time, scale
 from advisor.state import SessionState
 from advisor.records.units import fmt_bytes, fmt_seconds
 from advisor.records.samples import MEMORY_CATEGORIES, MemorySample, ModuleStat
@@ -78,8 +77,8 @@ def build_memory_section(state: SessionState, *, budget_bytes: int | None) -> di
     for row in modules:
         row["checkpointed"] = row["name"] in checkpointed
     time_scale = _module_time_scale(state, modules)
-    measured = light_module_forward(state)
-    spans = light_module_recompute(state)
+    measured = light_module_times(state)
+    spans = light_module_times(state, "module_recompute_s")
     for row in modules:
         timed = measured.get(row["name"])
         row["light_forward_s"] = timed if timed is not None else row["forward_s"] * time_scale["forward"]

@@ -33,17 +33,11 @@ def light_phase_time(state: SessionState, phase: str) -> float | None:
     return statistics.median(values) if values else None
 
 
-def light_module_forward(state: SessionState) -> dict[str, float]:
-    """Median forward seconds of each module timed on ordinary steps (``module_forward_s``,
-    sampled one light step in N), by qualified name: the figure the cost models read."""
-    return light_forward([s.to_dict() for s in light_samples(state) if s.module_forward_s])
-
-
-def light_module_recompute(state: SessionState) -> dict[str, float]:
-    """Median recompute span of each module timed on ordinary steps (``module_recompute_s``): what
-    a checkpoint of it runs again, up to its last saved tensor."""
-    return light_forward([s.to_dict() for s in light_samples(state) if s.module_recompute_s],
-                         "module_recompute_s")
+def light_module_times(state: SessionState, key: str = "module_forward_s") -> dict[str, float]:
+    """Median seconds of each module timed on ordinary steps (sampled one light step in N), by
+    qualified name: the forward (``module_forward_s``), or with ``key="module_recompute_s"`` what
+    a checkpoint of it runs again, up to its last saved tensor. The figures the cost models read."""
+    return light_forward([s.to_dict() for s in light_samples(state) if getattr(s, key)], key)
 
 
 def scale(light_s: float | None, profiled_s: float | None) -> float:
