@@ -262,7 +262,7 @@ def op_flops(func: torch._ops.OpOverload, args: tuple, kwargs: dict, out: Any) -
         return int(REDUCTION_PER_INPUT[name] * sum(t.numel() for t in ins[:1] or ins))
     per = PER_ELEMENT.get(name)
     if per is None:
-        per = 1.0 if torch.Tag.pointwise in func.tags else 0.0
+        per = 1.0 if _schema_of(func).pointwise else 0.0
     if per == 0.0:
         return 0
     outs = _tensors(out)
@@ -282,14 +282,37 @@ def op_flops(func: torch._ops.OpOverload, args: tuple, kwargs: dict, out: Any) -
     return int(per * _largest_numel(outs))
 
 
+class _Schema:
+    """What ``op_bytes`` and ``op_flops`` read from an overload's schema, read once per overload
+    (``_schema_of``): walking the schema on every call was a fifth of the counter's Python."""
+
+    __slots__ = ("alias_only", "written", "pointwise")
+
+    def __init__(self, func: torch._ops.OpOverload) -> None:
+        schema = func._schema
+        writes = [a.alias_info is not None and a.alias_info.is_write for a in schema.arguments]
+        # Views and aliases: every return aliases an input and nothing is written.
+        self.alias_only = bool(schema.returns) and not any(writes) and all(
+            r.alias_info is not None for r in schema.returns)
+        # (position, name, keyword-only, is an out= buffer) of each argument the op writes
+        self.written = tuple((i, a.name, a.kwarg_only, a.is_out)
+                             for i, (a, w) in enumerate(zip(schema.arguments, writes)) if w)
+        self.pointwise = torch.Tag.pointwise in func.tags
+
+
+_SCHEMAS: dict[Any, _Schema] = {}
+
+
+def _schema_of(func: torch._ops.OpOverload) -> _Schema:
+    found = _SCHEMAS.get(func)
+    if found is None:
+        found = _SCHEMAS[func] = _Schema(func)
+    return found
+
+
 def _is_alias_only(func: torch._ops.OpOverload) -> bool:
     """True for views and aliases: every return aliases an input and nothing is written."""
-    schema = func._schema
-    if not schema.returns:
-        return False
-    if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
-        return False
-    return all(r.alias_info is not None for r in schema.returns)
+    return _schema_of(func).alias_only
 
 
 def op_bytes(func: torch._ops.OpOverload, args: tuple, kwargs: dict, out: Any,
@@ -297,18 +320,16 @@ def op_bytes(func: torch._ops.OpOverload, args: tuple, kwargs: dict, out: Any,
     """Minimum bytes one call moves (tensor sizes from ``Tensor.element_size``), in bytes.
     ``inputs``: ``tensor_args(args, kwargs)`` when the caller has it already."""
     name = func.overloadpacket.__name__
-    if name in METADATA_OPS or _is_alias_only(func):
+    schema = _schema_of(func)
+    if name in METADATA_OPS or schema.alias_only:
         return 0
-    schema = func._schema
     written_args: list[torch.Tensor] = []
     out_args: set[int] = set()
-    for i, arg in enumerate(schema.arguments):
-        if arg.alias_info is None or not arg.alias_info.is_write:
-            continue
-        value = kwargs.get(arg.name) if arg.kwarg_only or i >= len(args) else args[i]
+    for i, arg_name, kwarg_only, is_out in schema.written:
+        value = kwargs.get(arg_name) if kwarg_only or i >= len(args) else args[i]
         ts = _tensors(value)
         written_args.extend(ts)
-        if arg.is_out:
+        if is_out:
             out_args.update(id(t) for t in ts)
     total = 0
     seen: set[int] = set()
