@@ -257,11 +257,9 @@ def test_the_memory_tracker_pauses_between_consecutive_deep_steps(monkeypatch):
     scanned every live Python object again (about 1.5 light GPT steps per deep step on CPU)."""
     import gc
 
-    from advisor.probes.memory import probe as memory_probe
-
     scans = []
     real = gc.get_objects
-    monkeypatch.setattr(memory_probe.gc, "get_objects", lambda *a, **k: scans.append(1) or real(*a, **k))
+    monkeypatch.setattr(gc, "get_objects", lambda *a, **k: scans.append(1) or real(*a, **k))
     steps, _, probes = _run_probes(["memory"], [1, 2, 3, 5], 7)
     assert len(scans) == 2  # at steps 1 and 5; 2 and 3 resumed the paused tracker
     peaks = [s.peak_memory_bytes for s in steps]

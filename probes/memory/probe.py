@@ -15,7 +15,6 @@ step costs (every op goes through Python; several times a plain step, see
 from __future__ import annotations
 
 import dataclasses
-import gc
 import time
 import traceback
 from typing import Any
@@ -23,7 +22,7 @@ from typing import Any
 import torch
 
 from advisor.probes.memory.budget import apply_cuda_budget
-from advisor.probes.memory.categories import local_part, role_tensors, storage_key
+from advisor.probes.memory.categories import live_tensors, local_part, role_tensors, storage_key
 from advisor.probes.device.nvml import Nvml
 from advisor.probes.memory.cuda import (
     allocator_counters,
@@ -287,9 +286,7 @@ class MemoryProbe(Probe):
         tracker.refresh_roles(ctx.models(), ctx.optimizers())
         if self.scan_gc:
             # Tensors alive before tracking began (the user's own buffers, the last loss): other.
-            # type() not isinstance(): isinstance consults __class__, which some module objects
-            # answer with a deprecation warning.
-            tracker.add_existing(o for o in gc.get_objects() if issubclass(type(o), torch.Tensor))
+            tracker.add_existing(live_tensors())
         tracker.reset_peak()
 
     def _stop_tracking(self) -> None:
