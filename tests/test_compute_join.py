@@ -64,6 +64,25 @@ def test_ops_an_op_runs_inside_itself_are_not_candidates() -> None:
     assert match_events(calls, [outer, inner, real]) == [outer, real]
 
 
+def test_composite_events_around_counted_ops_cost_the_walk_no_resynchronisation(monkeypatch) -> None:
+    """The profiler also records the composite op a counted op implements (``aten::layer_norm``
+    around ``aten::native_layer_norm``); no counted call has its name, so it is no candidate.
+    Kept, every composite was an insertion to resynchronise over (289 in one GPT step on an H100)."""
+    from advisor.probes.compute import timing
+
+    resyncs = []
+    real = timing._resync
+    monkeypatch.setattr(timing, "_resync", lambda *a, **k: resyncs.append(a[3]) or real(*a, **k))
+    calls, events = [], []
+    for i in range(6):
+        norm = _Event("aten::layer_norm", [[4, 8], [8], [8]])
+        events += [norm, _Event("aten::native_layer_norm", [[4, 8], [8], [8]], cpu_parent=norm),
+                   _Event("aten::mm", [[4, 8], [8, 8]])]
+        calls += [_call("aten.native_layer_norm", (4, 8), (8,), (8,)), _call("aten.mm", (4, 8), (8, 8))]
+    assert match_events(calls, events) == [e for e in events if e.name != "aten::layer_norm"]
+    assert resyncs == []
+
+
 # -- real steps under the memory and compute probes, as the agent runs them -----------------
 
 class CNN(nn.Module):

@@ -206,9 +206,17 @@ def match_events(calls: Sequence[OpCall], events: Sequence[Any]) -> list[Any | N
 
 
 def _outer_events(events: Sequence[Any], counted_names: set[str]) -> list[Any]:
-    """Events with no enclosing event of a counted op's name, in start order."""
+    """Events of a counted op's name with no enclosing event of such a name, in start order.
+
+    An event of a name the counter never saw cannot be a counted call: the composite ops
+    around the counted ones (``aten::layer_norm`` around ``aten::native_layer_norm``,
+    ``aten::linear``, ``aten::reshape``, ``aten::item``) and the autograd wrappers. Kept, each
+    was an insertion the walk had to resynchronise over: 289 times for one step of an 8-layer
+    GPT on an H100, two thirds of the timed deep step's Python."""
     out = []
     for event in events:
+        if event.name not in counted_names:
+            continue
         parent = event.cpu_parent
         while parent is not None and parent.name not in counted_names:
             parent = parent.cpu_parent
