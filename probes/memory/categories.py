@@ -87,6 +87,11 @@ def local_part(tensor: "torch.Tensor") -> "torch.Tensor":
     a storage of its own, so its bytes on this rank are its local tensor's."""
     import sys
 
+    import torch
+
+    kind = type(tensor)
+    if kind is torch.Tensor or kind is torch.nn.Parameter:  # the common case: no DTensor is one
+        return tensor
     module = sys.modules.get("torch.distributed.tensor")  # imported by whoever made a DTensor
     dtensor = getattr(module, "DTensor", None) if module is not None else None
     if dtensor is not None and isinstance(tensor, dtensor):
