@@ -116,6 +116,8 @@ def raw_events(events: Iterable[Any], *, use_cuda: bool = False) -> list[RawEven
     for event in events:
         kind = event.device_type()
         if kind == cpu:
+            if use_cuda and event.linked_correlation_id() > 0:
+                continue  # a CUDA runtime call (cudaLaunchKernel): inside an op, never around one
             if not (event.is_async() or event.start_thread_id() != event.end_thread_id()):
                 found.append(RawEvent(event))  # async events are nobody's parent or child
         elif use_cuda and kind == cuda and event.linked_correlation_id() > 0:
