@@ -5,6 +5,7 @@
 #   bash bench/gpu_validate.sh short    # gpu-marked tests, then the closed loop on a GPU-sized GPT (~2 min)
 #   bash bench/gpu_validate.sh overhead # the light path and deep steps on CUDA, ~20 ms steps and the small defaults
 #   bash bench/gpu_validate.sh e2e      # attach a bf16 GPT; an enforced budget's OOM, its plan, the planned run
+#   bash bench/gpu_validate.sh deep     # each deep step of a 25 ms GPT over a light one, and where its time goes
 # Logs go to $OUT (the device tool's return folder) or ./gpu-logs. Textual and its
 # dependencies may be carried as wheels in .whl/ (the machine has no network).
 set -uo pipefail
@@ -54,6 +55,11 @@ case "$stage" in
       timeout "${BENCH_S:-150}" python3 bench/overhead_inproc.py --device cuda --threads 0 --mlp 4096,8,1024 --gpt-args "$gpt"
       echo "== bench/overhead_inproc.py --device cuda --threads 0 --blocks 16"
       timeout "${BENCH_S:-150}" python3 bench/overhead_inproc.py --device cuda --threads 0 --blocks 16; } 2>&1 | tee -a "$out/overhead.txt"
+    ;;
+  deep)
+    gpt="--layers 8 --hidden 1024 --seq 1024 --batch 1 --vocab 8192 --heads 16"
+    timeout "${BENCH_S:-150}" python3 bench/deep_profile.py --device cuda --threads 0 --gpt-args "$gpt" --repeat 3 \
+      --callers acquire 2>&1 | tee "$out/deep_profile.txt"
     ;;
   benches)
     for cmd in "bench/offload.py --device cuda --layers 8 --hidden 1024 --seq 1024 --batch 8" \
