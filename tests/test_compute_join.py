@@ -74,7 +74,7 @@ def test_composite_events_around_counted_ops_cost_the_walk_no_resynchronisation(
     real = timing._resync
     monkeypatch.setattr(timing, "_resync", lambda *a, **k: resyncs.append(a[3]) or real(*a, **k))
     calls, events = [], []
-    for i in range(6):
+    for _ in range(6):
         norm = _Event("aten::layer_norm", [[4, 8], [8], [8]])
         events += [norm, _Event("aten::native_layer_norm", [[4, 8], [8], [8]], cpu_parent=norm),
                    _Event("aten::mm", [[4, 8], [8, 8]])]

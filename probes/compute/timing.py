@@ -77,9 +77,9 @@ class RawEvent:
 
     def __init__(self, raw: Any) -> None:
         self.name: str = raw.name()
-        # Shapes are read when the join asks (``input_shapes``): only the events no counted op
-        # encloses are joined on them, and ``shapes()`` was 30 us an event, two thirds of the walk
-        # for a small GPT step (5 607 calls, 169 ms under cProfile, for 1 872 counted ops)
+        # Shapes are read when the join asks (``input_shapes``): only the candidates are joined on
+        # them, and the walk read them for every aten event (5 607 for a small GPT step's 1 872
+        # counted ops)
         self._raw = raw
         self._shapes: Any = None
         self.start_ns: int = raw.start_ns()
@@ -214,7 +214,8 @@ def _outer_events(events: Sequence[Any], counted_names: set[str]) -> list[Any]:
     around the counted ones (``aten::layer_norm`` around ``aten::native_layer_norm``,
     ``aten::linear``, ``aten::reshape``, ``aten::item``) and the autograd wrappers. Kept, each
     was an insertion the walk had to resynchronise over: 289 times for one step of an 8-layer
-    GPT on an H100, two thirds of the timed deep step's Python."""
+    GPT on an H100 (127 of the timed deep step's 345 ms under cProfile), and a resynchronisation
+    can leave ops unmatched (docs/accuracy.md, "Op-time coverage")."""
     out = []
     for event in events:
         if event.name not in counted_names:
