@@ -26,40 +26,28 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from overhead_inproc import deep_cost, gpt_step, make_agent  # noqa: E402
+from overhead_inproc import deep_cost, deep_run, gpt_step  # noqa: E402
 
-from advisor.agent.hooks import install  # noqa: E402
-from advisor.records.samples import StepSample  # noqa: E402
 
 DEEP_AT = (5, 6, 7)
 
 
 def profiled(step, steps: int, top: int, callers: str | None = None) -> None:
-    agent, sink = make_agent("all", deep=True)
-    agent.deep_steps = set(DEEP_AT)
-    for _ in range(3):
-        step()
-    hooks = install(agent)
     profiles: dict[int, cProfile.Profile] = {}
-    times = []
-    try:
-        for i in range(steps):
-            prof = cProfile.Profile() if i in DEEP_AT or i + 1 in DEEP_AT else None
-            if prof:
-                profiles[i] = prof
-                prof.enable()
-            t0 = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - t0)
-            if prof:
-                prof.disable()
-        agent.flush(sync=True)
-    finally:
-        hooks.remove()
-        agent.close()
-        sink.channel.close()
-    deep = {r["data"]["index"]: r["data"].get("deep_probes") or [] for r in sink
-            if r["kind"] == StepSample.KIND and r["data"].get("deep")}
+
+    def run_one(i: int) -> float:
+        prof = cProfile.Profile() if i in DEEP_AT or i + 1 in DEEP_AT else None
+        if prof:
+            profiles[i] = prof
+            prof.enable()
+        t0 = time.perf_counter()
+        step()
+        elapsed = time.perf_counter() - t0
+        if prof:
+            prof.disable()
+        return elapsed
+
+    times, deep = deep_run(step, steps, DEEP_AT, run_one)
     light = statistics.median(t for i, t in enumerate(times) if i >= 2 and i not in profiles)
     for i in sorted(profiles):
         out = io.StringIO()

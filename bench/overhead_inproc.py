@@ -179,17 +179,18 @@ def light_overhead(step: Step, probes: str, blocks: int, block_steps: int) -> di
     return {"median": statistics.median(ratios), "low": low, "high": high, "pairs": len(ratios)}
 
 
-def deep_cost(step: Step, steps: int, deep_at: tuple[int, ...]) -> dict[str, Any]:
-    """Each deep iteration's time over the median light one, with the probes that ran on it (the
-    compute probe takes steps of its own), and what the set-up at the boundary before the first
-    deep step adds to the light iteration that holds it."""
+def deep_run(step: Step, steps: int, deep_at: tuple[int, ...],
+             run_one: Callable[[int], float] | None = None) -> tuple[list[float], dict[int, list[str]]]:
+    """``steps`` iterations under an agent with every probe that deep-samples ``deep_at``, after a
+    warm-up: each iteration's seconds (``run_one(i)`` runs and times iteration i; by default a
+    clock around the step) and, for each deep step, the probes that ran on it."""
     agent, sink = make_agent("all", deep=True)
     agent.deep_steps = set(deep_at)
     for _ in range(3):
         step()
     hooks = install(agent)
     try:
-        times = timed_block(step, steps)
+        times = [run_one(i) for i in range(steps)] if run_one else timed_block(step, steps)
         agent.flush(sync=True)
     finally:
         hooks.remove()
@@ -197,6 +198,14 @@ def deep_cost(step: Step, steps: int, deep_at: tuple[int, ...]) -> dict[str, Any
         sink.channel.close()
     deep = {r["data"]["index"]: r["data"].get("deep_probes") or [] for r in sink
             if r["kind"] == StepSample.KIND and r["data"].get("deep")}
+    return times, deep
+
+
+def deep_cost(step: Step, steps: int, deep_at: tuple[int, ...]) -> dict[str, Any]:
+    """Each deep iteration's time over the median light one, with the probes that ran on it (the
+    compute probe takes steps of its own), and what the set-up at the boundary before the first
+    deep step adds to the light iteration that holds it."""
+    times, deep = deep_run(step, steps, deep_at)
     # Iteration i runs step i; the deep probes start at the boundary ending step i-1 (inside
     # iteration i-1) and stop at the boundary ending step i (inside iteration i).
     light = [t for i, t in enumerate(times) if i not in deep and i + 1 not in deep and i >= 2]
