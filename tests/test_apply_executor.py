@@ -69,6 +69,22 @@ def drive(ctx: FakeContext, ex: Executor, model, opt, steps: int, *, deep_from: 
     return losses, flags
 
 
+def drive_synthetic(ctx: FakeContext, ex: Executor, steps: int, time_of, *, before_boundary=None) -> None:
+    """The agent's side with no model: the boundary hook, then a sample whose seconds are
+    ``time_of(i, deep)``. As in the agent, a step is deep when ``ctx.request_deep`` asked for it;
+    deep steps carry a peak of 100 bytes, light ones none. ``before_boundary(i)`` runs first."""
+    extra, seen = 0, 0
+    for i in range(steps):
+        ctx.step = i
+        if before_boundary is not None:
+            before_boundary(i)
+        ex.on_boundary(i)
+        extra, seen = max([extra, *ctx.deep_requests[seen:]]), len(ctx.deep_requests)
+        deep, extra = extra > 0, max(extra - 1, 0)
+        ex.on_step_end(StepSample(index=i, time_s=time_of(i, deep), deep=deep,
+                                  peak_memory_bytes=100 if deep else None))
+
+
 def events(ctx: FakeContext, name: str) -> list[Event]:
     return [r for r in ctx.of_kind("event") if r.name == name]
 
@@ -312,15 +328,8 @@ def test_a_remedy_with_a_step_period_is_timed_over_whole_periods() -> None:
             rec = {"id": "p", "remedy": "paired", "params": {},
                    "predicted": {"step_time_s": 0.08}, "baseline_step_time_s": 0.16}
             ex.submit({"type": "apply", "recommendation": rec, "at_step": 6, "measure_steps": 3})
-            extra, seen = 0, 0
-            for i in range(20):  # deep steps as the agent runs them: the ones request_deep asked for
-                ctx.step = i
-                ex.on_boundary(i)
-                extra, seen = max([extra, *ctx.deep_requests[seen:]]), len(ctx.deep_requests)
-                deep, extra = extra > 0, max(extra - 1, 0)
-                time_s = 0.16 if i < 6 else (0.155 if (i + phase) % 2 else 0.005)
-                ex.on_step_end(StepSample(index=i, time_s=time_s * (5 if deep else 1), deep=deep,
-                                          peak_memory_bytes=100 if deep else None))
+            drive_synthetic(ctx, ex, 20, lambda i, deep: (0.16 if i < 6 else (0.155 if (i + phase) % 2 else 0.005))
+                            * (5 if deep else 1))
             [result] = events(ctx, "apply_result")
             after = result.data["measured"]["after"]
             assert len(after["time_steps"]) == 4, after  # measure_steps 3, rounded up to two periods
@@ -358,6 +367,17 @@ def test_a_decision_that_comes_while_the_ranks_are_held_lands_at_the_step_asked_
     assert posted == [earliest]
 
 
+def _slower_kernels_from(step: int, device: dict[int, float]):
+    """Step times of a remedy applied at ``step`` that doubles the kernels' time (0.10 -> 0.20 s,
+    written to ``device``, the agent's device times) but not the host's launches (0.07 s)."""
+
+    def time_of(i: int, deep: bool) -> float:
+        device[i] = 0.10 if i < step else 0.20
+        return 0.07
+
+    return time_of
+
+
 def test_on_a_device_the_windows_are_timed_on_its_timeline_not_the_hosts() -> None:
     """On CUDA a step's host time after a synchronised boundary counts its launches, not its
     kernels (an H100 read 100 ms on the host for 135 ms of kernels). A remedy that doubles the
@@ -378,14 +398,7 @@ def test_on_a_device_the_windows_are_timed_on_its_timeline_not_the_hosts() -> No
             rec = {"id": "k", "remedy": "slower_kernels", "params": {},
                    "predicted": {"step_time_s": 0.11, "peak_memory_bytes": 100}, "baseline_step_time_s": 0.10}
             ex.submit({"type": "apply", "recommendation": rec, "at_step": 4, "measure_steps": 2})
-            extra, seen = 0, 0
-            for i in range(12):
-                ctx.step = i
-                ex.on_boundary(i)
-                extra, seen = max([extra, *ctx.deep_requests[seen:]]), len(ctx.deep_requests)
-                deep, extra = extra > 0, max(extra - 1, 0)
-                device[i] = 0.10 if i < 4 else 0.20
-                ex.on_step_end(StepSample(index=i, time_s=0.07, deep=deep, peak_memory_bytes=100 if deep else None))
+            drive_synthetic(ctx, ex, 12, _slower_kernels_from(4, device))
             [result] = events(ctx, "apply_result")
             after = result.data["measured"]["after"]
             if on_device:
@@ -429,16 +442,9 @@ def test_a_revert_asked_for_during_the_window_reports_it_on_the_devices_timeline
         rec = {"id": "k", "remedy": "slower_kernels", "params": {},
                "predicted": {"step_time_s": 0.11, "peak_memory_bytes": 100}, "baseline_step_time_s": 0.10}
         ex.submit({"type": "apply", "recommendation": rec, "at_step": 4, "measure_steps": 2})
-        extra, seen = 0, 0
-        for i in range(10):
-            ctx.step = i
-            if i == 8:  # deep steps 4-6, light 7: the window still wants step 8
-                ex.submit({"type": "revert"})
-            ex.on_boundary(i)
-            extra, seen = max([extra, *ctx.deep_requests[seen:]]), len(ctx.deep_requests)
-            deep, extra = extra > 0, max(extra - 1, 0)
-            device[i] = 0.10 if i < 4 else 0.20
-            ex.on_step_end(StepSample(index=i, time_s=0.07, deep=deep, peak_memory_bytes=100 if deep else None))
+        # deep steps 4-6, light 7: the window still wants step 8 when the revert comes
+        drive_synthetic(ctx, ex, 10, _slower_kernels_from(4, device),
+                        before_boundary=lambda i: ex.submit({"type": "revert"}) if i == 8 else None)
         [result] = events(ctx, "apply_result")
         assert result.data["status"] == "reverted" and "on request" in result.data["reason"]
         measured = result.data["measured"]
