@@ -239,7 +239,8 @@ def test_cli_refuses_bad_files_and_creates_no_session(tmp_path):
     bad.write_text('{"traceEvents": [{"ph": "X", "ts": 1,')
     other = tmp_path / "notes.txt"
     other.write_text("hello")
-    for args, code in (([str(bad)], 1), ([str(other)], 2), ([str(tmp_path / "missing.json")], 2)):
+    # An artifact that cannot be read is exit 3 (as an unreadable session); a wrong argument 2.
+    for args, code in (([str(bad)], 3), ([str(other)], 2), ([str(tmp_path / "missing.json")], 2)):
         proc = subprocess.run([sys.executable, "-m", "advisor", "import", *args], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == code, proc.stderr
