@@ -149,9 +149,9 @@ class Session:
     def _store_failed(self, error: str) -> None:
         """The store stopped writing (a full disk): say it now, on the terminal and in the report.
         Recording goes on in memory for this run's report; the exit code stays the script's."""
-        message = (f"cannot write the session store ({error}): from now on records go to "
-                   f"{self.dir / STORE_SPILL} while the disk has room, and this run's report is "
-                   f"complete but a later `advisor report` may not be; free space under {self.dir.parent}")
+        message = (f"cannot write the session store ({error}): this run's report keeps every record, the "
+                   f"session folder only what fits ({STORE_SPILL} while the disk has room), so a later "
+                   f"`advisor report` may lack some; free space under {self.dir.parent}")
         self._on_record(Event(name="warning", data={"message": message, "source": "store"}))
 
     def send_command(self, command: Command | dict[str, Any]) -> int:

@@ -13,7 +13,9 @@ from __future__ import annotations
 import shutil
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from advisor.errors import EXIT_SESSION, AdvisorError, UsageError
 from advisor.importers.jsonstream import StreamError
@@ -86,7 +88,25 @@ _UNREADABLE = (TypeError, ValueError, OverflowError, RecursionError, ArithmeticE
 def _why(exc: BaseException) -> str:
     if isinstance(exc, MemoryError):
         return "it needs more memory than this process may use (ulimit -v, or the host's memory)"
+    if isinstance(exc, (LimitError, StreamError)):
+        return str(exc)
     return f"{type(exc).__name__}: {exc}"[:300]
+
+
+@contextmanager
+def _refusing(what: str) -> Iterator[None]:
+    """Whatever reading ``what`` raises, as one line (exit 3) with a hint where one helps."""
+    try:
+        yield
+    except UnsafePickleError as exc:
+        raise _refused(f"{what}: {exc}", hint="only load snapshots you trust in other tools too; "
+                       "nothing in this file was run") from None
+    except OSError as exc:
+        raise _refused(f"cannot read {what}: {exc.strerror or exc}") from None
+    except _UNREADABLE as exc:
+        hint = ("is the file a complete Chrome trace from torch.profiler (export_chrome_trace)?"
+                if isinstance(exc, StreamError) else None)
+        raise _refused(f"cannot import {what}: {_why(exc)}", hint=hint) from None
 
 
 def read_artifacts(traces: list[Path], snapshots: list[Path]) -> ImportResult:
@@ -94,29 +114,15 @@ def read_artifacts(traces: list[Path], snapshots: list[Path]) -> ImportResult:
 
     out = ImportResult()
     if traces:
-        try:
+        with _refusing("the trace" if len(traces) == 1 else "the traces"):
             found = import_traces(traces)
-        except StreamError as exc:
-            raise _refused(f"cannot import the trace: {exc}", hint="is the file a complete Chrome trace "
-                           "from torch.profiler (export_chrome_trace)?") from None
-        except LimitError as exc:
-            raise _refused(f"cannot import the traces: {exc}") from None
-        except _UNREADABLE as exc:
-            raise _refused(f"cannot import the traces: {_why(exc)}") from None
         out.records.extend(found.records)
         out.notes.extend(found.notes)
         out.summary["traces"] = found.summary
     last_step = max((r.index for r in out.records if isinstance(r, StepSample) and r.rank == 0), default=0)
     for path in snapshots:
-        try:
+        with _refusing(f"the snapshot {path}"):
             found = import_snapshot(path, step=last_step, with_run=not traces and path == snapshots[0])
-        except UnsafePickleError as exc:
-            raise _refused(f"{path}: {exc}", hint="only load snapshots you trust in other tools too; "
-                           "nothing in this file was run") from None
-        except OSError as exc:
-            raise _refused(f"cannot read the snapshot {path}: {exc.strerror or exc}") from None
-        except _UNREADABLE as exc:
-            raise _refused(f"cannot import the snapshot {path}: {_why(exc)}") from None
         out.records.extend(found.records)
         out.notes.extend(n for n in found.notes if n not in out.notes)
         out.summary.setdefault("snapshots", []).append(found.summary)
