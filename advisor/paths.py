@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import glob
 import os
 import re
@@ -72,7 +73,7 @@ def new_session_dir(script: str) -> Path:
     for _ in range(SESSION_NAME_TRIES):
         now = time.time()
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now)) + f"{int(now * 1000) % 1000:03d}"
-        folder = parent / f"{stamp}-{stem}-{secrets.token_hex(8)}"
+        folder = parent / f"{stamp}-{stem}-{_random_tag()}"
         try:
             folder.mkdir(mode=0o700)
         except FileExistsError:
@@ -81,6 +82,11 @@ def new_session_dir(script: str) -> Path:
         return folder
     raise SessionError(f"could not create a new session folder in {parent}: {SESSION_NAME_TRIES} names were taken",
                        hint="is something creating folders there? retry, or set ADVISOR_HOME")
+
+
+def _random_tag() -> str:
+    """64 random bits in 13 characters (base32, lowercase): ids stay short enough to list."""
+    return base64.b32encode(secrets.token_bytes(8)).decode().rstrip("=").lower()
 
 
 def resolve_session(ref: str) -> Path:

@@ -12,22 +12,22 @@ from advisor.paths import DB_NAME, new_session_dir
 from advisor.store import SessionStore
 
 
-def test_a_name_is_the_time_to_the_millisecond_the_stem_and_64_random_bits():
+def test_a_name_is_the_time_to_the_millisecond_the_stem_and_64_random_bits_in_base32():
     folder = new_session_dir("my train.py")
-    assert re.fullmatch(r"\d{8}-\d{9}-my-train-[0-9a-f]{16}", folder.name), folder.name
+    assert re.fullmatch(r"\d{8}-\d{9}-my-train-[a-z2-7]{13}", folder.name), folder.name
     assert folder.stat().st_mode & 0o777 == 0o700 and not any(folder.iterdir())
 
 
 def test_a_name_taken_meanwhile_is_never_reused(monkeypatch):
     """The same random bits twice in the same millisecond: the second controller draws again
     instead of taking the first one's folder (where its store's O_EXCL create then failed)."""
-    draws = iter(["0" * 16, "0" * 16, "1" * 16])
-    monkeypatch.setattr(paths.secrets, "token_hex", lambda n: next(draws))
+    draws = iter([bytes(8), bytes(8), b"\xff" * 8])
+    monkeypatch.setattr(paths.secrets, "token_bytes", lambda n: next(draws))
     monkeypatch.setattr(paths.time, "time", lambda: 1_700_000_000.123)
     first = new_session_dir("train.py")
     SessionStore(first / DB_NAME).close()
     second = new_session_dir("train.py")
-    assert second != first and second.name.endswith("1" * 16)
+    assert second != first and second.name.endswith("7" * 12 + "6")  # base32 of eight 0xff bytes
     assert not any(second.iterdir())
     SessionStore(second / DB_NAME).close()
 
