@@ -66,6 +66,7 @@ class Session:
         self.db_path = self.dir / DB_NAME
         self.live = LiveState(session_id=self.id, session_path=str(self.dir))
         self._listeners: list[Callable[[Record], None]] = []
+        self._job_lock = threading.Lock()  # before the store: its failure is recorded like any event
         self.store = SessionStore(self.db_path, on_failure=self._store_failed)
         self._secret = new_secret()
         self._secret_file = self.dir / "secret"
@@ -86,7 +87,6 @@ class Session:
         self.job: dict[str, Any] = options.multinode.describe(nproc_per_node=options.nproc_per_node)
         if self.job["id"] is None:
             self.job["id"] = self.id
-        self._job_lock = threading.Lock()
         self._save_job()
 
     # -- the job (multi-node) ----------------------------------------------------------
