@@ -18,7 +18,7 @@ from advisor.progress import ProgressPrinter
 from advisor.render import emit_report, print_exit_summary
 from advisor.report import build_report, write_json, write_text
 from advisor.exits import signal_name
-from advisor.session import AttachOptions, Session
+from advisor.session import AttachOptions, Session, allowed_plan_env
 from advisor.tui.results import RESULT_LEFT_RUNNING, RESULT_STOP_TRAINING
 
 CONTROLLER_LOG = "controller.log"  # where the controller writes once its terminal is gone (SIGHUP)
@@ -143,6 +143,9 @@ def run_attach(ns: argparse.Namespace, config: dict[str, Any]) -> int:
         # CI, nohup, `> out.txt`: a TUI would write escape codes into the file and wait for keys.
         print("advisor: no terminal (stdin or stdout is not a TTY): running headless", file=sys.stderr, flush=True)
         ns.headless = True
+    for name, value in allowed_plan_env(config).items():  # said before the job starts: a plan is a shared file
+        print(f"advisor: the plan sets {name}={value} in the training process's environment", file=sys.stderr,
+              flush=True)
     options = AttachOptions(script=ns.script, args=list(ns.args), nproc_per_node=ns.nproc_per_node,
                             max_steps=ns.steps, capture_output=not ns.headless, agent_config=config)
     if getattr(ns, "multinode", None) is not None:

@@ -337,6 +337,8 @@ def cmd_bench_comm(ns: argparse.Namespace) -> int:
 def cmd_import(ns: argparse.Namespace) -> int:
     from advisor.importers.run import run_import
 
+    if ns.json:
+        check_output_path(ns.json, "--json", protected=list(ns.paths))
     return run_import(ns.paths, name=ns.name, json_path=ns.json)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import types
 import typing
@@ -80,6 +81,17 @@ def parse_record(kind: Any, data: Any) -> Record:
     if kind == "event":
         _check_event(record)  # type: ignore[arg-type]
     return record
+
+
+def admit(record: Record) -> Record:
+    """``record`` as the controller would take it from an agent: through its wire form (JSON,
+    NaN refused) and ``parse_record``. For records the controller makes from files (imports),
+    which must pass the same checks as live ones; ``RecordError`` says why one cannot."""
+    try:
+        data = json.loads(json.dumps(record.to_dict(), allow_nan=False))
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+        raise RecordError(f"{record.KIND} record: {exc}"[:300]) from None
+    return parse_record(record.KIND, data)
 
 
 @functools.cache

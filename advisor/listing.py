@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -11,31 +12,45 @@ from rich.text import Text
 
 from advisor.errors import SessionError
 from advisor.paths import DB_NAME, sessions_dir
+from advisor.render import report_console
 from advisor.store import load_state, read_meta
 
 
+NARROW = 110  # columns below which the listing leaves out "created"
+
+
 def print_sessions(console: Console | None = None) -> int:
-    console = console or Console()
-    rows = sorted(sessions_dir().glob(f"*/{DB_NAME}"))
+    console = console or report_console(sys.stdout)  # off a terminal: COLUMNS, at least 120
+    home = sessions_dir(create=False)  # a read path: nothing is created, even on a read-only home
+    rows = sorted(home.glob(f"*/{DB_NAME}"))
     if not rows:
-        console.print(f"no sessions yet in {sessions_dir()}; `advisor attach SCRIPT` records one")
+        console.print(f"no sessions yet in {home}; `advisor attach SCRIPT` records one")
         return 0
-    table = Table(title=f"sessions in {sessions_dir()}")
+    # A session id (its time to the millisecond, the script, 64 random bits) takes 40-odd columns:
+    # on a narrow terminal the "created" column, which the id begins with anyway, is left out, and
+    # the script's path gives way before the status, which is what the listing is read for.
+    narrow = console.width < NARROW
+    table = Table(title=f"sessions in {home}")
     table.add_column("id", no_wrap=True)
-    table.add_column("created", no_wrap=True)
-    table.add_column("script", overflow="ellipsis", max_width=40)
-    table.add_column("status")
+    if not narrow:
+        table.add_column("created", no_wrap=True)
+    table.add_column("script", overflow="ellipsis", max_width=40, min_width=6)
+    table.add_column("status", min_width=16)
     for db in rows:
         try:
             meta = read_meta(db)
-        except SessionError:
-            table.add_row(Text(db.parent.name), "", "", Text("unreadable", style="red"))
+        except (SessionError, OSError) as exc:  # one bad session never hides the others
+            row = [Text(db.parent.name), "", "", Text(f"unreadable: {_why(exc, db)}", style="red")]
+            table.add_row(*(row[:1] + row[2:] if narrow else row))
             continue
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(meta.get("created", 0)))
         status = (f"exit {meta.get('exit_code')}: {meta.get('exit_reason', '')}" if meta.get("finished")
                   else _unfinished_status(db))
+        if isinstance(meta.get("store_error"), dict):  # the disk filled up (or failed) while it recorded
+            status += f"; store incomplete ({meta['store_error'].get('error')})"
         # Script paths and exit reasons come from the user's process: text, never markup.
-        table.add_row(Text(db.parent.name), created, Text(str(meta.get("script", ""))), Text(status))
+        row = [Text(db.parent.name), created, Text(str(meta.get("script", ""))), Text(status)]
+        table.add_row(*(row[:1] + row[2:] if narrow else row))
     console.print(table)
     return 0
 
@@ -44,8 +59,13 @@ def _unfinished_status(db: Path) -> str:
     """A session whose controller stopped: finished all the same if every rank reported its exit."""
     try:
         state = load_state(db)
-    except SessionError:
+    except (SessionError, OSError):
         return "running or interrupted"
     if state.finished:
         return f"exit {state.exit_code}: {state.exit_reason}"
     return "running or interrupted"
+
+
+def _why(exc: Exception, db: Path) -> str:
+    """The error without the path the row already names."""
+    return str(exc).replace(f"{db}: ", "").replace(str(db), "the file")[:120]

@@ -34,7 +34,7 @@ def memory_trouble(state: SessionState) -> str | None:
 
 def latest_session_to_plan() -> Path:
     """The newest session that ran out of memory or over its budget; says which on stderr."""
-    for db in sorted(sessions_dir().glob(f"*/{DB_NAME}"), reverse=True):
+    for db in sorted(sessions_dir(create=False).glob(f"*/{DB_NAME}"), reverse=True):
         try:
             why = memory_trouble(load_state(db))
         except SessionError:

@@ -6,8 +6,9 @@ must be refused, and the "current regime" (the steps run with the job's
 configuration as it is now), which advice describes.
 
 ``SessionState.applied`` holds, in arrival order, every ``ApplyResult.to_dict()``
-(status kept, reverted or failed) and, for a user revert of a kept remedy, the
-``apply_reverted`` event's data with status "reverted" (no ``measured`` key).
+(status kept, reverted, failed or interrupted) and, for a user revert of a kept remedy, the
+``apply_reverted`` event's data with status "reverted" (no ``measured`` key). An "interrupted"
+remedy was in force when the job ended, undecided: it counts as in force, as a kept one does.
 """
 
 from __future__ import annotations
@@ -15,7 +16,11 @@ from __future__ import annotations
 import copy
 from typing import Any, Mapping, Sequence
 
+from advisor.records.results import ApplyResult, Measurement
+from advisor.records.samples import Event
 from advisor.state import SessionState
+
+IN_FORCE = ("kept", "interrupted")  # statuses of a remedy the job ran with from its at_step on
 
 
 def in_force(applied: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -23,7 +28,7 @@ def in_force(applied: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     stack: list[dict[str, Any]] = []
     for result in applied:
         status = result.get("status")
-        if status == "kept":
+        if status in IN_FORCE:
             stack.append(dict(result))
         elif status == "reverted":  # a user revert, or a result reverted after its window
             rec_id = result.get("recommendation_id")
@@ -91,7 +96,7 @@ def regime_start(applied: Sequence[Mapping[str, Any]]) -> int | None:
 def first_change(applied: Sequence[Mapping[str, Any]]) -> int | None:
     """The first step that ran under any remedy (kept or later reverted); None if none ever did."""
     starts = [int(a["at_step"]) for a in applied
-              if a.get("status") in ("kept", "reverted") and not _is_user_revert(a) and a.get("at_step") is not None]
+              if a.get("status") in (*IN_FORCE, "reverted") and not _is_user_revert(a) and a.get("at_step") is not None]
     return min(starts) if starts else None
 
 
@@ -141,9 +146,47 @@ def _is_user_revert(entry: Mapping[str, Any]) -> bool:
 def _changed_at(entry: Mapping[str, Any]) -> int | None:
     status = entry.get("status")
     at_step = entry.get("at_step")
-    if at_step is None or status not in ("kept", "reverted"):
+    if at_step is None or status not in (*IN_FORCE, "reverted"):
         return None
     if status == "reverted" and not _is_user_revert(entry):
         window = ((entry.get("measured") or {}).get("after") or {}).get("steps") or []
         return max(window) + 1 if window else int(at_step)
     return int(at_step)
+
+
+def interrupted_applies(state: SessionState) -> list[Event]:
+    """An ``apply_result`` event, status "interrupted", for each apply a rank started
+    (``apply_started``) and never reported on: the job was killed (SIGKILL, the OOM killer) inside
+    the measurement window, so the agent's executor never closed it. Each carries what was
+    measured: the rank's steps from ``at_step`` on (peak memory, mean time of its light steps
+    after the first), and the "before" the rank sent when it applied."""
+    reported = {(e.rank, e.data.get("remedy"), e.data.get("at_step")) for e in state.events if e.name == "apply_result"}
+    out = []
+    for event in state.events:
+        data = event.data
+        if event.name != "apply_started" or (event.rank, data.get("remedy"), data.get("at_step")) in reported:
+            continue
+        at_step = data.get("at_step")
+        after = [s for s in state.steps.get(event.rank, []) if at_step is not None and s.index >= at_step]
+        timed = [s for s in after[1:] if not s.deep]
+        peaks = [s for s in after if s.peak_memory_bytes is not None]
+        measured = Measurement(
+            peak_memory_bytes=max((s.peak_memory_bytes for s in peaks), default=None),  # type: ignore[type-var]
+            step_time_s=sum(s.time_s for s in timed) / len(timed) if timed else None,
+            steps=tuple(s.index for s in after), time_steps=tuple(s.index for s in timed),
+            peak_steps=tuple(s.index for s in peaks), step_kind="light" if timed else None)
+        result = ApplyResult(
+            remedy=str(data.get("remedy")), recommendation_id=data.get("recommendation_id"),
+            params=data["params"] if isinstance(data.get("params"), dict) else {}, rank=event.rank, at_step=at_step,
+            before=_measurement(data.get("before")), after=measured, status="interrupted",
+            reason=f"the training process ended without reporting on it (killed) {len(after)} step(s) into "
+                   "its measurement window; the figures are the steps it sent")
+        out.append(Event(rank=event.rank, step=event.step, name=ApplyResult.EVENT, data=result.to_dict()))
+    return out
+
+
+def _measurement(data: Any) -> Measurement:
+    try:
+        return Measurement.from_dict(data if isinstance(data, dict) else None)
+    except (TypeError, ValueError):  # a wrong-typed "before" from the wire: measured nothing
+        return Measurement()

@@ -7,7 +7,8 @@ can reach the socket but does not hold the secret gets nothing in: its frames
 are dropped and counted, never parsed into records, never unpickled. The
 number of connections is capped, an unauthenticated connection may send only
 small frames and only for ``HELLO_TIMEOUT_S``, and commands go only to
-authenticated agents.
+authenticated agents. ``HELLO_TIMEOUT_S`` bounds the handshake as a whole, not each read: a
+stranger trickling a valid hello a byte at a time is closed when it runs out.
 """
 
 from __future__ import annotations
@@ -113,12 +114,14 @@ class ChannelServer:
 
     def _handshake(self, peer: _Peer, reader: FrameReader) -> bool:
         nonce = secrets.token_hex(16)
+        reader.deadline = time.monotonic() + HELLO_TIMEOUT_S  # for the whole handshake, however it trickles
         try:
             peer.conn.settimeout(HELLO_TIMEOUT_S)  # a peer that stalls mid-frame is dropped, not waited on
             peer.conn.sendall(encode({"type": "challenge", "nonce": nonce, "seq": 0}, self._secret))
             hello = reader.read()
         except OSError:
             hello = None
+        reader.deadline = None
         rank = hello.get("rank") if hello else None
         if (not hello or hello.get("type") != "hello" or hello.get("nonce") != nonce or hello.get("seq") != 0
                 or not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < 1 << 20):

@@ -24,11 +24,13 @@ from advisor.launch import BOOTSTRAP, python_command, torchrun_command
 from advisor.multinode import MultiNode
 from advisor.paths import DB_NAME, new_session_dir, user_umask
 from advisor.records.commands import Command
+from advisor.records.plan import env_refusal
 from advisor.records.samples import Event, Record, RunInfo
+from advisor.regime import interrupted_applies
 from advisor.records.wire import SECRET_ENV, SOCKET_ENV, new_secret, write_secret_file
 from advisor.server import ChannelServer
 from advisor.state import LiveState
-from advisor.store import SessionStore
+from advisor.store import STORE_SPILL, SessionStore
 
 DEAD_RANK_GRACE_S = 30.0  # a rank died while others run: how long before the job is stopped
 
@@ -62,9 +64,10 @@ class Session:
         self.dir = new_session_dir(options.script)
         self.id = self.dir.name
         self.db_path = self.dir / DB_NAME
-        self.store = SessionStore(self.db_path)
         self.live = LiveState(session_id=self.id, session_path=str(self.dir))
         self._listeners: list[Callable[[Record], None]] = []
+        self._job_lock = threading.Lock()  # before the store: its failure is recorded like any event
+        self.store = SessionStore(self.db_path, on_failure=self._store_failed)
         self._secret = new_secret()
         self._secret_file = self.dir / "secret"
         write_secret_file(str(self._secret_file), self._secret)
@@ -84,7 +87,6 @@ class Session:
         self.job: dict[str, Any] = options.multinode.describe(nproc_per_node=options.nproc_per_node)
         if self.job["id"] is None:
             self.job["id"] = self.id
-        self._job_lock = threading.Lock()
         self._save_job()
 
     # -- the job (multi-node) ----------------------------------------------------------
@@ -143,6 +145,14 @@ class Session:
                 listener(record)
             except Exception:  # a UI callback must never stop the recording
                 pass
+
+    def _store_failed(self, error: str) -> None:
+        """The store stopped writing (a full disk): say it now, on the terminal and in the report.
+        Recording goes on in memory for this run's report; the exit code stays the script's."""
+        message = (f"cannot write the session store ({error}): this run's report keeps every record, the "
+                   f"session folder only what fits ({STORE_SPILL} while the disk has room), so a later "
+                   f"`advisor report` may lack some; free space under {self.dir.parent}")
+        self._on_record(Event(name="warning", data={"message": message, "source": "store"}))
 
     def send_command(self, command: Command | dict[str, Any]) -> int:
         """Send a command to every connected rank; returns how many received it."""
@@ -281,6 +291,9 @@ class Session:
             config["max_steps"] = self.options.max_steps
         if self.multinode:  # several controllers: commands relayed from rank 0, heartbeats kept
             config["multinode"] = self.options.multinode.agent_config()
+        # A plan's restart remedies (checked when the plan was read; again here, whoever built the
+        # config), then the advisor's own variables, which nothing a plan says may replace.
+        env.update(merge_plan_env(env, allowed_plan_env(config)))
         env.update({
             SOCKET_ENV: self.server.path,
             SECRET_ENV: str(self._secret_file),
@@ -289,7 +302,6 @@ class Session:
             "PYTHONUNBUFFERED": "1",
             "ADVISOR_LAUNCHER_EXITS": str(self.dir / LAUNCHER_EXITS),
         })
-        env.update(merge_plan_env(env, config.get("plan_env") or {}))  # a plan's restart remedies
         return env
 
     def start(self) -> None:
@@ -370,6 +382,12 @@ class Session:
         elif lost and code != 0:  # no verdict on a peer, but the launcher saw the other node go
             reason = f"{rendezvous_lost_reason(lost)}; here: {reason}"
         reason += note
+        for event in interrupted_applies(state):  # killed inside a window: said, not lost
+            self._on_record(event)
+        if self.store.error and self.store.lost:
+            self._on_record(Event(name="warning", data={"source": "store", "message": (
+                f"{self.store.lost} record(s) could not be stored ({self.store.error}); this report has them, "
+                "the session folder does not")}))
         self.live.update(finished=True, exit_code=code, exit_reason=reason, pending_apply=None)
         self.store.set_meta(finished=True, exit_code=code, exit_reason=reason)
         return code, reason
@@ -383,6 +401,12 @@ class Session:
         self.server.close()
         self.store.close()
         self._remove_secret()  # the secret is only needed while agents start
+
+
+def allowed_plan_env(config: Mapping[str, Any]) -> dict[str, str]:
+    """The variables a plan sets (``config["plan_env"]``) that a plan may set (``env_refusal``)."""
+    found = config.get("plan_env") or {}
+    return {k: v for k, v in found.items() if isinstance(k, str) and isinstance(v, str) and env_refusal(k, v) is None}
 
 
 def merge_plan_env(env: Mapping[str, str], plan_env: Mapping[str, str]) -> dict[str, str]:

@@ -5,32 +5,53 @@ writer. Records are stored as their JSON form with kind, rank and step columns
 for querying; ``load_state`` replays them into a ``SessionState``, followed by the
 spill files that agents wrote while the controller was gone. Read paths open the
 file read-only and never rename, truncate or create anything.
+
+A store that cannot write (a full disk, an I/O error) is never silent: the writer says so once
+(``on_failure``, which the controller turns into a warning on the terminal and in the report),
+frees a small reserve it made at the start so that the failure and, at the end, how the session
+ended still fit in the metadata (``store_error``), and from then on appends records to
+``spill-store.jsonl`` while the disk has room, counting the rest as lost. Nothing is queued
+beyond ``MAX_QUEUED`` records, so the controller's memory stays bounded whatever the disk does.
 """
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import math
 import os
 import queue
 import sqlite3
+import stat
 import threading
 import time
 import urllib.parse
 from array import array
 from pathlib import Path
-from typing import Any, Iterator
+from typing import IO, Any, Callable, Iterator
 
 from advisor.errors import SessionError
 from advisor.exits import decide_exit
 from advisor.intake import RecordError, parse_record
 from advisor.records.samples import PHASES, Event, Record
+from advisor.regime import interrupted_applies
+from advisor.session_meta import check_meta
 from advisor.state import MAX_LIVE_STEPS, LiveState, SessionState
 from advisor.step_totals import StepTotals
 
 SCHEMA_VERSION = 1
 RECEIVED_SEQ = "received_seq"  # meta key: {agent connection id: highest frame seq stored}
+STORE_ERROR = "store_error"  # meta key: {"error", "since", "records_lost"} once a write failed
+
+RESERVE_NAME = "store-reserve"  # freed when a write fails, so the end state still fits
+RESERVE_BYTES = 256 << 10
+STORE_SPILL = "spill-store.jsonl"  # the controller's own records once the store cannot write
+MAX_QUEUED = 100_000  # records waiting for the writer; beyond, counted as lost (memory stays bounded)
+MAX_SPILL_LINE = 16 << 20  # a longer line in a spill file is skipped (as the channel's frame limit)
+# Per-record data errors (the record is dropped, the writer goes on); sqlite3.OperationalError
+# (a full disk, an I/O error) is the store failing, handled once for all that follows.
+_RECORD_ERRORS = (ValueError, TypeError, OverflowError, sqlite3.InterfaceError, sqlite3.DataError)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -92,9 +113,13 @@ def _open_read(path: Path) -> sqlite3.Connection:
 
 
 class SessionStore:
-    """Writer side (controller): ``put`` queues, a thread writes and commits."""
+    """Writer side (controller): ``put`` queues, a thread writes and commits.
 
-    def __init__(self, path: Path) -> None:
+    ``on_failure(error)`` is called once, from the writer thread, when the store stops being
+    able to write (see the module docstring); ``error`` and ``lost`` say what happened since.
+    """
+
+    def __init__(self, path: Path, *, on_failure: Callable[[str], None] | None = None) -> None:
         self.path = path
         # A new file, owner-only before SQLite opens it; never an existing file taken over.
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -104,6 +129,14 @@ class SessionStore:
         self._received: dict[str, int] = {}  # connection id -> highest frame seq stored (RECEIVED_SEQ)
         self.failed = 0
         self.last_failure = ""
+        self.on_failure = on_failure
+        self.error = ""  # the write failure the store is degraded by, "" while it writes
+        self.lost = 0  # records that reached neither the store nor the spill file
+        self._since = 0.0
+        self._pending_meta: dict[str, Any] = {}  # metadata held back while degraded, written at close
+        self._spill: IO[str] | None = None
+        self._reserve = path.with_name(RESERVE_NAME)
+        _make_reserve(self._reserve)
         self._thread = threading.Thread(target=self._write_loop, name="advisor-store", daemon=True)
         self._thread.start()
 
@@ -113,12 +146,16 @@ class SessionStore:
     def put(self, record: Record, origin: tuple[str | None, int] | None = None) -> None:
         """Store ``record``; ``origin`` (connection id, frame seq) of an agent's record is committed
         with it, so spilled copies of what is stored are skipped when the session is read."""
+        if self._queue.qsize() >= MAX_QUEUED:  # the writer is stuck: never grow without bound
+            self.lost += 1
+            return
         self._queue.put(("record", (record, origin)))
 
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(10)
         self._conn.close()
+        _remove(self._reserve)
 
     def _write_loop(self) -> None:
         while True:
@@ -130,32 +167,137 @@ class SessionStore:
                 except queue.Empty:
                     break
             stop = None in batch
-            with self._conn:
-                received = False
-                for entry in batch:
-                    if entry is None:
-                        continue
-                    kind, payload = entry
-                    if kind == "meta":
-                        self._conn.executemany(
-                            "INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
-                            [(k, json.dumps(v)) for k, v in payload.items()],
-                        )
-                        continue
-                    record, origin = payload
-                    if origin is not None and origin[0] is not None:
-                        self._received[origin[0]] = max(origin[1], self._received.get(origin[0], 0))
-                        received = True
-                    try:
-                        _insert(self._conn, record)
-                    except (ValueError, TypeError, OverflowError, sqlite3.Error) as exc:
-                        self.failed += 1  # one unstorable record must not stop the writer
-                        self.last_failure = f"{type(exc).__name__}: {exc}"[:300]
-                if received:  # in the same transaction as the records it vouches for
-                    self._conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
-                                       (RECEIVED_SEQ, json.dumps(self._received)))
+            meta: dict[str, Any] = {}
+            records = []
+            for entry in batch:
+                if entry is None:
+                    continue
+                kind, payload = entry
+                if kind == "meta":
+                    meta.update(payload)
+                else:
+                    records.append(payload)
+            if self.error:
+                self._degraded(records, meta)
+            else:
+                try:
+                    self._commit(records, meta)
+                except (sqlite3.Error, OSError, MemoryError) as exc:
+                    self._fail(exc, records, meta)
             if stop:
+                if self.error:
+                    self._write_end_state()
                 return
+
+    def _commit(self, records: list[tuple[Record, Any]], meta: dict[str, Any]) -> None:
+        received = dict(self._received)
+        vouched = False
+        with self._conn:
+            if meta:
+                self._conn.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
+                                       [(k, json.dumps(v)) for k, v in meta.items()])
+            for record, origin in records:
+                if origin is not None and origin[0] is not None:
+                    received[origin[0]] = max(origin[1], received.get(origin[0], 0))
+                    vouched = True
+                try:
+                    _insert(self._conn, record)
+                except _RECORD_ERRORS as exc:
+                    self.failed += 1  # one unstorable record must not stop the writer
+                    self.last_failure = f"{type(exc).__name__}: {exc}"[:300]
+            if vouched:  # in the same transaction as the records it vouches for
+                self._conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
+                                   (RECEIVED_SEQ, json.dumps(received)))
+        self._received = received  # only once committed: a rolled-back batch vouches for nothing
+
+    def _fail(self, exc: BaseException, records: list[tuple[Record, Any]], meta: dict[str, Any]) -> None:
+        """The first failed write: free the reserve, record the failure, say it, degrade."""
+        self.error = f"{type(exc).__name__}: {exc}"[:300]
+        self._since = time.time()
+        _remove(self._reserve)
+        self._write_meta({STORE_ERROR: self._error_meta()})
+        if self.on_failure is not None:
+            try:
+                self.on_failure(self.error)
+            except Exception:  # noqa: BLE001 - the controller's callback must not stop the writer
+                pass
+        self._degraded(records, meta)
+
+    def _degraded(self, records: list[tuple[Record, Any]], meta: dict[str, Any]) -> None:
+        """Records to the spill file while the disk has room (more than the reserve, which the
+        end state needs), else counted as lost; metadata held for the end."""
+        self._pending_meta.update(meta)
+        for record, _ in records:
+            if not self._spill_record(record):
+                self.lost += 1
+
+    def _spill_record(self, record: Record) -> bool:
+        try:
+            if _free_bytes(self.path.parent) < 4 * RESERVE_BYTES:
+                return False
+            if self._spill is None:
+                fd = os.open(self.path.with_name(STORE_SPILL), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                self._spill = os.fdopen(fd, "a", buffering=1)
+            self._spill.write(json.dumps({"kind": record.KIND, "data": record.to_dict()}, allow_nan=False) + "\n")
+            return True
+        except (OSError, *_RECORD_ERRORS):
+            return False
+
+    def _write_end_state(self) -> None:
+        """At close, degraded: how the session ended and what was lost, each in a transaction of
+        its own (the reserve freed at the failure leaves room for them)."""
+        if self._spill is not None:
+            try:
+                self._spill.close()
+            except OSError:
+                pass
+        end = {k: self._pending_meta.pop(k) for k in ("finished", "exit_code", "exit_reason")
+               if k in self._pending_meta}
+        self._write_meta({**end, STORE_ERROR: self._error_meta()})
+        for key, value in self._pending_meta.items():  # the saved advice last: the largest, the least needed
+            self._write_meta({key: value})
+
+    def _error_meta(self) -> dict[str, Any]:
+        return {"error": self.error, "since": self._since, "records_lost": self.lost,
+                "spill": STORE_SPILL if self._spill is not None else None}
+
+    def _write_meta(self, values: dict[str, Any]) -> bool:
+        try:
+            with self._conn:
+                self._conn.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
+                                       [(k, json.dumps(v)) for k, v in values.items()])
+            return True
+        except (sqlite3.Error, OSError, *_RECORD_ERRORS):
+            return False
+
+
+def _make_reserve(path: Path) -> None:
+    """Set aside ``RESERVE_BYTES`` of the session's disk (allocated, not sparse)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError:
+        return
+    try:
+        os.write(fd, bytes(RESERVE_BYTES))
+    except OSError:  # no room even for it: the store fails at its first write, as it would anyway
+        pass
+    finally:
+        os.close(fd)
+
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
+def _free_bytes(folder: Path) -> int:
+    try:
+        info = os.statvfs(folder)
+    except (OSError, AttributeError):
+        return 1 << 62  # not knowable here: try, and count what fails
+    return info.f_bavail * info.f_frsize
 
 
 def _insert(conn: sqlite3.Connection, record: Record) -> None:
@@ -168,8 +310,28 @@ def _insert(conn: sqlite3.Connection, record: Record) -> None:
 
 
 def spill_files(db_path: Path) -> list[Path]:
-    """Records agents wrote while no controller listened (they may still be writing)."""
-    return sorted(db_path.parent.glob("spill-rank*.jsonl"))
+    """Records agents wrote while no controller listened (they may still be writing), then the
+    controller's own once its store could not write (``STORE_SPILL``)."""
+    found = sorted(db_path.parent.glob("spill-rank*.jsonl"))
+    own = db_path.with_name(STORE_SPILL)
+    return found + [own] if os.path.lexists(own) else found
+
+
+class SpillError(OSError):
+    """A spill file that is not a regular file (a FIFO would hang the reader, a device never end)."""
+
+
+def _open_spill(spill: Path) -> IO[bytes]:
+    """The spill file, opened without following a link or blocking on a FIFO; ``SpillError``
+    unless it is a regular file."""
+    fd = os.open(spill, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SpillError(f"{spill.name} is not a regular file; it was skipped")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _spilled(spill: Path, stored: dict[str, int] | None = None) -> Iterator[tuple[Any, Any]]:
@@ -178,22 +340,36 @@ def _spilled(spill: Path, stored: dict[str, int] | None = None) -> Iterator[tupl
     for its connection, advisor/agent/channel.py).
 
     Read in place, never renamed or truncated: an orphaned agent may still be appending,
-    and whatever it appends is read by the next ``advisor report``.
+    and whatever it appends is read by the next ``advisor report``. Read a line at a time, each
+    at most ``MAX_SPILL_LINE`` bytes, so memory stays bounded whatever the file holds.
+    Raises ``SpillError`` for a spill file that is not a regular file.
     """
     try:
-        with open(spill, "rb") as handle:
-            content = handle.read()
-    except OSError:
+        handle = _open_spill(spill)
+    except SpillError:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW: a link could point anywhere (/dev/zero)
+            raise SpillError(f"{spill.name} is a symbolic link; it was skipped") from None
         return
-    for line in content.split(b"\n"):
-        try:
-            message = json.loads(line)
-            conn, seq = message.get("conn"), message.get("seq")
-            if stored and isinstance(conn, str) and isinstance(seq, int) and seq <= stored.get(conn, 0):
+    with handle:
+        while True:
+            line = handle.readline(MAX_SPILL_LINE)
+            if not line:
+                return
+            if not line.endswith(b"\n"):
+                if len(line) >= MAX_SPILL_LINE:  # an overlong line: skip to its end
+                    while line and not line.endswith(b"\n"):
+                        line = handle.readline(MAX_SPILL_LINE)
+                continue  # a torn last line
+            try:
+                message = json.loads(line)
+                conn, seq = message.get("conn"), message.get("seq")
+                if stored and isinstance(conn, str) and isinstance(seq, int) and seq <= stored.get(conn, 0):
+                    continue
+                yield message.get("kind"), message.get("data")
+            except (ValueError, AttributeError, RecursionError):
                 continue
-            yield message.get("kind"), message.get("data")
-        except (ValueError, AttributeError, RecursionError):
-            continue
 
 
 def _received_seq(conn: sqlite3.Connection) -> dict[str, int]:
@@ -249,15 +425,16 @@ def _sum_steps(conn: sqlite3.Connection, rank: int, last_id: int) -> StepTotals:
 
 
 def read_meta(db_path: Path) -> dict[str, Any]:
+    """The session's metadata, each key a reader uses checked (``SessionError`` names the file)."""
     conn = _open_read(db_path)
     try:
         meta: dict[str, Any] = {}
         for key, value in conn.execute("SELECT key, value FROM meta"):
             try:
                 meta[key] = json.loads(value)
-            except (ValueError, RecursionError):
+            except (ValueError, TypeError, RecursionError):
                 continue
-        return meta
+        return check_meta(meta, db_path)
     except sqlite3.DatabaseError as exc:
         raise SessionError(f"{db_path} is damaged ({exc})") from None
     finally:
@@ -277,6 +454,7 @@ class RecordReader:
         self.dropped = 0
         self.last_problem = ""
         self.damaged = ""
+        self.skipped_files: list[str] = []  # spill files that are not regular files
         self.totals: dict[int, StepTotals] = {}
 
     def __iter__(self) -> Iterator[Record]:
@@ -298,10 +476,13 @@ class RecordReader:
         finally:
             conn.close()
         for spill in spill_files(self.db_path):
-            for kind, data in _spilled(spill, stored):
-                record = self._parse(kind, data, decoded=True)
-                if record is not None:
-                    yield record
+            try:
+                for kind, data in _spilled(spill, stored):
+                    record = self._parse(kind, data, decoded=True)
+                    if record is not None:
+                        yield record
+            except SpillError as exc:
+                self.skipped_files.append(str(exc))
 
     def _sum_old_steps(self, conn: sqlite3.Connection) -> dict[Any, int]:
         """Fold each rank's older steps into ``totals``; returns rank -> the last row id summed."""
@@ -361,6 +542,9 @@ def load_state(db_path: Path) -> SessionState:
         warnings.append(f"{reader.dropped} malformed record(s) dropped while loading (last: {reader.last_problem})")
     if reader.damaged:
         warnings.append(reader.damaged)
+    warnings.extend(reader.skipped_files)
+    if isinstance(meta.get(STORE_ERROR), dict):
+        warnings.append(store_error_warning(meta[STORE_ERROR]))
     for message in warnings:
         live.add(Event(name="warning", data={"message": message}))
     extra = {k: meta[k] for k in ("diagnosis", "recommendations") if k in meta}
@@ -377,4 +561,18 @@ def load_state(db_path: Path) -> SessionState:
         # The controller died, but every rank reported its exit (through a spill file): finished.
         code, reason = decide_exit(state, None, len(state.exits))
         live.update(finished=True, exit_code=code, exit_reason=f"{reason} (recovered: the controller had stopped)")
+    else:
+        return live.snapshot()
+    for event in interrupted_applies(state):  # (the controller stores these itself at the end)
+        live.add(event)
     return live.snapshot()
+
+
+def store_error_warning(error: dict[str, Any]) -> str:
+    """One line for a session whose store stopped writing (meta ``store_error``)."""
+    lost = error.get("records_lost")
+    since = error.get("since")
+    when = time.strftime(" at %H:%M:%S", time.localtime(since)) if isinstance(since, (int, float)) and since > 0 else ""
+    spill = f"; later records are in {error['spill']}" if isinstance(error.get("spill"), str) else ""
+    counted = f"; {lost} record(s) were lost" if isinstance(lost, int) and lost > 0 else ""
+    return f"the session store could not be written{when} ({error.get('error')}){spill}{counted}: the session may be incomplete"

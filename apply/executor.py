@@ -403,9 +403,11 @@ class Executor:
         """Training ended: report what is being measured with the steps seen (nothing is reverted)."""
         if self._active is not None:
             self._decide(self._active, complete=False)
-        if self._to_revert is not None:  # decided but no boundary left to revert at: report as kept
+        if self._to_revert is not None:  # decided, but no boundary left to revert at: it stayed in force
             active, self._to_revert = self._to_revert, None
-            self._emit_results(active, status="kept", reason="training ended before the revert")
+            self._emit_results(active, status="interrupted",
+                               reason=f"{active.results[0].reason}; training ended before the revert, "
+                                      "so it stayed in force to the end")
 
     # -- internals -----------------------------------------------------------------
 
@@ -599,9 +601,11 @@ class Executor:
         refusals = [r for h in active.handles if (r := getattr(h, "refusal", None))]
         if refusals:  # the applier found on the job's own steps that it cannot work as intended
             keep, reason = False, "; ".join(refusals)
-        if not complete:
-            keep, reason = True, reason + "; training ended before the window completed, not reverted"
-        elif self._multi_rank():
+        if not complete:  # not judged: "interrupted", with what the window measured, not "kept"
+            self._emit_results(active, status="interrupted",
+                               reason=reason + "; training ended before the window completed, not reverted")
+            return
+        if self._multi_rank():
             verdict = self.agreement.vote(revert=not keep, digest=active.digest)
             if verdict.revert and keep:
                 keep, reason = False, verdict.reason or reason

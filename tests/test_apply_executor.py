@@ -231,6 +231,20 @@ def test_user_revert_after_keep_and_cancel_before_apply() -> None:
     assert "cancelled" in results[1]["reason"] and results[1]["at_step"] is None
 
 
+def test_a_revert_the_job_ended_before_is_interrupted_not_kept() -> None:
+    """Decided over budget after step 3, reverted at boundary 4, which never came: the remedy was
+    in force to the end, undecided in effect. It used to be reported "kept"."""
+    model, opt, ctx, ex = setup({"memory_budget_bytes": 1})
+    ex.submit({"type": "apply", "recommendation": REC, "at_step": 2, "measure_steps": 1})
+    drive(ctx, ex, model, opt, 4)
+    assert events(ctx, "apply_result") == []
+    ex.close()
+    [result] = events(ctx, "apply_result")
+    assert result.data["status"] == "interrupted"
+    assert "exceeds the budget" in result.data["reason"] and "before the revert" in result.data["reason"]
+    assert result.data["measured"]["after"]["peak_memory_bytes"] > 1
+
+
 def test_close_reports_an_unfinished_window() -> None:
     model, opt, ctx, ex = setup()
     ex.submit({"type": "apply", "recommendation": REC, "at_step": 1, "measure_steps": 5})
@@ -238,7 +252,8 @@ def test_close_reports_an_unfinished_window() -> None:
     assert events(ctx, "apply_result") == []
     ex.close()
     [result] = events(ctx, "apply_result")
-    assert result.data["status"] == "kept" and "ended" in result.data["reason"]
+    # Not judged, so not "kept": "interrupted", with what the window measured.
+    assert result.data["status"] == "interrupted" and "ended" in result.data["reason"]
     assert result.data["measured"]["after"]["steps"] == [1, 2]
 
 

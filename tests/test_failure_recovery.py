@@ -2,10 +2,16 @@
 session whose ranks all reported their exit shows as finished."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 from advisor.paths import DB_NAME, new_session_dir
 from advisor.records.samples import ExitInfo, RunInfo, StepSample
 from advisor.store import SessionStore, load_state
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _orphaned_session():
@@ -70,3 +76,20 @@ def test_sessions_lists_a_recovered_session_as_finished():
     out = io.StringIO()
     print_sessions(Console(file=out, width=300))
     assert "exit 3: sys.exit(3)" in out.getvalue()
+
+
+def test_a_spill_file_that_is_not_a_regular_file_is_skipped_not_read(tmp_path):
+    """A FIFO named like a spill file hung `advisor report` (an open for reading waits for a
+    writer); a link to /dev/zero would never end. Both are skipped with a warning."""
+    folder = _orphaned_session()
+    os.mkfifo(folder / "spill-rank1.jsonl")
+    os.symlink("/dev/zero", folder / "spill-rank2.jsonl")
+    with open(folder / "spill-rank3.jsonl", "w") as spill:
+        spill.write(_line(StepSample(index=1, time_s=0.1)))
+    run = subprocess.run([sys.executable, "-m", "advisor", "report", str(folder), "--json", str(tmp_path / "r.json")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr[-2000:]
+    warnings = json.loads((tmp_path / "r.json").read_text())["warnings"]
+    assert any("spill-rank1.jsonl is not a regular file" in w for w in warnings), warnings
+    assert any("spill-rank2.jsonl is a symbolic link" in w for w in warnings), warnings
+    assert [s.index for s in load_state(folder / DB_NAME).steps[0]] == [0, 1]  # the regular one is read

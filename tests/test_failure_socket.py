@@ -6,7 +6,10 @@ import struct
 import threading
 import time
 
+import pytest
 from test_wire import hello
+
+import advisor.server as server_module
 
 from advisor.agent.channel import AgentChannel
 from advisor.records.samples import StepSample
@@ -121,4 +124,51 @@ def test_commands_go_only_to_authenticated_agents_and_half_sent_frames_do_not_ho
     finally:
         for sock in stalled:
             sock.close()
+        server.close()
+
+
+def test_a_hello_trickled_a_byte_at_a_time_is_closed_at_the_handshake_deadline(monkeypatch):
+    """The limit is on the handshake as a whole: each byte arrives well within a per-read timeout,
+    which is what kept 256 such connections (the server's every slot) open for 40 s."""
+    monkeypatch.setattr(server_module, "HELLO_TIMEOUT_S", 1.0)
+    secret = new_secret()
+    server = ChannelServer(secret, lambda r: None)
+    try:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(server.path)
+            challenge = FrameReader(sock, secret).read()
+            frame = encode({"type": "hello", "nonce": challenge["nonce"], "rank": 0, "seq": 0}, secret)
+            started = time.monotonic()
+            sent = 0
+            with pytest.raises((BrokenPipeError, ConnectionResetError)):
+                for byte in frame:  # ~130 bytes: 40 s at this pace, were it let through
+                    sock.send(bytes([byte]))
+                    sent += 1
+                    time.sleep(0.3)  # the trickle itself: what the attacker does between bytes
+            assert time.monotonic() - started < 3, f"closed after {sent} bytes"
+            assert sent < len(frame)
+        assert server.ranks == set()
+    finally:
+        server.close()
+
+
+def test_an_agent_refused_while_the_slots_are_taken_retries_and_reports_live(tmp_path):
+    secret = new_secret()
+    received = []
+    server = ChannelServer(secret, received.append, max_connections=1)
+    spill = tmp_path / "spill-rank0.jsonl"
+    stranger = socket.socket(socket.AF_UNIX)
+    try:
+        stranger.connect(server.path)
+        FrameReader(stranger, secret).read()  # served: it holds the only slot
+        channel = AgentChannel(server.path, secret, spill_path=str(spill))
+        channel.emit({"kind": "step", "data": StepSample(index=0, time_s=0.1).to_dict()})
+        _wait(lambda: "connections already open" in server.last_rejection)  # the agent was refused
+        stranger.close()  # the slot frees, as the handshake deadline frees a stranger's
+        _wait(lambda: [r.index for r in received] == [0])
+        channel.close(5)
+        assert server.ranks == {0}
+        assert not spill.exists()  # it reported live, nothing spilled
+    finally:
+        stranger.close()
         server.close()

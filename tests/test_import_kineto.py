@@ -110,6 +110,33 @@ def test_events_with_missing_or_overflowed_timestamps_are_skipped_and_counted(tm
     assert [(o.name, o.flops) for o in ops] == [("aten.mm", 2 * 4 * 8 * 2)]
 
 
+def test_imported_records_pass_the_same_intake_as_live_ones(tmp_path):
+    """A NaN base time made every record's time NaN: the import showed its steps, a later report
+    none, and --json crashed after the session was made. An op of 2^121 FLOPs was stored, then
+    dropped with a warning by every later read. Now both are handled before anything is stored."""
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 1, "tid": 1, "ts": 0, "dur": 1000},
+        _op("aten::mm", 10, 100, **{"Input Dims": [[4, 8], [8, 2]], "Input type": ["float", "float"]}),
+        _op("aten::mm", 300, 100, **{"Input Dims": [[2**40, 2**40], [2**40, 2**40]], "Input type": ["float"] * 2}),
+    ]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "baseTimeNanoseconds": float("nan"), "traceEvents": events}))
+    env = {**os.environ, "ADVISOR_HOME": str(tmp_path / "home")}
+    run = lambda *args: subprocess.run([sys.executable, "-m", "advisor", *args], cwd=ROOT, env=env,
+                                       capture_output=True, text=True, timeout=120)
+    imported = run("import", str(path), "--json", str(tmp_path / "r.json"))
+    assert imported.returncode == 0, imported.stderr[-2000:]
+    first = json.loads((tmp_path / "r.json").read_text())
+    assert first["summary"]["steps"] == 1
+    assert any("1 record(s) with impossible values were left out" in w and "flops" in w for w in first["warnings"])
+    [session] = (tmp_path / "home" / "sessions").iterdir()
+    later = run("report", str(session), "--json", str(tmp_path / "later.json"))
+    assert later.returncode == 0, later.stderr[-2000:]
+    again = json.loads((tmp_path / "later.json").read_text())
+    assert again["summary"]["steps"] == 1  # what was stored reads back whole
+    assert not any("dropped while loading" in w for w in again["warnings"])
+
+
 def _rank_trace(path: Path, rank: int, world: int) -> Path:
     events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 1, "tid": 1, "ts": 0,
                "dur": 1000}, _op("aten::mul", 10, 100)]
@@ -239,7 +266,8 @@ def test_cli_refuses_bad_files_and_creates_no_session(tmp_path):
     bad.write_text('{"traceEvents": [{"ph": "X", "ts": 1,')
     other = tmp_path / "notes.txt"
     other.write_text("hello")
-    for args, code in (([str(bad)], 1), ([str(other)], 2), ([str(tmp_path / "missing.json")], 2)):
+    # An artifact that cannot be read is exit 3 (as an unreadable session); a wrong argument 2.
+    for args, code in (([str(bad)], 3), ([str(other)], 2), ([str(tmp_path / "missing.json")], 2)):
         proc = subprocess.run([sys.executable, "-m", "advisor", "import", *args], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == code, proc.stderr

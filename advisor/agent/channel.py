@@ -35,7 +35,13 @@ from typing import Any, Callable
 from advisor.records.wire import FrameReader, WireError, encode
 
 QUEUE_LIMIT = 50_000
-CONNECT_TIMEOUT_S = 5.0
+CONNECT_TIMEOUT_S = 5.0  # one attempt's handshake
+# A controller that refuses a connection (all its slots taken, its backlog full) or is not
+# listening yet is tried again, waiting longer each time, for this long before the agent spills:
+# a controller whose slots strangers held answered the next try (they time out in 5 s), and an
+# agent that gave up at once reported nothing live ("steps 0").
+RETRY_S = 20.0
+RETRY_FIRST_S, RETRY_MAX_S = 0.05, 1.0
 SEND_INTERVAL_S = 0.05  # a SIGKILLed training process loses at most this much of its records
 RECENT_S = 5.0  # sent frames kept to spill again if the controller dies before storing them
 RECENT_MAX = 4096
@@ -116,15 +122,18 @@ class AgentChannel:
     def _connect(self) -> None:
         if not self._socket_path:
             return
-        deadline = time.monotonic() + CONNECT_TIMEOUT_S
-        while time.monotonic() < deadline:
+        deadline = time.monotonic() + RETRY_S
+        delay = RETRY_FIRST_S
+        while not self._closing and time.monotonic() < deadline:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 sock.connect(self._socket_path)
                 reader = self._handshake(sock)
-            except (OSError, WireError):
+            except (OSError, WireError):  # refused, or closed before its challenge: try again
                 sock.close()
-                time.sleep(0.05)
+                if self._wake.wait(delay):  # close() cuts the wait short: then spill at once
+                    self._wake.clear()
+                delay = min(delay * 2, RETRY_MAX_S)
                 continue
             if reader is None:
                 sock.close()
@@ -135,10 +144,14 @@ class AgentChannel:
             return
 
     def _handshake(self, sock: socket.socket) -> FrameReader | None:
-        """Answer the controller's signed challenge with a signed hello carrying our rank."""
+        """Answer the controller's signed challenge with a signed hello carrying our rank; None when
+        the challenge is not signed with our secret (``ConnectionRefusedError`` when the controller
+        closed before sending one: it refused us, for now)."""
         sock.settimeout(CONNECT_TIMEOUT_S)
         reader = FrameReader(sock, self._secret)
         challenge = reader.read()
+        if challenge is None and not reader.rejected:
+            raise ConnectionRefusedError("the controller closed the connection before its challenge")
         if not challenge or challenge.get("type") != "challenge" or not isinstance(challenge.get("nonce"), str):
             return None
         sock.sendall(encode({"type": "hello", "nonce": challenge["nonce"], "rank": self._rank, "seq": 0},
@@ -154,7 +167,8 @@ class AgentChannel:
             self._send_batch()
             if closing:
                 break
-            self._wake.wait(SEND_INTERVAL_S)
+            if self._wake.wait(SEND_INTERVAL_S):
+                self._wake.clear()  # once per urgent record, not a spin from then on
         if self._spill is not None:
             self._spill.close()
 

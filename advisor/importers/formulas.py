@@ -105,9 +105,11 @@ def _matmul(name: str, shapes: list[list[int]]) -> tuple[int, list[int]] | None:
 
 
 def _ints(text: str) -> list[int] | None:
+    if len(text) > 256:  # stride, padding or dilation: a few small integers, never more
+        return None
     try:
         value = ast.literal_eval(text) if text else None
-    except (ValueError, SyntaxError):
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return None
     if isinstance(value, int):
         return [value]

@@ -4,7 +4,9 @@ Kineto traces are one object ``{"schemaVersion": 1, "traceEvents": [...], "distr
 whose ``traceEvents`` array holds nearly all of the bytes. ``stream_object`` walks the top-level
 object with ``json.JSONDecoder.raw_decode`` (C speed) over a sliding text buffer: small values
 are returned whole, and each element of the streamed key is yielded as soon as it is complete.
-Memory is bounded by the buffer (a few MiB) plus the largest single element, which is capped.
+Memory is bounded by the buffer (a few MiB) plus the largest single element, which is capped;
+top-level values other than the named ones are decoded (to skip them) and let go, so a file of any
+size holds O(1) here beyond what ``on_element`` keeps.
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ import gzip
 import json
 import re
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator
+from typing import IO, Any, Callable, Collection, Iterator
 
 CHUNK = 1 << 20  # characters read per refill
-MAX_ELEMENT = 64 << 20  # one event (or one small top-level value) larger than this is refused
+# One event (or one small top-level value) larger than this is refused: Kineto's largest events
+# (a cat of many tensors, with its shapes) are tens of KiB; decoded, 8 MiB of JSON text can take
+# several times that in objects, which must stay small beside a capped address space.
+MAX_ELEMENT = 8 << 20
 
 _WS = re.compile(r"[ \t\n\r]*")
 
@@ -78,13 +83,17 @@ class _Buffer:
         while True:
             try:
                 value, end = self._decode(self.text, self.pos)
-            except json.JSONDecodeError as exc:
+            except RecursionError:
+                raise StreamError("a JSON value is nested deeper than the reader follows") from None
+            except json.JSONDecodeError as exc:  # (before ValueError: it is one)
                 if self.eof:
                     raise StreamError(f"malformed JSON: {exc.msg}") from None
                 if len(self.text) - self.pos > MAX_ELEMENT:
                     raise StreamError(f"a single JSON value exceeds {MAX_ELEMENT} characters") from None
                 self.fill()
                 continue
+            except ValueError as exc:  # an integer of thousands of digits (Python's conversion limit)
+                raise StreamError(f"malformed JSON: {exc}") from None
             # A bare number that ends exactly at the buffer's end may continue in the next chunk.
             if end >= len(self.text) and not self.eof:
                 self.fill()
@@ -93,11 +102,12 @@ class _Buffer:
             return value
 
 
-def stream_object(raw: IO[bytes], array_key: str, on_element: Callable[[Any], None]) -> dict[str, Any]:
+def stream_object(raw: IO[bytes], array_key: str, on_element: Callable[[Any], None], *,
+                  keep: Collection[str] | None = None) -> dict[str, Any]:
     """Walk a top-level JSON object; call ``on_element`` for each item of ``array_key``'s array.
 
-    Returns the object's other keys with their values. Raises ``StreamError`` on a file that is
-    not such an object.
+    Returns the object's other keys with their values (only those in ``keep``, when given).
+    Raises ``StreamError`` on a file that is not such an object.
     """
     buf = _Buffer(raw)
     buf.expect("{", "at the start of the file (a Chrome trace is a JSON object)")
@@ -108,19 +118,22 @@ def stream_object(raw: IO[bytes], array_key: str, on_element: Callable[[Any], No
         key = buf.value()
         if not isinstance(key, str):
             raise StreamError("an object key is not a string")
-        buf.expect(":", f"after key {key!r}")
+        shown = key if len(key) <= 40 else key[:37] + "..."
+        buf.expect(":", f"after key {shown!r}")
         if key == array_key:
             for element in _array(buf, key):
                 on_element(element)
         else:
-            others[key] = buf.value()
+            value = buf.value()
+            if keep is None or key in keep:
+                others[key] = value
         nxt = buf.skip_ws()
         if nxt == ",":
             buf.pos += 1
             continue
         if nxt == "}":
             return others
-        raise StreamError(f"expected ',' or '}}' after key {key!r}, found {nxt or 'end of file'!r}")
+        raise StreamError(f"expected ',' or '}}' after key {shown!r}, found {nxt or 'end of file'!r}")
 
 
 def _array(buf: _Buffer, key: str) -> Iterator[Any]:

@@ -30,11 +30,15 @@ from typing import Any, Iterable
 from advisor.importers.formulas import DTYPE_NAMES, FORMULA_OPS, op_cost
 from advisor.importers.kineto_comm import collective_records, public_op  # noqa: F401 - re-exported
 from advisor.importers.kineto_read import RankTrace, Span, read_trace, thaw
+from advisor.importers.limits import MAX_NAME, MAX_RANKS, LimitError, bounded_int
 from advisor.importers.result import ImportResult
 from advisor.records.intervals import merge_intervals, overlap_s
 from advisor.records.samples import ExitInfo, OpStat, RunInfo, StepSample
 
 BACKWARD_PREFIX = "autograd::engine::evaluate_function"
+# Per step, pass 2 looks at the trace's spans and backward ops: steps x those is its work, bounded
+# so that a trace past it is refused at once rather than worked through for hours.
+MAX_STEP_WORK = 300_000_000
 
 def import_traces(paths: Iterable[Path]) -> ImportResult:
     """Read every trace file (one per rank) and build the records of one session."""
@@ -44,7 +48,7 @@ def import_traces(paths: Iterable[Path]) -> ImportResult:
     world = _one_world_size(traces)
     for order, trace in enumerate(traces):
         rank = _dist(trace).get("rank")
-        rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else order
+        rank = rank if type(rank) is int else order
         if rank in ranks:
             raise ValueError(f"{trace.path} and {ranks[rank]} are both rank {rank}; import one run's traces together")
         if not 0 <= rank < world:
@@ -52,10 +56,11 @@ def import_traces(paths: Iterable[Path]) -> ImportResult:
         ranks[rank] = trace.path
         _rank_records(trace, rank, world, result)
     _notes(traces, result)
-    missing = sorted(set(range(world)) - set(ranks))
+    missing = world - len(ranks)
     if missing:  # a multi-node job's traces sit on every node: the report holds the ranks given
-        shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
-        result.notes.append(f"Kineto trace: {len(missing)} of {world} ranks have no trace here (ranks {shown}): "
+        first = [r for r in range(min(world, len(ranks) + 9)) if r not in ranks][:8]
+        shown = ", ".join(map(str, first)) + (", ..." if missing > len(first) else "")
+        result.notes.append(f"Kineto trace: {missing} of {world} ranks have no trace here (ranks {shown}): "
                             "copy every node's traces and import them together for the whole job")
     return result
 
@@ -67,7 +72,10 @@ def _one_world_size(traces: list[RankTrace]) -> int:
     said: dict[int, Path] = {}
     for trace in traces:
         size = _dist(trace).get("world_size")
-        if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        if type(size) is int and size > MAX_RANKS:  # checked before anything is sized by it
+            raise LimitError(f"{trace.path} says its job has a world of {size} ranks, more than the "
+                             f"{MAX_RANKS} the importer holds")
+        if type(size) is int and size > 0:
             said.setdefault(size, trace.path)
     if len(said) > 1:
         (a, pa), (b, pb) = sorted(said.items())[:2]
@@ -85,9 +93,18 @@ def _device(trace: RankTrace) -> dict[str, Any]:
     props = trace.meta.get("deviceProperties")
     if isinstance(props, list) and props and isinstance(props[0], dict) and (trace.k_ts or trace.nccl_kernels):
         p = props[0]
-        return {"type": "cuda", "name": p.get("name"), "index": p.get("id"),
-                "memory_capacity": p.get("totalGlobalMem")}
+        name = p.get("name")
+        return {"type": "cuda", "name": name[:MAX_NAME] if isinstance(name, str) else None,
+                "index": bounded_int(p.get("id"), high=1023), "memory_capacity": bounded_int(p.get("totalGlobalMem"))}
     return {"type": "cpu", "name": "cpu", "index": None, "memory_capacity": None}
+
+
+def _check_work(trace: RankTrace, steps: int, backward_ops: int) -> None:
+    spans = (len(trace.data) + len(trace.optimizer) + len(trace.zero_grad) + len(trace.forward_marks)
+             + len(trace.reducer) + len(trace.advisor) + len(trace.memory) + backward_ops)
+    if steps * spans > MAX_STEP_WORK:
+        raise LimitError(f"{trace.path} holds {steps} steps and {spans} spans to place in them, more than the "
+                         "importer works through; profile fewer steps (torch.profiler.schedule) or split the trace")
 
 
 # ------------------------------------------------------------------------------ per rank
@@ -113,15 +130,17 @@ def _length(intervals: list[tuple[float, float]]) -> float:
 def _rank_records(trace: RankTrace, rank: int, world: int, result: ImportResult) -> None:
     base = trace.base_s
     wall = lambda us: base + us / 1e6  # one clock conversion, used everywhere below
+    host = trace.meta.get("host_name")
     result.records.append(RunInfo(
         script=str(trace.path), argv=[], rank=rank, local_rank=rank, world_size=world,
-        hostname=str(trace.meta.get("host_name", "")), started_at=wall(min(trace.op_ts, default=0.0)),
+        hostname=host[:MAX_NAME] if isinstance(host, str) else "", started_at=wall(min(trace.op_ts, default=0.0)),
         device=_device(trace), config={"imported_from": "kineto", "files": [str(trace.path)]}))
     step_tids = Counter(span.tid for _, span in trace.steps)
     main_tid = step_tids.most_common(1)[0][0] if step_tids else None
     names = [sig[0] for sig in trace.signatures]
     is_bw = [n.startswith(BACKWARD_PREFIX) for n in names]
     bw_rows = [i for i in range(len(trace.op_ts)) if is_bw[trace.op_sig[i]]]
+    _check_work(trace, len({index for index, _ in trace.steps}), len(bw_rows))
     is_reducer = ["reducer::" in n for n in names]
     trace.reducer.extend(Span(names[trace.op_sig[i]], trace.op_tid[i], trace.op_ts[i], trace.op_dur[i])
                          for i in range(len(trace.op_ts)) if is_reducer[trace.op_sig[i]])

@@ -12,8 +12,9 @@ that holds S (the same argument ``advisor.probes.comm.intercept`` reads).
 
 from __future__ import annotations
 
+import bisect
 import re
-from collections import defaultdict
+from collections import defaultdict, deque
 from typing import Any, Callable
 
 from advisor.importers.formulas import DTYPE_BYTES, DTYPE_NAMES
@@ -122,19 +123,19 @@ def collective_records(trace: RankTrace, world: int, *, rank: int, step_of: Call
     comm_tids = {s.tid for s in execs}
     group = world or 1
     # Pair issue and execution per op kind, in order (a backend runs one group's calls in order).
-    pending: dict[str, list[Span]] = defaultdict(list)
+    pending: dict[str, deque[Span]] = defaultdict(deque)
     for s in sorted(execs, key=lambda s: s.ts):
         pending[public_op(s.name) or ""].append(s)
     calls: list[tuple[str, Span | None, Span | None]] = []
     for s in sorted(issues, key=lambda s: s.ts):
         op = public_op(s.name if s.name != "record_param_comms" else str(s.args.get("Collective name", ""))) or ""
         queue = pending.get(op)
-        calls.append((op, s, queue.pop(0) if queue else None))
+        calls.append((op, s, queue.popleft() if queue else None))
     for op, queue in pending.items():
         calls.extend((op, None, s) for s in queue)
     compute = _compute_intervals(trace, names, comm_tids, on_gpu)
     nested = bool(issues) and issues[0].name != "record_param_comms"
-    params = [s for s in trace.collectives if s.name == "record_param_comms"] if nested else []
+    params = _ParamComms([s for s in trace.collectives if s.name == "record_param_comms"] if nested else [])
     seqs: dict[int, list[dict[str, Any]]] = defaultdict(list)
     members = _group_members(trace, world)
     out: list[CollectiveStat | Event] = []
@@ -145,7 +146,7 @@ def collective_records(trace: RankTrace, world: int, *, rank: int, step_of: Call
             interval = (run.ts, run.end)
         else:
             interval = (first.ts, max(s.end for s in (issue, run) if s is not None))
-        meta = _param_comms(issue, params) if issue is not None else None
+        meta = params.inside(issue) if issue is not None else None
         sizes = [m.args.get("Group size") for m in (issue, meta, run) if m is not None]
         size = next((v for v in sizes if isinstance(v, int) and v > 0), None)
         group_size = size if size is not None else group
@@ -177,17 +178,36 @@ def _group_members(trace: RankTrace, world: int) -> dict[str, list[int]]:
     for pg in configs if isinstance(configs, list) else []:
         ranks = pg.get("ranks") if isinstance(pg, dict) else None
         if (isinstance(ranks, list) and 0 < len(ranks) < world
-                and all(type(r) is int and 0 <= r < world for r in ranks) and pg.get("pg_name")):
-            out[str(pg["pg_name"])] = ranks
+                and all(type(r) is int and 0 <= r < world for r in ranks) and isinstance(pg.get("pg_name"), str)):
+            out[pg["pg_name"]] = ranks
     return out
 
 
-def _param_comms(issue: Span, params: list[Span]) -> Span | None:
-    """The ``record_param_comms`` event recorded inside the issuing op (same thread), if any."""
-    for p in params:
-        if p.tid == issue.tid and issue.ts <= p.ts and p.end <= issue.end:
-            return p
-    return None
+class _ParamComms:
+    """The ``record_param_comms`` events by thread and start, to find the one recorded inside an
+    issuing op in O(log n) (a scan of all of them per call was quadratic in the trace's calls)."""
+
+    SCAN = 64  # events looked at from the issue's start: a real op holds one
+
+    def __init__(self, params: list[Span]) -> None:
+        by_tid: dict[int, list[Span]] = defaultdict(list)
+        for p in params:
+            by_tid[p.tid].append(p)
+        self._spans = {tid: sorted(spans, key=lambda p: p.ts) for tid, spans in by_tid.items()}
+        self._starts = {tid: [p.ts for p in spans] for tid, spans in self._spans.items()}
+
+    def inside(self, issue: Span) -> Span | None:
+        """The first event on the issue's thread that starts and ends within it, if any."""
+        spans = self._spans.get(issue.tid)
+        if not spans:
+            return None
+        k = bisect.bisect_left(self._starts[issue.tid], issue.ts)
+        for p in spans[k:k + self.SCAN]:
+            if p.ts > issue.end:
+                return None
+            if p.end <= issue.end:
+                return p
+        return None
 
 
 def _compute_intervals(trace: RankTrace, names: list[str], comm_tids: set[int],

@@ -4,7 +4,10 @@ A trace is streamed (``jsonstream``), never loaded whole: CPU ops become four nu
 in ``array`` columns (start, duration, thread, interned signature), GPU kernels two or three,
 and only the rare events (steps, phase annotations, collectives, memory counters) are kept as
 small tuples. Events whose timestamp or duration is missing, not finite, negative, or beyond
-any real run (Kineto writes overflowed unsigned values on some clocks) are skipped and counted.
+any real run (Kineto writes overflowed unsigned values on some clocks) are skipped and counted,
+and so are events with wrong-typed fields (a list for a thread id, an id past 64 bits, shapes
+nested past reason). What is kept is bounded (``limits``): a trace past a limit is refused with
+``LimitError``, before it can take the host's memory.
 """
 
 from __future__ import annotations
@@ -17,12 +20,31 @@ from pathlib import Path
 from typing import Any
 
 from advisor.importers.jsonstream import StreamError, open_text, stream_object
+from advisor.importers.limits import (
+    MAX_INT,
+    MAX_NAME,
+    MAX_OPS,
+    MAX_SIGNATURE_CHARS,
+    MAX_SIGNATURES,
+    MAX_SPANS,
+    MAX_STEP_INDEX,
+    MAX_STEPS,
+    LimitError,
+    bounded_int,
+    check_count,
+)
 from advisor.records.samples import ADVISOR_SPAN_PREFIX
 
 MAX_TS_US = 1e17  # about 3,000 years of microseconds: anything above is an overflowed clock
 MAX_DUR_US = 1e11  # 28 hours: one event longer than this is an overflowed duration
 
-STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+STEP_RE = re.compile(r"^ProfilerStep#(\d{1,10})$")
+# The top-level keys the records use; any other is read past and let go.
+META_KEYS = frozenset({"distributedInfo", "deviceProperties", "baseTimeNanoseconds", "record_shapes", "host_name"})
+# The args of collectives and NCCL kernels the records use (kineto_comm); the rest is not kept.
+COMM_ARGS = frozenset({"Input type", "Input Dims", "In msg nelems", "Out msg nelems", "Collective name", "dtype",
+                       "Group size", "Process Group Name", "Seq"})
+_SHAPE_DEPTH = 4  # Input Dims: a list of shapes, or of lists of shapes (TensorList), no deeper
 COLLECTIVE_PREFIXES = ("gloo:", "nccl:", "c10d::", "record_param_comms")
 
 
@@ -34,7 +56,7 @@ def is_nccl_kernel(name: str) -> bool:
     return name.lower().startswith("nccl")
 
 
-@dataclass
+@dataclass(slots=True)
 class Span:
     """One kept event: thread, start and duration in the trace's microseconds, its args."""
 
@@ -80,11 +102,16 @@ class RankTrace:
     k_dur: array = field(default_factory=lambda: array("d"))
     k_ext: array = field(default_factory=lambda: array("q"))
 
+    _sig_chars: int = 0
+
     @property
     def base_s(self) -> float:
-        """Seconds to add to a trace timestamp (us / 1e6) for wall-clock time."""
+        """Seconds to add to a trace timestamp (us / 1e6) for wall-clock time (0 for a missing,
+        non-finite or impossible base: a NaN here made every record's time NaN)."""
         base = self.meta.get("baseTimeNanoseconds")
-        return float(base) / 1e9 if isinstance(base, (int, float)) else 0.0
+        if isinstance(base, bool) or not isinstance(base, (int, float)) or not 0 <= base < 1e20:
+            return 0.0
+        return float(base) / 1e9
 
     def signature(self, name: str, args: dict[str, Any]) -> int:
         """The id of (name, input dims, input types, concrete inputs), interned: ``repr`` of the
@@ -93,15 +120,52 @@ class RankTrace:
         key = (name, repr(dims), repr(types), repr(concrete))
         found = self._sig_ids.get(key)
         if found is None:
+            self._sig_chars += sum(map(len, key))
+            check_count(len(self.signatures) + 1, MAX_SIGNATURES, "distinct op signatures (op, shapes, types)")
+            check_count(self._sig_chars, MAX_SIGNATURE_CHARS, "characters of op signatures")
+            frozen = (name, _freeze(dims), _freeze(types), _freeze(concrete))
             found = self._sig_ids[key] = len(self.signatures)
-            self.signatures.append((name, _freeze(dims), _freeze(types), _freeze(concrete)))
+            self.signatures.append(frozen)
         return found
 
+    def keep(self, spans: list, span: Any, what: str) -> None:
+        """Append a kept span, within the limits (``LimitError`` past them)."""
+        check_count(len(spans) + 1, MAX_STEPS if spans is self.steps else MAX_SPANS, what,
+                    "; profile fewer steps (torch.profiler.schedule) or split the trace")
+        spans.append(span)
 
-def _freeze(value: Any) -> Any:
+
+class _Malformed(ValueError):
+    """An event field of the wrong type or out of range: the event is skipped and counted."""
+
+
+def _freeze(value: Any, depth: int = 0) -> Any:
     if isinstance(value, list):
-        return tuple(_freeze(v) for v in value)
-    return value if isinstance(value, (int, float, str, type(None))) else str(value)
+        if depth >= _SHAPE_DEPTH:
+            raise _Malformed("shapes nested too deep")
+        return tuple(_freeze(v, depth + 1) for v in value)
+    if isinstance(value, (int, float, str, type(None))):
+        return value
+    raise _Malformed(f"a {type(value).__name__} among the recorded inputs")
+
+
+def _comm_args(args: dict[str, Any]) -> dict[str, Any]:
+    """The args of a collective the records use, each checked (an int in range, a string, a list)."""
+    out: dict[str, Any] = {}
+    for key in COMM_ARGS.intersection(args):
+        value = args[key]
+        if key in ("In msg nelems", "Out msg nelems", "Group size", "Seq"):
+            value = bounded_int(value)
+        elif key in ("Collective name", "dtype", "Process Group Name"):
+            value = value[:MAX_NAME] if isinstance(value, str) else None
+        elif key == "Input Dims":
+            _freeze(value)  # checks the nesting and the element types
+            value = value if isinstance(value, list) else None
+        elif key == "Input type":
+            value = [t for t in value if isinstance(t, str)] if isinstance(value, list) else None
+        if value is not None:
+            out[key] = value
+    return out
 
 
 def thaw(value: Any) -> Any:
@@ -136,70 +200,108 @@ def read_trace(path: Path) -> RankTrace:
         if ts is None or dur is None or ts < 0 or ts > MAX_TS_US or dur < 0 or dur > MAX_DUR_US:
             trace.skipped += 1
             return
-        _keep(trace, event, ts, dur)
+        try:
+            _keep(trace, event, ts, dur)
+        except LimitError:
+            raise
+        except (_Malformed, TypeError, ValueError, OverflowError, RecursionError):
+            trace.skipped += 1  # one wrong-typed event never costs the trace
 
     with open_text(path) as raw:
         try:
-            trace.meta = stream_object(raw, "traceEvents", on_event)
+            trace.meta = stream_object(raw, "traceEvents", on_event, keep=META_KEYS)
         except (OSError, EOFError) as exc:  # a truncated gzip stream
             raise StreamError(f"cannot read the file to its end ({exc})") from None
     return trace
 
 
+def _tid(value: Any) -> int:
+    """A thread id: an integer as it is, a string hashed to one (Kineto names some threads)."""
+    if type(value) is int and -MAX_INT <= value <= MAX_INT:
+        return value
+    if isinstance(value, str):
+        return hash(value) & 0x7FFFFFFF
+    if value is None:
+        return 0
+    raise _Malformed(f"a thread id that is a {type(value).__name__}")
+
+
+def _ext_id(args: dict[str, Any]) -> int:
+    ext = _number(args.get("External id"))
+    return int(ext) if ext is not None and 0 <= ext <= MAX_INT else -1
+
+
+def _text(value: Any) -> str:
+    """A name or category: a string (cut to ``MAX_NAME``), never the text of a nested value."""
+    if isinstance(value, str):
+        return value[:MAX_NAME]
+    if value is None:
+        return ""
+    raise _Malformed(f"a name that is a {type(value).__name__}")
+
+
 def _keep(trace: RankTrace, event: dict[str, Any], ts: float, dur: float) -> None:
-    name = str(event.get("name", ""))
-    cat = str(event.get("cat", "")).lower()
-    tid = event.get("tid")
-    tid = tid if isinstance(tid, int) else hash(str(tid)) & 0x7FFFFFFF
+    name = _text(event.get("name"))
+    cat = _text(event.get("cat")).lower()
+    tid = _tid(event.get("tid"))
     args = event.get("args") if isinstance(event.get("args"), dict) else {}
     if name == "[memory]":
-        allocated = _number(args.get("Total Allocated"))
-        reserved = _number(args.get("Total Reserved"))
+        allocated = bounded_int(_int_of(args.get("Total Allocated")))
+        reserved = bounded_int(_int_of(args.get("Total Reserved")))
         if allocated is not None:
-            trace.memory.append((ts, int(allocated), int(reserved) if reserved is not None else None))
+            trace.keep(trace.memory, (ts, allocated, reserved), "memory events")
         return
     if event.get("ph") != "X":
         return
     if cat in ("kernel", "gpu_memcpy", "gpu_memset"):
         if cat == "kernel" and is_nccl_kernel(name):
-            trace.nccl_kernels.append(Span(name, tid, ts, dur, dict(args)))
+            trace.keep(trace.nccl_kernels, Span(name, tid, ts, dur, _comm_args(args)), "NCCL kernels")
         else:
-            ext = _number(args.get("External id"))
+            check_count(len(trace.op_ts) + len(trace.k_ts) + 1, MAX_OPS, "ops and kernels")
             trace.k_ts.append(ts)
             trace.k_dur.append(dur)
-            trace.k_ext.append(int(ext) if ext is not None else -1)
+            trace.k_ext.append(_ext_id(args))
         return
     match = STEP_RE.match(name)
     if match:
-        trace.steps.append((int(match.group(1)), Span(name, tid, ts, dur)))
+        index = int(match.group(1))
+        if index > MAX_STEP_INDEX:
+            raise _Malformed(f"step number {index}")
+        trace.keep(trace.steps, (index, Span(name, tid, ts, dur)), "ProfilerStep spans")
         return
     if "DataLoader" in name and name.startswith("enumerate("):
-        trace.data.append(Span(name, tid, ts, dur))
+        trace.keep(trace.data, Span(name, tid, ts, dur), "DataLoader spans")
         return
     if name.startswith(ADVISOR_SPAN_PREFIX) and cat == "user_annotation":
-        trace.advisor.append(Span(name, tid, ts, dur))
+        trace.keep(trace.advisor, Span(name, tid, ts, dur), "advisor spans")
         return
     if name.startswith("Optimizer.step#"):
-        trace.optimizer.append(Span(name, tid, ts, dur))
+        trace.keep(trace.optimizer, Span(name, tid, ts, dur), "optimizer steps")
         return
     if name.startswith("Optimizer.zero_grad#"):
-        trace.zero_grad.append(Span(name, tid, ts, dur))
+        trace.keep(trace.zero_grad, Span(name, tid, ts, dur), "zero_grad spans")
         return
     if name.startswith("nn.Module:") or (name.endswith(".forward") and cat == "user_annotation"):
-        trace.forward_marks.append(Span(name, tid, ts, dur))
+        trace.keep(trace.forward_marks, Span(name, tid, ts, dur), "module annotations")
         return
     if "reducer::" in name and cat != "cpu_op":
-        trace.reducer.append(Span(name, tid, ts, dur))
+        trace.keep(trace.reducer, Span(name, tid, ts, dur), "DDP reducer spans")
         return
     if is_collective_name(name):
-        trace.collectives.append(Span(name, tid, ts, dur, dict(args)))
+        trace.keep(trace.collectives, Span(name, tid, ts, dur, _comm_args(args)), "collectives")
         # c10d ops are also CPU ops (they nest under autograd), so fall through for those.
         if not name.startswith("c10d::"):
             return
     if cat == "cpu_op":
-        ext = _number(args.get("External id"))
+        check_count(len(trace.op_ts) + len(trace.k_ts) + 1, MAX_OPS, "ops and kernels")
+        sig = trace.signature(name, args)  # first: a malformed signature leaves no half row
         trace.op_ts.append(ts)
         trace.op_dur.append(dur)
         trace.op_tid.append(tid)
-        trace.op_sig.append(trace.signature(name, args))
-        trace.op_ext.append(int(ext) if ext is not None else -1)
+        trace.op_sig.append(sig)
+        trace.op_ext.append(_ext_id(args))
+
+
+def _int_of(value: Any) -> int | None:
+    number = _number(value)
+    return int(number) if number is not None and abs(number) < 2**63 else None

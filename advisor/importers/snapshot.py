@@ -26,6 +26,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from advisor.importers.limits import MAX_DEVICES, MAX_FRAMES, MAX_INT, MAX_SNAPSHOT_ITEMS, LimitError, bounded_int
 from advisor.importers.result import ImportResult
 from advisor.importers.safe_pickle import load_plain
 from advisor.records.samples import (
@@ -38,15 +39,21 @@ from advisor.records.samples import (
 
 TOP_SITES = 10
 LIVE_STATES = frozenset({"active_allocated", "active_pending_free", "active_awaiting_free"})
-Block = tuple[int, tuple]  # (size, frames)
+MAX_SITE = 400  # characters of one allocation site's text
+Frame = tuple[str, int, str]  # (filename, line, name)
+Block = tuple[int, tuple[Frame, ...]]  # (size, frames)
 
 
-def _frames(value: Any) -> tuple:
+def _frames(value: Any) -> tuple[Frame, ...]:
+    """(filename, line, name) of each frame dict; wrong-typed fields read as empty, never as the
+    text of whatever object is there (a list repeated through the memo made a 100 GB string)."""
     out = []
-    for f in value if isinstance(value, list) else []:
+    for f in value[:MAX_FRAMES] if isinstance(value, list) else ():
         if isinstance(f, Mapping):
-            out.append((str(f.get("filename", "")), f.get("line") if isinstance(f.get("line"), int) else 0,
-                        str(f.get("name", ""))))
+            filename, line, name = f.get("filename"), f.get("line"), f.get("name")
+            out.append((filename if isinstance(filename, str) else "",
+                        line if type(line) is int and 0 <= line <= MAX_INT else 0,
+                        name if isinstance(name, str) else ""))
     return tuple(out)
 
 
@@ -81,59 +88,114 @@ def classify(frames: Sequence[Any], *, held_at_end: bool = False) -> str:
     return "other"
 
 
-def _site(frames: Sequence[tuple[str, int, str]]) -> str:
+def _site(frames: Sequence[Frame]) -> str:
     """The innermost frame in the user's code (outside torch and C++), else the innermost frame."""
     for filename, line, name in frames:
         norm = filename.replace("\\", "/")
         if norm.endswith(".py") and "/torch/" not in norm and "site-packages/" not in norm:
-            return f"{filename}:{line} in {name}"
+            return f"{filename}:{line} in {name}"[:MAX_SITE]
     if frames:
         filename, line, name = frames[0]
-        return f"{filename}:{line} in {name}"
+        return f"{filename}:{line} in {name}"[:MAX_SITE]
     return "(no stack recorded)"
 
 
-def _pick_device(segments: list[Mapping[str, Any]], traces: list[Any]) -> int:
-    reserved: dict[int, int] = defaultdict(int)
-    for seg in segments:
-        reserved[int(seg.get("device", 0) or 0)] += int(seg.get("total_size", 0) or 0)
-    for index, trace in enumerate(traces):
+class _Walk:
+    """One pass over the snapshot's plain data: types checked, every item visited counted against
+    a budget, each stack's frames read once (a list the memo repeats is the same object)."""
+
+    def __init__(self, budget: int) -> None:
+        self.left = budget
+        self._stacks: dict[int, tuple[Frame, ...]] = {}
+
+    def items(self, value: Any, where: str) -> list[Any]:
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise ValueError(f"{where} is a {type(value).__name__}, not a list")
+        self.left -= len(value)
+        if self.left < 0:
+            raise LimitError(f"the snapshot's {where} and what came before hold more items than the importer "
+                             "visits (its lists repeat themselves, or the snapshot is too large)")
+        return value
+
+    def number(self, entry: Mapping[str, Any], key: str, where: str, high: int = MAX_INT) -> int:
+        value = entry.get(key)
+        if value is None:
+            return 0
+        if type(value) is not int or not 0 <= value <= high:
+            shown = type(value).__name__ if type(value) is not int else ("too large" if value > 0 else "negative")
+            raise ValueError(f"{where}.{key} is {shown}, not a whole number up to {high}")
+        return value
+
+    def stack(self, value: Any) -> tuple[Frame, ...]:
+        if not isinstance(value, list):
+            return ()
+        found = self._stacks.get(id(value))  # the snapshot holds every list alive: ids are stable
+        if found is None:
+            self.left -= min(len(value), MAX_FRAMES)
+            if self.left < 0:
+                raise LimitError("the snapshot's stacks hold more frames than the importer visits")
+            found = self._stacks[id(value)] = _frames(value)
+        return found
+
+
+def _pick_device(reserved_by: dict[int, int], traces: list[Any]) -> int:
+    reserved = dict(reserved_by)
+    for index, trace in enumerate(traces[:MAX_DEVICES]):
         if trace and index not in reserved:
             reserved[index] = 0
     return max(reserved, key=lambda d: (reserved[d], -d)) if reserved else 0
 
 
-def analyze(snapshot: Any) -> dict[str, Any]:
-    """The allocator view and categories at the peak of one snapshot dict (plain data in, out)."""
+def analyze(snapshot: Any, *, budget: int = MAX_SNAPSHOT_ITEMS) -> dict[str, Any]:
+    """The allocator view and categories at the peak of one snapshot dict (plain data in, out).
+
+    ``budget``: how many segments, blocks, trace entries and frames it visits at most
+    (``LimitError`` past it); a field of the wrong type is a ``ValueError`` naming it.
+    """
     if isinstance(snapshot, list):  # torch.cuda.memory_snapshot(): the segments alone
         snapshot = {"segments": snapshot}
     if not isinstance(snapshot, Mapping) or not isinstance(snapshot.get("segments"), list):
         raise ValueError("not a CUDA memory snapshot: no 'segments' list (expected the pickle written by "
                          "torch.cuda.memory._dump_snapshot)")
-    segments = [s for s in snapshot["segments"] if isinstance(s, Mapping)]
-    traces = snapshot.get("device_traces") if isinstance(snapshot.get("device_traces"), list) else []
-    device = _pick_device(segments, traces)
-    segments = [s for s in segments if int(s.get("device", 0) or 0) == device]
-    trace = [e for e in (traces[device] if device < len(traces) and isinstance(traces[device], list) else [])
-             if isinstance(e, Mapping)]
+    walk = _Walk(budget)
+    segments = [s for s in walk.items(snapshot["segments"], "segments") if isinstance(s, Mapping)]
+    traces = walk.items(snapshot.get("device_traces") if isinstance(snapshot.get("device_traces"), list) else None,
+                        "device_traces")
+    reserved_by: dict[int, int] = defaultdict(int)
+    for i, seg in enumerate(segments):
+        device = walk.number(seg, "device", f"segments[{i}]", high=MAX_DEVICES - 1)
+        reserved_by[device] += walk.number(seg, "total_size", f"segments[{i}]")
+    device = _pick_device(reserved_by, traces)
+    segments = [s for s in segments if (s.get("device") or 0) == device]
+    raw_trace = traces[device] if device < len(traces) and isinstance(traces[device], list) else []
+    trace: list[tuple[str, int, int, Mapping[str, Any]]] = []  # (action, addr, size, the entry)
+    for i, e in enumerate(walk.items(raw_trace, f"device_traces[{device}]")):
+        if isinstance(e, Mapping):
+            action = e.get("action")
+            where = f"device_traces[{device}][{i}]"
+            trace.append((action if isinstance(action, str) else "", walk.number(e, "addr", where),
+                          walk.number(e, "size", where), e))
     end: dict[int, Block] = {}
-    for seg in segments:
-        for block in seg.get("blocks") or []:
+    for i, seg in enumerate(segments):
+        for j, block in enumerate(walk.items(seg.get("blocks"), f"segments[{i}].blocks")):
             # A block freed on another stream's behalf stays allocated until its free completes.
-            if isinstance(block, Mapping) and block.get("state") in LIVE_STATES:
-                end[int(block.get("address", 0) or 0)] = (int(block.get("size", 0) or 0), _frames(block.get("frames")))
-    reserved_end = sum(int(s.get("total_size", 0) or 0) for s in segments)
-    actions = {str(e.get("action")) for e in trace}
+            if isinstance(block, Mapping) and isinstance(block.get("state"), str) and block["state"] in LIVE_STATES:
+                where = f"segments[{i}].blocks[{j}]"
+                end[walk.number(block, "address", where)] = (walk.number(block, "size", where),
+                                                             walk.stack(block.get("frames")))
+    reserved_end = sum(walk.number(s, "total_size", "segment") for s in segments)
+    actions = {action for action, _, _, _ in trace}
     free_action = "free_completed" if "free_completed" in actions else "free_requested"
     # Backwards from the final state: the blocks live when the trace began.
     live = dict(end)
     reserved = reserved_end
-    for e in reversed(trace):
-        action, addr, size = str(e.get("action")), int(e.get("addr", 0) or 0), int(e.get("size", 0) or 0)
+    for action, addr, size, entry in reversed(trace):
         if action == "alloc":
             live.pop(addr, None)
         elif action == free_action:
-            live[addr] = (size, _frames(e.get("frames")))
+            live[addr] = (size, walk.stack(entry.get("frames")))
         elif action in ("segment_alloc", "segment_map"):
             reserved -= size
         elif action in ("segment_free", "segment_unmap"):
@@ -141,8 +203,7 @@ def analyze(snapshot: Any) -> dict[str, Any]:
     start_live = dict(live)
     total = sum(size for size, _ in live.values())
     peak, peak_at, peak_reserved = total, -1, reserved
-    for i, e in enumerate(trace):  # forwards: the allocated total after every action
-        action, size = str(e.get("action")), int(e.get("size", 0) or 0)
+    for i, (action, _, size, _) in enumerate(trace):  # forwards: the allocated total after every action
         if action == "alloc":
             total += size
         elif action == free_action:
@@ -156,21 +217,25 @@ def analyze(snapshot: Any) -> dict[str, Any]:
     if not trace:
         peak, peak_reserved = total, reserved_end
     live = start_live
-    for e in trace[: peak_at + 1]:  # replay again up to the peak for the live blocks there
-        action, addr, size = str(e.get("action")), int(e.get("addr", 0) or 0), int(e.get("size", 0) or 0)
+    for action, addr, size, entry in trace[: peak_at + 1]:  # replay again up to the peak for the live blocks there
         if action == "alloc":
-            live[addr] = (size, _frames(e.get("frames")))
+            live[addr] = (size, walk.stack(entry.get("frames")))
         elif action == free_action:
             live.pop(addr, None)
     categories = dict.fromkeys(MEMORY_CATEGORIES, 0)
     sites: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    known: dict[tuple[int, bool], tuple[str, str]] = {}  # (stack, held at the end) -> (category, site)
     for addr, (size, frames) in live.items():
-        categories[classify(frames, held_at_end=addr in end)] += size
-        site = sites[_site(frames)]
+        key = (id(frames), addr in end)
+        found = known.get(key)
+        if found is None:  # one stack is classified once, however many blocks share it
+            found = known[key] = (classify(frames, held_at_end=key[1]), _site(frames))
+        categories[found[0]] += size
+        site = sites[found[1]]
         site[0] += size
         site[1] += 1
     top = sorted(sites.items(), key=lambda kv: (-kv[1][0], kv[0]))[:TOP_SITES]
-    ooms = [e for e in trace if e.get("action") == "oom"]
+    oom = next((entry for action, _, _, entry in reversed(trace) if action == "oom"), None)
     return {
         "device": device,
         "peak_allocated_bytes": peak,
@@ -184,16 +249,20 @@ def analyze(snapshot: Any) -> dict[str, Any]:
         "segments": len(segments),
         "trace_entries": len(trace),
         "peak_index": peak_at,
-        "oom": ({"requested_bytes": int(ooms[-1].get("size", 0) or 0),
-                 "device_free_bytes": ooms[-1].get("device_free"),
+        "oom": ({"requested_bytes": walk.number(oom, "size", "oom"),
+                 "device_free_bytes": bounded_int(oom.get("device_free")),
                  "frames": [{"file": f, "line": n, "function": fn, "code": ""} for f, n, fn in
-                            _frames(ooms[-1].get("frames"))[:8]]} if ooms else None),
+                            walk.stack(oom.get("frames"))[:8]]} if oom is not None else None),
     }
 
 
 def import_snapshot(path: Path, *, step: int = 0, with_run: bool = True) -> ImportResult:
     """Records of one snapshot file; ``step`` places its peak in a session that has steps."""
-    view = analyze(load_plain(path))
+    data = load_plain(path)
+    # What a snapshot's own bytes can hold, with room: a file that makes the walk visit far more
+    # items than it has bytes repeats itself through the memo.
+    budget = min(MAX_SNAPSHOT_ITEMS, max(1_000_000, 2 * path.stat().st_size))
+    view = analyze(data, budget=budget)
     result = ImportResult()
     if with_run:
         result.records.append(RunInfo(script=str(path), argv=[], device={

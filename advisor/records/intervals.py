@@ -6,6 +6,7 @@ re-analyses recorded sessions with the same code.
 
 from __future__ import annotations
 
+import bisect
 from typing import Iterable, Sequence
 
 Interval = tuple[float, float]
@@ -25,12 +26,18 @@ def merge_intervals(intervals: Iterable[Interval]) -> list[Interval]:
 def subtract_intervals(base: Iterable[Interval], remove: Iterable[Interval]) -> list[Interval]:
     """The parts of ``base`` not covered by ``remove`` (both in the same clock)."""
     cuts = merge_intervals(remove)
+    cut_ends = [c1 for _, c1 in cuts]
     out: list[Interval] = []
     for start, end in merge_intervals(base):
         cursor = start
-        for c0, c1 in cuts:
-            if c1 <= cursor or c0 >= end:
-                continue
+        # From the first cut that ends after the start (the cuts are sorted and disjoint): a scan
+        # from the first cut each time was quadratic in a long trace's ops.
+        k = bisect.bisect_right(cut_ends, cursor)
+        while k < len(cuts):
+            c0, c1 = cuts[k]
+            k += 1
+            if c0 >= end:
+                break
             if c0 > cursor:
                 out.append((cursor, c0))
             cursor = max(cursor, c1)

@@ -11,6 +11,13 @@ Format::
 ``env`` (optional): variables ``advisor attach --plan`` sets in the training process's
 environment before it starts (a restart remedy such as expandable allocator segments, which
 the allocator reads once at start-up). Torch-free: ``advisor plan`` writes it in the controller, the agent reads it.
+
+Plans are meant to be shared, so a plan must not be able to run code: ``env`` takes only the
+allocator's and the libraries' tuning settings (``ENV_ALLOWED``, ``ENV_ALLOWED_PREFIXES``), and
+among those never one that names a file or a library to load (``NCCL_NET_PLUGIN``,
+``NCCL_DEBUG_FILE``...). ``PYTHONPATH`` with a ``sitecustomize.py`` there ran its code in the
+training process; ``LD_PRELOAD`` or the advisor's own ``ADVISOR_*`` would do as much. Anything
+else is refused with the reason, before the job starts.
 """
 
 from __future__ import annotations
@@ -23,6 +30,32 @@ from typing import Any, Callable, Mapping
 Check = Callable[[str, Any], None]
 
 PLAN_VERSION = "advisor.plan/1"
+
+ENV_ALLOWED = frozenset({"PYTORCH_CUDA_ALLOC_CONF", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_DEVICE_MAX_CONNECTIONS"})
+ENV_ALLOWED_PREFIXES = ("NCCL_", "TORCH_NCCL_")
+# Within the prefixes: variables that name a file to read or write, or a library to load.
+_ENV_FILE_WORDS = ("PLUGIN", "FILE", "PATH", "DIR", "LIB", "CONF")
+MAX_ENV_VALUE = 4096
+
+
+def env_refusal(name: str, value: str) -> str | None:
+    """Why a plan may not set ``name`` to ``value`` (one sentence), or None when it may."""
+    if name in ENV_ALLOWED or (name.startswith(ENV_ALLOWED_PREFIXES) and name not in ENV_ALLOWED_PREFIXES):
+        if name not in ENV_ALLOWED and any(word in name for word in _ENV_FILE_WORDS):
+            return f"{name} names a file or a library the training process would read or load"
+        if "\0" in value or len(value) > MAX_ENV_VALUE:
+            return f"the value of {name} is not a setting (a NUL byte, or over {MAX_ENV_VALUE} characters)"
+        return None
+    if name.startswith("ADVISOR_"):
+        return f"{name} is the advisor's own: a plan must not redirect it"
+    if name in ("PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONEXECUTABLE") \
+            or name.startswith(("LD_", "DYLD_")) or name in ("PATH", "BASH_ENV", "ENV"):
+        return f"{name} can make the training process load and run code that is not the script"
+    return f"{name} is not an allocator or library setting a plan may set"
+
+
+def _allowed_list() -> str:
+    return ", ".join(sorted(ENV_ALLOWED) + [p + "*" for p in ENV_ALLOWED_PREFIXES])
 
 
 class PlanError(ValueError):
@@ -68,6 +101,11 @@ def parse_plan(data: Any, *, source: str = "plan", check: Check | None = None) -
     if not isinstance(env, Mapping) or not all(isinstance(k, str) and k and "=" not in k and isinstance(v, str)
                                                for k, v in env.items()):
         raise PlanError(f"{source}: 'env' must be an object of variable names to string values")
+    for name, value in env.items():
+        why = env_refusal(name, value)
+        if why is not None:
+            raise PlanError(f"{source}: env {name[:60]!r} refused: {why}; a plan's env may set only "
+                            f"{_allowed_list()}")
     items = data.get("remedies")
     if not isinstance(items, list):
         raise PlanError(f"{source}: 'remedies' must be a list")

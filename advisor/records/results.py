@@ -12,8 +12,11 @@ from typing import Any, ClassVar, Literal, Mapping
 
 from advisor.records.jsonable import known_fields, to_json
 
-Status = Literal["kept", "reverted", "failed"]
-STATUSES: tuple[str, ...] = ("kept", "reverted", "failed")
+# "interrupted": the job ended (SIGTERM, SIGKILL, the script's own end) while the remedy was in
+# force and before its measurement window completed, so nothing was decided; its measurements
+# hold what was seen. Neither "kept" (it was not judged) nor absent (it ran).
+Status = Literal["kept", "reverted", "failed", "interrupted"]
+STATUSES: tuple[str, ...] = ("kept", "reverted", "failed", "interrupted")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -24,6 +24,7 @@ import os
 import secrets
 import socket
 import struct
+import time
 from typing import Any
 
 MAX_FRAME = 16 * 1024 * 1024
@@ -82,12 +83,20 @@ class FrameReader:
         self._sock = sock
         self._secret = secret
         self.max_length = max_length  # small until the peer has authenticated: nothing large is buffered
+        # time.monotonic() by which reading must be done (the handshake as a whole): a socket
+        # timeout bounds one recv(), so a peer trickling a byte every few seconds never hit it.
+        self.deadline: float | None = None
         self.rejected = 0
         self.last_error = ""
 
     def _read_exact(self, n: int) -> bytes | None:
         chunks = []
         while n:
+            if self.deadline is not None:
+                left = self.deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("the peer did not finish in time")
+                self._sock.settimeout(left)
             chunk = self._sock.recv(min(n, 1 << 20))
             if not chunk:
                 return None
