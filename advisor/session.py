@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 from advisor.exits import (
@@ -25,6 +24,7 @@ from advisor.multinode import MultiNode
 from advisor.paths import DB_NAME, new_session_dir, user_umask
 from advisor.records.commands import Command
 from advisor.records.samples import Event, Record, RunInfo
+from advisor.records.settings import AgentSettings, encode_settings
 from advisor.records.wire import SECRET_ENV, SOCKET_ENV, new_secret, write_secret_file
 from advisor.server import ChannelServer
 from advisor.state import LiveState
@@ -52,7 +52,7 @@ class AttachOptions:
     nproc_per_node: int = 1
     max_steps: int | None = None
     capture_output: bool = False  # TUI mode: the script's output goes to output.log
-    agent_config: dict[str, Any] = field(default_factory=dict)
+    settings: AgentSettings = field(default_factory=AgentSettings)  # the training process's (advisor.cli)
     multinode: MultiNode = field(default_factory=MultiNode)  # this controller's place in a multi-node job
 
 
@@ -276,20 +276,20 @@ class Session:
         # output on every deep step; 6 is above its highest level (USDT = 5). A user's own
         # setting wins.
         env.setdefault("KINETO_LOG_LEVEL", "6")
-        config = dict(self.options.agent_config)
+        settings = self.options.settings
         if self.options.max_steps is not None:
-            config["max_steps"] = self.options.max_steps
+            settings = replace(settings, max_steps=self.options.max_steps)
         if self.multinode:  # several controllers: commands relayed from rank 0, heartbeats kept
-            config["multinode"] = self.options.multinode.agent_config()
+            settings = replace(settings, multinode=self.options.multinode.agent_settings())
         env.update({
             SOCKET_ENV: self.server.path,
             SECRET_ENV: str(self._secret_file),
             "ADVISOR_SESSION_DIR": str(self.dir),
-            "ADVISOR_CONFIG": json.dumps(config),
+            "ADVISOR_CONFIG": encode_settings(settings),
             "PYTHONUNBUFFERED": "1",
             "ADVISOR_LAUNCHER_EXITS": str(self.dir / LAUNCHER_EXITS),
         })
-        env.update(merge_plan_env(env, config.get("plan_env") or {}))  # a plan's restart remedies
+        env.update(merge_plan_env(env, settings.plan_env))  # a plan's restart remedies
         return env
 
     def start(self) -> None:
