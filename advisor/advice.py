@@ -195,10 +195,8 @@ class AdviceLoop:
         return state.latest_step() + 2 >= due
 
     def _deep_steps(self) -> list[int]:
-        options = getattr(self.session, "options", None)
-        config = getattr(options, "agent_config", None) or {}
-        steps = config.get("deep_steps")
-        return list(DEEP_STEPS if steps is None else steps)
+        settings = getattr(getattr(self.session, "options", None), "settings", None)
+        return list(DEEP_STEPS if settings is None else settings.deep_steps)
 
     @staticmethod
     def _choose(recs: list[dict[str, Any]], request: str, budget_bytes: int | None = None) -> dict[str, Any] | None:
@@ -236,7 +234,7 @@ class AdviceLoop:
         if rec is None:
             return f"No recommendation {recommendation_id!r}."
         allow_inexact = bool(getattr(self.session, "options", None)
-                             and self.session.options.agent_config.get("allow_inexact"))
+                             and self.session.options.settings.allow_inexact)
         refusal = apply_refusal(state, rec) or inexact_refusal(rec, allowed=confirmed or allow_inexact)
         if refusal:
             return refusal

@@ -15,6 +15,7 @@ from advisor.advice import AdviceLoop
 from advisor.errors import EXIT_LAUNCH, AdvisorError
 from advisor.live_source import SessionSource
 from advisor.progress import ProgressPrinter
+from advisor.records.settings import AgentSettings
 from advisor.render import emit_report, print_exit_summary
 from advisor.report import build_report, write_json, write_text
 from advisor.exits import signal_name
@@ -138,20 +139,20 @@ def has_terminal() -> bool:
         return False
 
 
-def run_attach(ns: argparse.Namespace, config: dict[str, Any]) -> int:
+def run_attach(ns: argparse.Namespace, settings: AgentSettings) -> int:
     if not ns.headless and not has_terminal():
         # CI, nohup, `> out.txt`: a TUI would write escape codes into the file and wait for keys.
         print("advisor: no terminal (stdin or stdout is not a TTY): running headless", file=sys.stderr, flush=True)
         ns.headless = True
-    for name, value in allowed_plan_env(config).items():  # said before the job starts: a plan is a shared file
+    for name, value in allowed_plan_env(settings.plan_env).items():  # said before the job starts: a plan is a shared file
         print(f"advisor: the plan sets {name}={value} in the training process's environment", file=sys.stderr,
               flush=True)
     options = AttachOptions(script=ns.script, args=list(ns.args), nproc_per_node=ns.nproc_per_node,
-                            max_steps=ns.steps, capture_output=not ns.headless, agent_config=config)
+                            max_steps=ns.steps, capture_output=not ns.headless, settings=settings)
     if getattr(ns, "multinode", None) is not None:
         options.multinode = ns.multinode
     session = Session(options)
-    advice = AdviceLoop(session, budget_bytes=config.get("memory_budget_bytes"),
+    advice = AdviceLoop(session, budget_bytes=settings.memory_budget_bytes,
                         apply=ns.apply, apply_at_step=ns.apply_at_step)
     session.add_listener(advice.on_record)
     try:

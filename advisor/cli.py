@@ -13,7 +13,7 @@ from advisor import __version__
 from advisor.errors import AdvisorError, UsageError
 from advisor.multinode import add_options as add_multinode_options
 from advisor.multinode import from_namespace as multinode_from_namespace
-from advisor.records.settings import probe_names
+from advisor.records.settings import AgentSettings, probe_names
 from advisor.records.units import parse_rate, parse_size
 
 # Each cmd_* imports its command's modules inside the function, on purpose: `advisor --help`
@@ -219,27 +219,16 @@ def check_output_path(path: str, flag: str, *, protected: list[str] | None = Non
                              hint="name another file for the output")
 
 
-def agent_config(ns: argparse.Namespace) -> dict[str, Any]:
-
+def agent_settings(ns: argparse.Namespace) -> AgentSettings:
+    """The training process's settings from ``advisor attach``'s flags (``AgentSettings`` names
+    the flag behind each field); ``UsageError`` for combinations that cannot work."""
     try:
         probes = probe_names(ns.probes)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    config: dict[str, Any] = {
-        "probes": probes,
-        "deep_steps": ns.deep_steps,
-        "deep_every": ns.deep_every,
-        "memory_budget_bytes": ns.memory_budget,
-        "enforce_budget": ns.enforce_budget,
-        "peak_flops": ns.peak_flops,
-        "peak_bandwidth": ns.peak_bandwidth,
-        "host_link_bandwidth": ns.host_link_bandwidth,
-        "allow_inexact": bool(getattr(ns, "allow_inexact", False)),
-    }
-    if getattr(ns, "apply", None) and getattr(ns, "apply_at_step", None):
-        # The job waits for the controller's decision at the boundary before the step asked for
-        # (Agent._hold_for_decision): the apply lands there however long the advice takes.
-        config["apply_hold_step"] = ns.apply_at_step
+    if ns.enforce_budget and ns.memory_budget is None:
+        raise UsageError("--enforce-budget needs --memory-budget", hint="e.g. --memory-budget 800MiB --enforce-budget")
+    plan_path, plan_env = None, {}
     if ns.plan:
         if not os.path.isfile(ns.plan):
             raise UsageError(f"no such plan file: {ns.plan}", hint="`advisor plan SESSION -o plan.json` writes one")
@@ -252,12 +241,20 @@ def agent_config(ns: argparse.Namespace) -> dict[str, Any]:
             plan = read_plan(ns.plan, check=check_params)
         except ValueError as exc:
             raise UsageError(f"bad plan file {ns.plan}: {exc}") from None
-        config["plan"] = os.path.abspath(ns.plan)
-        if plan.env:  # set in the training process's environment (advisor/session.py)
-            config["plan_env"] = dict(plan.env)
-    if ns.enforce_budget and ns.memory_budget is None:
-        raise UsageError("--enforce-budget needs --memory-budget", hint="e.g. --memory-budget 800MiB --enforce-budget")
-    return config
+        plan_path = os.path.abspath(ns.plan)
+        plan_env = dict(plan.env)  # set in the training process's environment (advisor/session.py)
+    try:
+        return AgentSettings(
+            probes=tuple(probes), deep_steps=tuple(ns.deep_steps), deep_every=ns.deep_every,
+            memory_budget_bytes=ns.memory_budget, enforce_budget=ns.enforce_budget,
+            peak_flops=ns.peak_flops, peak_bandwidth=ns.peak_bandwidth, host_link_bandwidth=ns.host_link_bandwidth,
+            allow_inexact=bool(getattr(ns, "allow_inexact", False)),
+            # The job waits for the controller's decision at the boundary before the step asked for
+            # (advisor/agent/hold.py): the apply lands there however long the advice takes.
+            apply_hold_step=ns.apply_at_step if getattr(ns, "apply", None) else None,
+            plan=plan_path, plan_env=plan_env)
+    except ValueError as exc:  # a negative --deep-every, --peak-flops, ...
+        raise UsageError(f"attach: {exc}") from None
 
 
 def cmd_attach(ns: argparse.Namespace) -> int:
@@ -272,7 +269,7 @@ def cmd_attach(ns: argparse.Namespace) -> int:
     if ns.apply_at_step and not ns.apply:
         raise UsageError("--apply-at-step needs --apply", hint="e.g. --apply auto --apply-at-step 5")
     ns.multinode = multinode_from_namespace(ns)
-    return run_attach(ns, agent_config(ns))
+    return run_attach(ns, agent_settings(ns))
 
 
 def cmd_sessions(ns: argparse.Namespace) -> int:

@@ -14,16 +14,14 @@ import dataclasses
 import functools
 import json
 import math
-import types
 import typing
 from typing import Any, Callable, Mapping
 
 from advisor.records.checkpoint_saves import CHECKPOINT_APIS, CHECKPOINT_SAVES
+from advisor.records.jsonable import INT_MAX as _INT_MAX, INT_MIN as _INT_MIN, type_problem as _check
 from advisor.records.results import STATUSES
 from advisor.records.samples import RECORD_TYPES, Record
 
-MAX_DEPTH = 24  # nesting of free-form dicts and lists (the agents send at most a few levels)
-_INT_MIN, _INT_MAX = -(2**63), 2**63 - 1  # what SQLite and every JSON reader can hold
 # Numeric fields that may be negative; every other count, size, time and index is >= 0.
 _SIGNED = {"loss"}
 # Fields that are divisors or sizes of a world somewhere downstream: at least 1.
@@ -140,79 +138,6 @@ def _ranks(value: Any) -> str | None:
     if len(value) > MAX_RANKS:
         return f"{len(value)} ranks, more than {MAX_RANKS}"
     return next((f"rank {r} is negative" for r in value if r < 0), None)
-
-
-def _check(value: Any, hint: Any, depth: int) -> str | None:
-    """None when ``value`` fits the type ``hint``, else what is wrong."""
-    if depth > MAX_DEPTH:
-        return f"nested deeper than {MAX_DEPTH} levels"
-    if hint is Any:
-        return _check_json(value, depth)
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(hint)
-        if value is None and type(None) in options:
-            return None
-        problems = [_check(value, option, depth) for option in options if option is not type(None)]
-        return None if any(p is None for p in problems) else problems[0]
-    if hint is bool:
-        return None if isinstance(value, bool) else f"expected true/false, got {type(value).__name__}"
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            return f"expected an integer, got {type(value).__name__}"
-        return None if _INT_MIN <= value <= _INT_MAX else "integer out of the 64-bit range"
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return f"expected a number, got {type(value).__name__}"
-        return _check_json(value, depth)
-    if hint is str:
-        return None if isinstance(value, str) else f"expected a string, got {type(value).__name__}"
-    if origin is dict:
-        if not isinstance(value, dict):
-            return f"expected an object, got {type(value).__name__}"
-        _, item = typing.get_args(hint)
-        for key, entry in value.items():
-            if not isinstance(key, str):
-                return "object key is not a string"
-            problem = _check(entry, item, depth + 1)
-            if problem is not None:
-                return f"[{key[:40]!r}] {problem}"
-        return None
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            return f"expected a list, got {type(value).__name__}"
-        (item,) = typing.get_args(hint)[:1]
-        for entry in value:
-            problem = _check(entry, item, depth + 1)
-            if problem is not None:
-                return problem
-        return None
-    return f"unsupported field type {hint!r}"  # a record type this module does not know yet
-
-
-def _check_json(value: Any, depth: int) -> str | None:
-    """Free-form JSON: finite numbers, 64-bit integers, bounded nesting."""
-    if depth > MAX_DEPTH:
-        return f"nested deeper than {MAX_DEPTH} levels"
-    if value is None or isinstance(value, (bool, str)):
-        return None
-    if isinstance(value, int):
-        return None if _INT_MIN <= value <= _INT_MAX else "integer out of the 64-bit range"
-    if isinstance(value, float):
-        return None if math.isfinite(value) else f"{value} is not a finite number"
-    if isinstance(value, dict):
-        for key, entry in value.items():
-            problem = _check_json(entry, depth + 1) if isinstance(key, str) else "object key is not a string"
-            if problem is not None:
-                return problem
-        return None
-    if isinstance(value, (list, tuple)):
-        for entry in value:
-            problem = _check_json(entry, depth + 1)
-            if problem is not None:
-                return problem
-        return None
-    return f"{type(value).__name__} is not JSON"
 
 
 # The payload keys the controller reads from named events, and their types.

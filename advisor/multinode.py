@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from advisor.errors import UsageError
+from advisor.records.settings import MultinodeSettings
 
 # attach option -> torchrun option; the values go through as given.
 TORCHRUN_OPTIONS = {
@@ -123,9 +124,9 @@ class MultiNode:
                        world_size=int(self.env["WORLD_SIZE"]))
         return out
 
-    def agent_config(self) -> dict[str, Any]:
-        """What every agent of a multi-controller job is told (``ADVISOR_CONFIG["multinode"]``)."""
-        return {"relay": True, "heartbeat_s": HEARTBEAT_S, "lost_after_s": LOST_AFTER_S}
+    def agent_settings(self) -> MultinodeSettings:
+        """What every agent of a multi-controller job is told (``AgentSettings.multinode``)."""
+        return MultinodeSettings(relay=True, heartbeat_s=HEARTBEAT_S, lost_after_s=LOST_AFTER_S)
 
 
 def _digest(*parts: str) -> str:

@@ -16,6 +16,11 @@ from rich.text import Text
 from advisor.phrases import applied_time_line, calibration_line, exit_line
 from advisor.records.units import fmt_bytes, fmt_seconds
 from advisor.report_markdown import report_markdown
+from advisor.sections.comm import render_comm_sections
+from advisor.sections.compute import render_compute_section
+from advisor.sections.links import render_links_section
+from advisor.sections.memory import render_memory_section
+from advisor.sections.regimes import render_regimes
 
 
 def _t(value: Any) -> str:
@@ -87,19 +92,16 @@ def report_renderables(report: dict[str, Any]) -> list[Any]:
     phases = _phase_table(report)
     if phases is not None:
         parts.append(phases)
-    for name, module, func, keys in (
-        ("memory", "advisor.sections.memory", "render_memory_section", ("memory",)),
-        ("compute", "advisor.sections.compute", "render_compute_section", ("ops", "compute")),
-        ("comm", "advisor.sections.comm", "render_comm_sections", ("collectives", "comm", "straggler")),
-        ("regimes", "advisor.sections.regimes", "render_regimes", ("regimes",)),
-        ("comm_links", "advisor.sections.links", "render_links_section", ("comm_links",)),
+    for name, render, keys in (
+        ("memory", render_memory_section, ("memory",)),
+        ("compute", render_compute_section, ("ops", "compute")),
+        ("comm", render_comm_sections, ("collectives", "comm", "straggler")),
+        ("regimes", render_regimes, ("regimes",)),
+        ("comm_links", render_links_section, ("comm_links",)),
     ):
         if not any(report.get(k) for k in keys):
             continue
         try:
-            import importlib
-
-            render = getattr(importlib.import_module(module), func)
             parts.extend(render(*(report.get(k) for k in keys)))
         except Exception as exc:  # noqa: BLE001 - a rendering problem must not hide the rest
             parts.append(Text(f"could not render {name}: {type(exc).__name__}: {exc}", style="red"))

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 from advisor.exits import (
@@ -26,6 +25,7 @@ from advisor.paths import DB_NAME, new_session_dir, user_umask
 from advisor.records.commands import Command
 from advisor.records.plan import env_refusal
 from advisor.records.samples import Event, Record, RunInfo
+from advisor.records.settings import AgentSettings, encode_settings
 from advisor.regime import interrupted_applies
 from advisor.records.wire import SECRET_ENV, SOCKET_ENV, new_secret, write_secret_file
 from advisor.server import ChannelServer
@@ -54,7 +54,7 @@ class AttachOptions:
     nproc_per_node: int = 1
     max_steps: int | None = None
     capture_output: bool = False  # TUI mode: the script's output goes to output.log
-    agent_config: dict[str, Any] = field(default_factory=dict)
+    settings: AgentSettings = field(default_factory=AgentSettings)  # the training process's (advisor.cli)
     multinode: MultiNode = field(default_factory=MultiNode)  # this controller's place in a multi-node job
 
 
@@ -286,19 +286,19 @@ class Session:
         # output on every deep step; 6 is above its highest level (USDT = 5). A user's own
         # setting wins.
         env.setdefault("KINETO_LOG_LEVEL", "6")
-        config = dict(self.options.agent_config)
+        settings = self.options.settings
         if self.options.max_steps is not None:
-            config["max_steps"] = self.options.max_steps
+            settings = replace(settings, max_steps=self.options.max_steps)
         if self.multinode:  # several controllers: commands relayed from rank 0, heartbeats kept
-            config["multinode"] = self.options.multinode.agent_config()
+            settings = replace(settings, multinode=self.options.multinode.agent_settings())
         # A plan's restart remedies (checked when the plan was read; again here, whoever built the
-        # config), then the advisor's own variables, which nothing a plan says may replace.
-        env.update(merge_plan_env(env, allowed_plan_env(config)))
+        # settings), then the advisor's own variables, which nothing a plan says may replace.
+        env.update(merge_plan_env(env, allowed_plan_env(settings.plan_env)))
         env.update({
             SOCKET_ENV: self.server.path,
             SECRET_ENV: str(self._secret_file),
             "ADVISOR_SESSION_DIR": str(self.dir),
-            "ADVISOR_CONFIG": json.dumps(config),
+            "ADVISOR_CONFIG": encode_settings(settings),
             "PYTHONUNBUFFERED": "1",
             "ADVISOR_LAUNCHER_EXITS": str(self.dir / LAUNCHER_EXITS),
         })
@@ -403,10 +403,9 @@ class Session:
         self._remove_secret()  # the secret is only needed while agents start
 
 
-def allowed_plan_env(config: Mapping[str, Any]) -> dict[str, str]:
-    """The variables a plan sets (``config["plan_env"]``) that a plan may set (``env_refusal``)."""
-    found = config.get("plan_env") or {}
-    return {k: v for k, v in found.items() if isinstance(k, str) and isinstance(v, str) and env_refusal(k, v) is None}
+def allowed_plan_env(plan_env: Mapping[str, str]) -> dict[str, str]:
+    """The variables a plan sets (``AgentSettings.plan_env``) that a plan may set (``env_refusal``)."""
+    return {k: v for k, v in plan_env.items() if isinstance(k, str) and isinstance(v, str) and env_refusal(k, v) is None}
 
 
 def merge_plan_env(env: Mapping[str, str], plan_env: Mapping[str, str]) -> dict[str, str]:

@@ -28,9 +28,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from advisor.records.settings import AGREE_TIMEOUT_S
+
 logger = logging.getLogger("advisor.apply")
 
-DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_TIMEOUT_S = AGREE_TIMEOUT_S  # AgentSettings.apply_agree_timeout_s's default
 
 
 @dataclass(frozen=True, kw_only=True)

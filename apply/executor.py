@@ -70,24 +70,23 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-import torch.distributed as dist
-
 from advisor.apply import registry
-from advisor.apply.agreement import DEFAULT_TIMEOUT_S, Agreement
+from advisor.apply.agreement import Agreement
 from advisor.apply.command_check import as_command, checked_apply, checked_revert
+from advisor.apply.host import ExecutorHost
 from advisor.apply.model_names import resolve_model_names
 from advisor.apply.step_align import StepAlign
 from advisor.apply.user_revert import vote_user_revert
 from advisor.apply.target import Target
 from advisor.records.commands import ApplyCommand, Command, RevertCommand
-from advisor.records.context import AgentContext
 from advisor.records.results import ApplyResult, Measurement
 from advisor.records.samples import Event, StepSample
+from advisor.records.settings import TIME_MARGIN
 
 logger = logging.getLogger("advisor.apply")
 
 DEFAULT_MEASURE_STEPS = 3
-DEFAULT_TIME_MARGIN = 0.25  # ctx.config["apply_time_margin"]: tolerated slowdown beyond the reference
+DEFAULT_TIME_MARGIN = TIME_MARGIN  # AgentSettings.apply_time_margin: tolerated slowdown beyond the reference
 HISTORY = 64
 
 
@@ -303,7 +302,7 @@ class _Active:
 class Executor:
     """Applies, measures and reverts remedies; see the module docstring for who calls what."""
 
-    def __init__(self, ctx: AgentContext) -> None:
+    def __init__(self, ctx: ExecutorHost) -> None:
         self.ctx = ctx
         self._lock = threading.Lock()
         self._inbox: deque[tuple[Command, int | None]] = deque()  # with its StepAlign index, if any
@@ -311,12 +310,12 @@ class Executor:
         self._queue: deque[_Request] = deque()
         # The steps before this executor existed too (the agent keeps the recent ones): an apply
         # whose command comes late still has its before window.
-        self._history: deque[StepSample] = deque(getattr(ctx, "recent_steps", ()), maxlen=HISTORY)
+        self._history: deque[StepSample] = deque(ctx.recent_steps, maxlen=HISTORY)
         self._active: _Active | None = None
         self._to_revert: _Active | None = None  # decided "revert", done at the next boundary
         self._kept: list[_Active] = []  # applied and kept, newest last (for "revert")
         self.results: list[ApplyResult] = []  # every result emitted, in order
-        self.agreement = Agreement(timeout_s=float(ctx.config.get("apply_agree_timeout_s", DEFAULT_TIMEOUT_S)))
+        self.agreement = Agreement(timeout_s=ctx.settings.apply_agree_timeout_s)
         self._align: StepAlign | None = None  # made at the first command of a multi-rank job
         self._received = 0  # commands received: every rank counts the same ones in the same order
 
@@ -336,7 +335,7 @@ class Executor:
     def _post_earliest(self, command: Command) -> int | None:
         """A single-node multi-rank job: tell the other ranks the earliest boundary this one can start
         the command at (``StepAlign``); its index, or None where delivery is aligned already."""
-        if not self._multi_rank() or getattr(self.ctx, "relay", None) is not None:
+        if not self._multi_rank() or self.ctx.relayed:
             return None  # one process, or a multi-node job whose relay delivers at one boundary
         if self._align is None:
             self._align = StepAlign(rank=self.ctx.rank, world_size=self.ctx.world_size,
@@ -352,10 +351,8 @@ class Executor:
         # ranks are held for this decision (--apply-at-step K): they all wait at the boundary
         # before K, so K is next everywhere. With two, a decision that came during the hold
         # always slipped to K+1.
-        holds = getattr(self.ctx, "holds_before", None)
-        held = getattr(self.ctx, "holding", False) or (
-            isinstance(command, ApplyCommand) and command.at_step is not None and callable(holds)
-            and holds(command.at_step))
+        held = self.ctx.holding or (
+            isinstance(command, ApplyCommand) and command.at_step is not None and self.ctx.holds_before(command.at_step))
         ahead = 1 if held else 2
         self._align.post(index, max(command.at_step or 0, step + ahead + lead))
         return index
@@ -370,7 +367,7 @@ class Executor:
             if active is None or sample.index < active.applied_at:
                 return
             active.after.append(sample)
-            if _window_done(active.after, active.measure_steps, self.ctx.config.get("memory_budget_bytes"),
+            if _window_done(active.after, active.measure_steps, self.ctx.settings.memory_budget_bytes,
                             fixed=self._multi_rank() and not active.from_plan, period=active.period):
                 self._decide(active, complete=True)
         except Exception as exc:  # the executor must never break training
@@ -485,7 +482,7 @@ class Executor:
     def _opt_in_refusal(self, rec: Mapping[str, Any], command: ApplyCommand) -> str | None:
         if rec.get("apply_class") != "live-opt-in":
             return None
-        if self.ctx.config.get("allow_inexact") or command.confirmed is True:
+        if self.ctx.settings.allow_inexact or command.confirmed is True:
             return None
         return (f"{rec.get('id') or rec['remedy']} changes numerics (apply class live-opt-in); "
                 "pass --allow-inexact to `advisor attach`, or confirm it in the TUI")
@@ -515,14 +512,8 @@ class Executor:
         return self.ctx.world_size > 1 and Agreement.distributed()
 
     def target(self) -> Target:
-        """What the remedies act on: the agent's captured objects (``ctx.target()``) when it has them."""
-        make = getattr(self.ctx, "target", None)
-        if callable(make):
-            return make()
-        group = dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
-        return Target(wrapped_models=self.ctx.wrapped_models(), optimizers=self.ctx.optimizers(),
-                      process_group=group, device=self.ctx.device, rank=self.ctx.rank,
-                      world_size=self.ctx.world_size)
+        """What the remedies act on: the agent's captured objects."""
+        return self.ctx.target()
 
     def _apply(self, request: _Request, step: int) -> None:
         before_samples = self._on_device(self._before_samples(step, request.measure_steps))
@@ -578,8 +569,7 @@ class Executor:
         predictions were made against device time (the recommender's baseline reads
         ``device_time_s``), and a step's host time after a synchronised boundary (a deep step's,
         the hold for a decision) counts its launches, not its kernels."""
-        read = getattr(self.ctx, "device_step_times", None)
-        times = read() if samples and callable(read) else {}
+        times = self.ctx.device_step_times() if samples else {}
         return [dataclasses.replace(s, time_s=times[s.index]) if s.index in times else s for s in samples]
 
     def _decide(self, active: _Active, *, complete: bool) -> None:
@@ -592,8 +582,8 @@ class Executor:
             reason = "applied from the plan before the first step"
             self._finish(active, keep=True, reason=reason if complete else reason + "; training ended early")
             return
-        budget = self.ctx.config.get("memory_budget_bytes")
-        margin = float(self.ctx.config.get("apply_time_margin", DEFAULT_TIME_MARGIN))
+        budget = self.ctx.settings.memory_budget_bytes
+        margin = self.ctx.settings.apply_time_margin
         first = active.results[0]
         keep, reason = decide(before=first.before, after=after, predicted=first.predicted,
                               budget_bytes=budget, margin=margin,

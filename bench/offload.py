@@ -43,6 +43,7 @@ from gpt import GPT, GPTConfig  # noqa: E402
 from advisor.agent.agent import Agent  # noqa: E402
 from advisor.agent.hooks import install  # noqa: E402
 from advisor.agent.probe_registry import build_probes  # noqa: E402
+from advisor.records.settings import AgentSettings  # noqa: E402
 from advisor.apply.remedies.activation_checkpointing import apply_activation_checkpointing  # noqa: E402
 from advisor.apply.remedies.activation_offload import apply_activation_offload  # noqa: E402
 from advisor.probes.device.hostlink import host_link  # noqa: E402
@@ -129,13 +130,12 @@ def measure_chain(model, x, device) -> tuple[Block, ...]:
 def record_timeline(model, opt, x, y, vocab, names: list[str]) -> ChainMemory:
     """Three steps under the agent's memory probe, the middle one deep-sampled: its timeline."""
     records: list = []
-    config = {"probes": ["memory"], "deep_steps": [1]}
-    probes, warnings = build_probes(config)
+    settings = AgentSettings(probes=("memory",), deep_steps=(1,))
+    probes, warnings = build_probes(settings)
     if warnings:
         raise SystemExit(f"memory probe unavailable: {warnings}")
-    agent = Agent(emit=records.append, config=config, probes=probes)
-    for probe in probes:
-        agent._call(probe, "attach")
+    agent = Agent(emit=records.append, settings=settings, probes=probes)
+    agent.attach_probes()
     hooks = install(agent)
     try:
         for _ in range(3):

@@ -47,6 +47,7 @@ from advisor.agent.channel import AgentChannel  # noqa: E402
 from advisor.agent.hooks import install  # noqa: E402
 from advisor.agent.probe_registry import build_probes  # noqa: E402
 from advisor.records.samples import StepSample  # noqa: E402
+from advisor.records.settings import AgentSettings  # noqa: E402
 
 Step = Callable[[], None]
 
@@ -116,8 +117,8 @@ def make_agent(probes: str, deep: bool) -> tuple[Agent, _Sink]:
     """An agent as ``advisor attach`` builds it; every record goes through an ``AgentChannel``
     (no controller: its sender spills them, JSON-encoded, to ``os.devnull``) and into a list."""
     names = [] if probes == "none" else ["memory", "compute", "comm"]
-    config = {"probes": names, "deep_steps": [], "deep_every": 0}
-    built, warnings = build_probes(config)
+    settings = AgentSettings(probes=tuple(names), deep_steps=(), deep_every=0)
+    built, warnings = build_probes(settings)
     if warnings:
         print("\n".join(warnings), file=sys.stderr)
     sink = _Sink()
@@ -128,9 +129,8 @@ def make_agent(probes: str, deep: bool) -> tuple[Agent, _Sink]:
         sink.channel.emit(message)
         sink.append(message)
 
-    agent = Agent(emit=emit, config=config, probes=built)
-    for probe in list(agent.probes):
-        agent._call(probe, "attach")
+    agent = Agent(emit=emit, settings=settings, probes=built)
+    agent.attach_probes()
     return agent, sink
 
 
@@ -185,7 +185,7 @@ def deep_run(step: Step, steps: int, deep_at: tuple[int, ...],
     warm-up: each iteration's seconds (``run_one(i)`` runs and times iteration i; by default a
     clock around the step) and, for each deep step, the probes that ran on it."""
     agent, sink = make_agent("all", deep=True)
-    agent.deep_steps = set(deep_at)
+    agent.deep.steps = set(deep_at)
     for _ in range(3):
         step()
     hooks = install(agent)

@@ -33,6 +33,7 @@ def worker(rank: int, world: int, port: int, steps: int, hidden: int, folder: st
     from ddp import MLP  # examples/ddp.py
 
     from advisor.agent.relay import CommandRelay
+    from advisor.records.settings import MultinodeSettings
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)  # two ranks on a shared host: no oversubscription in the timings
@@ -41,7 +42,7 @@ def worker(rank: int, world: int, port: int, steps: int, hidden: int, folder: st
     model = torch.nn.parallel.DistributedDataParallel(MLP(64, hidden, 4))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     side = dist.new_group(backend="gloo")  # for the barriers the relay's steps are compared with
-    relay = CommandRelay(rank=rank, local_rank=rank, world_size=world, config={"heartbeat_s": 1.0},
+    relay = CommandRelay(rank=rank, local_rank=rank, world_size=world, settings=MultinodeSettings(heartbeat_s=1.0),
                          deliver=lambda c: None, emit=lambda n, d: None)
     # Blocks of steps with and without the exchange, alternated so load drift hits both alike.
     # A step's time runs to the end of the exchange: waiting there for the other rank is waiting

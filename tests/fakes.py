@@ -1,7 +1,8 @@
 """Test doubles shared by the test modules.
 
-``FakeContext`` implements ``advisor.probes.probe.AgentContext`` for driving a probe or
-the apply executor by hand, without the agent's global hooks.
+``FakeContext`` implements ``advisor.records.context.AgentContext`` and
+``advisor.apply.host.ExecutorHost`` for driving a probe or the apply executor by hand, without
+the agent's global hooks.
 """
 
 from __future__ import annotations
@@ -10,8 +11,11 @@ import time
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
-from advisor.records.samples import Record
+from advisor.apply.target import Target
+from advisor.records.samples import Record, StepSample
+from advisor.records.settings import AgentSettings
 
 
 class FakeContext:
@@ -24,20 +28,24 @@ class FakeContext:
         *,
         rank: int = 0,
         world_size: int = 1,
-        config: dict[str, Any] | None = None,
+        settings: AgentSettings | None = None,
     ) -> None:
         self._models = list(models or [])
         self._optimizers = list(optimizers or [])
         self.rank = rank
         self.world_size = world_size
         self.device = torch.device("cpu")
-        self.config = dict(config or {})
+        self.settings = settings if settings is not None else AgentSettings()
         self.step = 0
         self.phase = "data"
         self.step_start = time.perf_counter()
         self.emitted: list[Record] = []
         self.deep_requests: list[int] = []
         self.backward = False
+        # The executor's side: tests set these as the agent would have them.
+        self.recent_steps: list[StepSample] = []
+        self.relayed = False
+        self.holding = False
 
     def models(self) -> list[torch.nn.Module]:
         return list(self._models)
@@ -69,3 +77,14 @@ class FakeContext:
 
     def of_kind(self, kind: str) -> list[Record]:
         return [r for r in self.emitted if r.KIND == kind]
+
+    def target(self) -> Target:
+        group = dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
+        return Target(wrapped_models=self.wrapped_models(), optimizers=self.optimizers(), process_group=group,
+                      device=self.device, rank=self.rank, world_size=self.world_size)
+
+    def holds_before(self, step: int) -> bool:
+        return False
+
+    def device_step_times(self) -> dict[int, float]:
+        return {}

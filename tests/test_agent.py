@@ -6,16 +6,18 @@ from collections import Counter
 import pytest
 import torch
 
-from advisor.agent.agent import Agent, StopTraining, unwrap
+from advisor.agent.agent import Agent, StopTraining
 from advisor.agent.hooks import install
+from advisor.apply.target import unwrap
 from advisor.records.samples import ModelInfo, OptimizerInfo, StepSample
+from advisor.records.settings import AgentSettings
 
 
 @pytest.fixture
 def agent_run():
     """Yield (agent, emitted) with global hooks installed; removed afterwards."""
     emitted = []
-    agent = Agent(emit=emitted.append, config={"deep_steps": []})
+    agent = Agent(emit=emitted.append, settings=AgentSettings(deep_steps=()))
     hooks = install(agent)
     try:
         yield agent, emitted
@@ -136,13 +138,13 @@ def test_checkpoint_recompute_does_not_count_as_forward(agent_run):
     model = Model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     _train(model, opt, 2)
-    assert [type(m).__name__ for m in agent.models()] == ["Model"]
-    assert agent.module_name(inner) == "inner"
+    assert [type(m).__name__ for m in agent.objects.models()] == ["Model"]
+    assert agent.objects.module_name(inner) == "inner"
 
 
 def test_max_steps_stops_cleanly():
     emitted = []
-    agent = Agent(emit=emitted.append, config={"max_steps": 2, "deep_steps": []})
+    agent = Agent(emit=emitted.append, settings=AgentSettings(max_steps=2, deep_steps=()))
     hooks = install(agent)
     try:
         model = torch.nn.Linear(8, 1)
@@ -172,8 +174,8 @@ def test_unwrap_ddp_like_wrappers():
 
 
 def test_deep_schedule_and_requests():
-    agent = Agent(emit=lambda r: None, config={"deep_steps": [1, 2], "deep_every": 10})
-    assert [s for s in range(25) if agent.is_deep(s)] == [1, 2, 10, 20]
+    agent = Agent(emit=lambda r: None, settings=AgentSettings(deep_steps=(1, 2), deep_every=10))
+    assert [s for s in range(25) if agent.deep.is_deep(s)] == [1, 2, 10, 20]
 
 
 def test_deep_probe_teardown_is_not_the_next_steps_data_wait():
@@ -191,7 +193,7 @@ def test_deep_probe_teardown_is_not_the_next_steps_data_wait():
             time.sleep(0.2)
 
     emitted = []
-    agent = Agent(emit=emitted.append, config={"deep_steps": [1]}, probes=[SlowTeardown()])
+    agent = Agent(emit=emitted.append, settings=AgentSettings(deep_steps=(1,)), probes=[SlowTeardown()])
     hooks = install(agent)
     try:
         torch.manual_seed(0)
@@ -209,11 +211,11 @@ def _run_probes(names, deep_steps, steps, model_factory=None):
     from advisor.agent.probe_registry import build_probes
     from advisor.records.samples import OpStat
 
-    config = {"probes": names, "deep_steps": deep_steps, "deep_every": 0}
-    probes, warnings = build_probes(config)
+    settings = AgentSettings(probes=tuple(names), deep_steps=tuple(deep_steps), deep_every=0)
+    probes, warnings = build_probes(settings)
     assert not warnings
     emitted = []
-    agent = Agent(emit=emitted.append, config=config, probes=probes)
+    agent = Agent(emit=emitted.append, settings=settings, probes=probes)
     hooks = install(agent)
     try:
         torch.manual_seed(0)

@@ -7,18 +7,19 @@ import torch
 from advisor.agent.agent import Agent
 from advisor.agent.hooks import install
 from advisor.apply.executor import Executor
+from advisor.records.settings import AgentSettings
 
 
 def test_the_target_holds_the_scripts_optimizer_scheduler_and_models_and_a_remedy_changes_them() -> None:
     emitted: list = []
     # Step times here are noise: a huge margin keeps the keep/revert verdict out of this test.
-    agent = Agent(emit=emitted.append, config={"deep_steps": [], "apply_time_margin": 1e9})
+    agent = Agent(emit=emitted.append, settings=AgentSettings(deep_steps=(), apply_time_margin=1e9))
     hooks = install(agent)
     try:
         model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
         opt = torch.optim.AdamW(model.parameters(), lr=0.1, foreach=True)
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
-        ex = agent.executor = Executor(agent)  # the agent calls its executor at each boundary
+        ex = agent.executor = Executor(agent.context)  # the agent calls its executor at each boundary
         for step in range(6):
             if step == 1:
                 ex.submit({"type": "apply", "at_step": 2, "measure_steps": 1,
@@ -27,7 +28,7 @@ def test_the_target_holds_the_scripts_optimizer_scheduler_and_models_and_a_remed
             opt.step()
             opt.zero_grad()
             sched.step()
-        target = agent.target()
+        target = agent.objects.target()
     finally:
         hooks.remove()
     assert target.optimizers == [opt] and target.lr_schedulers == [sched]

@@ -21,6 +21,7 @@ from advisor.recommend.remedies import plan_order
 from advisor.records.advice import Prediction, Recommendation, parse_apply_class
 from advisor.records.remedy import command_digest
 from advisor.records.samples import StepSample
+from advisor.records.settings import AgentSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -87,12 +88,12 @@ def test_every_recommendation_has_an_apply_class() -> None:
         parse_apply_class("live")
 
 
-@pytest.mark.parametrize(("config", "extra", "applied"), [
-    ({}, {}, False),
-    ({"allow_inexact": True}, {}, True),
-    ({}, {"confirmed": True}, True),
+@pytest.mark.parametrize(("allow_inexact", "extra", "applied"), [
+    (False, {}, False),
+    (True, {}, True),
+    (False, {"confirmed": True}, True),
 ])
-def test_live_opt_in_needs_allow_inexact_or_a_confirmation(config, extra, applied) -> None:
+def test_live_opt_in_needs_allow_inexact_or_a_confirmation(allow_inexact, extra, applied) -> None:
     seen = []
 
     def apply_scale(target, *, factor: float):
@@ -102,7 +103,7 @@ def test_live_opt_in_needs_allow_inexact_or_a_confirmation(config, extra, applie
     registry.register("t_scale", apply_scale)
     try:
         model = torch.nn.Linear(2, 2)
-        ctx = FakeContext([model], config=config)
+        ctx = FakeContext([model], settings=AgentSettings(allow_inexact=allow_inexact))
         ex = Executor(ctx)
         ex.submit({"type": "apply", "at_step": 1, "measure_steps": 1, **extra,
                    "recommendation": {"id": "s", "remedy": "t_scale", "params": {"factor": 2.0},
@@ -158,7 +159,7 @@ def test_headless_refuses_live_opt_in_without_allow_inexact() -> None:
         live = LiveState()
         live.update(recommendations=[{"id": "bf16", "remedy": "t", "params": {}, "live": True,
                                       "apply_class": "live-opt-in"}])
-        session = SimpleNamespace(live=live, options=SimpleNamespace(agent_config={"allow_inexact": allow}),
+        session = SimpleNamespace(live=live, options=SimpleNamespace(settings=AgentSettings(allow_inexact=allow)),
                                   send_command=lambda c: sent.append(c) or True)
         return AdviceLoop(session, budget_bytes=None), sent
 
@@ -308,14 +309,14 @@ def test_a_rank_waits_at_the_boundary_before_the_step_asked_for_until_the_decisi
 
     def run(release_after: float | None, hold_s: float) -> list:
         emitted: list = []
-        agent = Agent(emit=emitted.append, config={"deep_steps": [], "apply_hold_step": 5, "apply_hold_s": hold_s})
+        agent = Agent(emit=emitted.append, settings=AgentSettings(deep_steps=(), apply_hold_step=5, apply_hold_s=hold_s))
         held = threading.Event()
-        real_wait = agent._decision.wait
+        real_wait = agent.hold._decision.wait
 
         def wait(timeout):
             held.set()
             return real_wait(timeout)
-        agent._decision.wait = wait  # type: ignore[method-assign]
+        agent.hold._decision.wait = wait  # type: ignore[method-assign]
         if release_after is not None:
             threading.Thread(target=lambda: held.wait(10) and time.sleep(release_after) is None
                              and agent.submit_command({"type": "release"}), daemon=True).start()

@@ -15,6 +15,7 @@ from advisor.apply.remedies.activation_checkpointing import is_checkpointed
 from advisor.apply.executor import Executor, decide
 from advisor.records.results import ApplyResult, Measurement
 from advisor.records.samples import Event, StepSample
+from advisor.records.settings import AgentSettings
 
 REC = {"id": "r1", "remedy": "activation_checkpointing", "params": {"modules": ["blocks.0", "blocks.2"]},
        "predicted": {"peak_memory_bytes": 1000, "step_time_s": 0.11}}
@@ -89,9 +90,9 @@ def events(ctx: FakeContext, name: str) -> list[Event]:
     return [r for r in ctx.of_kind("event") if r.name == name]
 
 
-def setup(config: dict | None = None):
+def setup(settings: AgentSettings | None = None):
     model, opt = make()
-    ctx = FakeContext([model], [opt], config=config)
+    ctx = FakeContext([model], [opt], settings=settings)
     return model, opt, ctx, Executor(ctx)
 
 
@@ -129,7 +130,7 @@ def test_applies_at_requested_step_measures_and_keeps() -> None:
 
 
 def test_over_budget_is_reverted_at_next_boundary_and_training_unchanged() -> None:
-    model, opt, ctx, ex = setup({"memory_budget_bytes": 1})
+    model, opt, ctx, ex = setup(AgentSettings(memory_budget_bytes=1))
     ex.submit({"type": "apply", "recommendation": REC, "at_step": 2, "measure_steps": 1})
     losses, flags = drive(ctx, ex, model, opt, 8)
     assert losses == baseline()
@@ -234,7 +235,7 @@ def test_user_revert_after_keep_and_cancel_before_apply() -> None:
 def test_a_revert_the_job_ended_before_is_interrupted_not_kept() -> None:
     """Decided over budget after step 3, reverted at boundary 4, which never came: the remedy was
     in force to the end, undecided in effect. It used to be reported "kept"."""
-    model, opt, ctx, ex = setup({"memory_budget_bytes": 1})
+    model, opt, ctx, ex = setup(AgentSettings(memory_budget_bytes=1))
     ex.submit({"type": "apply", "recommendation": REC, "at_step": 2, "measure_steps": 1})
     drive(ctx, ex, model, opt, 4)
     assert events(ctx, "apply_result") == []
@@ -296,13 +297,13 @@ def test_an_executor_made_after_the_first_steps_still_has_their_before_window() 
     from advisor.apply.executor import pair
 
     model, opt = make()
-    agent = Agent(emit=lambda r: None, config={"deep_steps": [], "probes": []})
+    agent = Agent(emit=lambda r: None, settings=AgentSettings(deep_steps=(), probes=()))
     hooks = install(agent)
     try:
         train(model, opt, 3)
     finally:
         hooks.remove()
-    assert [s.index for s in agent.recent_steps] == [0, 1, 2]
+    assert [s.index for s in agent.context.recent_steps] == [0, 1, 2]
     ctx = FakeContext([model], [opt])
     ctx.recent_steps = [StepSample(index=i, time_s=0.5 if i in (1, 2, 3) else 0.1, deep=i in (1, 2, 3),
                                    peak_memory_bytes=100 if i in (1, 2, 3) else None) for i in range(6)]
@@ -432,13 +433,13 @@ def test_a_rank_holds_before_the_step_asked_for_until_its_wait_is_over() -> None
     (while the boundary's own work runs, the step count already says K-1), false after it."""
     from advisor.agent.agent import Agent
 
-    agent = Agent(emit=lambda record: None, config={"apply_hold_step": 5, "deep_steps": []})
+    agent = Agent(emit=lambda record: None, settings=AgentSettings(apply_hold_step=5, deep_steps=()))
     for step in (0, 3, 4):
-        agent._step = step
-        assert agent.holds_before(5) and not agent.holds_before(6)
-    agent._decision.set()  # the decision is in: the wait returns at once
-    agent._hold_for_decision()
-    assert not agent.holds_before(5)
+        agent.clock.step = step
+        assert agent.context.holds_before(5) and not agent.context.holds_before(6)
+    agent.hold.decided()  # the decision is in: the wait returns at once
+    agent.hold.wait_if_due(waits=True, flush=lambda: None)
+    assert not agent.context.holds_before(5)
 
 
 def test_a_revert_asked_for_during_the_window_reports_it_on_the_devices_timeline_too() -> None:

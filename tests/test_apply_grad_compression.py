@@ -23,6 +23,7 @@ from advisor.apply.remedies.grad_compression import apply_grad_compression
 from advisor.apply.target import Target
 from advisor.records.commands import ApplyCommand
 from advisor.records.samples import StepSample
+from advisor.records.settings import AgentSettings
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch without distributed")
 
@@ -36,23 +37,16 @@ def group(tmp_path_factory):
     dist.destroy_process_group()
 
 
-class FakeAgent:
-    rank, step = 0, 0
-
-    def __init__(self, config: dict | None = None) -> None:
-        self.config = config or {}  # no allow_inexact: the switch is installed all the same
-
-    def optimizer_created(self, opt) -> None:
-        pass
-
-    def emit(self, record) -> None:
-        pass
+def _install(capture: Capture, undo: list, *, comm_switch_on: bool) -> None:
+    # No allow_inexact anywhere: the switch is installed all the same.
+    capture.install(undo.append, on_optimizer=lambda opt: None, notify=lambda name, data: None,
+                    comm_switch_on=comm_switch_on)
 
 
 @pytest.fixture
 def captured():
     capture, undo = Capture(), []
-    capture.install(FakeAgent(), undo.append)
+    _install(capture, undo, comm_switch_on=True)
     yield capture
     for fn in reversed(undo):
         fn()
@@ -61,7 +55,7 @@ def captured():
 @pytest.fixture
 def opted_out():
     capture, undo = Capture(), []
-    capture.install(FakeAgent({"comm_switch": False}), undo.append)
+    _install(capture, undo, comm_switch_on=False)
     yield capture
     for fn in reversed(undo):
         fn()
@@ -195,7 +189,7 @@ def test_the_tuis_confirmation_is_enough_consent_without_allow_inexact(group, ca
            "apply_class": "live-opt-in"}
     outcomes: list[str] = []
     for confirmed in (False, True):
-        ctx = Ctx([ddp], config={})  # attached without --allow-inexact
+        ctx = Ctx([ddp], settings=AgentSettings())  # attached without --allow-inexact
         ex = Executor(ctx)
         ex.submit(ApplyCommand(recommendation=rec, at_step=1, measure_steps=1, confirmed=confirmed))
         for i in range(2):

@@ -14,6 +14,7 @@ from advisor.apply.executor import Executor
 from advisor.apply.model_names import resolve_model_names
 from advisor.apply.target import Target
 from advisor.records.commands import ApplyCommand
+from advisor.records.settings import AgentSettings
 
 
 class Generator(nn.Module):
@@ -37,14 +38,14 @@ class Discriminator(nn.Module):
 def test_a_prefixed_name_is_applied_to_that_models_module() -> None:
     emitted: list = []
     # Step times here are noise: a huge margin keeps the keep/revert verdict out of this test.
-    agent = Agent(emit=emitted.append, config={"deep_steps": [], "apply_time_margin": 1e9})
+    agent = Agent(emit=emitted.append, settings=AgentSettings(deep_steps=(), apply_time_margin=1e9))
     hooks = install(agent)
     try:
         torch.manual_seed(0)
         netG, netD = Generator(), Discriminator()
         optG = torch.optim.SGD(netG.parameters(), lr=0.01)
         optD = torch.optim.SGD(netD.parameters(), lr=0.01)
-        ex = agent.executor = Executor(agent)
+        ex = agent.executor = Executor(agent.context)
         for step in range(5):
             if step == 1:
                 ex.submit(ApplyCommand(recommendation={"id": "ckpt", "remedy": "activation_checkpointing",
@@ -56,7 +57,7 @@ def test_a_prefixed_name_is_applied_to_that_models_module() -> None:
             optG.zero_grad()
             netD(netG(torch.randn(3, 4))).mean().backward()
             optG.step()
-        labels = agent.model_labels()
+        labels = agent.objects.model_labels()
     finally:
         hooks.remove()
     assert sorted(labels) == ["netD", "netG"]

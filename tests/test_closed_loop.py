@@ -96,6 +96,7 @@ def test_tui_applies_on_a_live_job_and_survives_an_injected_failure(monkeypatch,
     The job runs until the test stops it: a fixed step count raced the app on a loaded machine."""
     from advisor.advice import AdviceLoop
     from advisor.live_source import SessionSource
+    from advisor.records.settings import AgentSettings
     from advisor.session import AttachOptions, Session
     from advisor.tui import make_app
 
@@ -114,8 +115,8 @@ def test_tui_applies_on_a_live_job_and_survives_an_injected_failure(monkeypatch,
     budget = int(0.7 * measured_peak)
     session = Session(AttachOptions(script=str(ROOT / "examples" / "gpt.py"), args=["--steps", "1000000"],
                                     capture_output=True,
-                                    agent_config={"probes": ["memory"], "deep_steps": [1, 2, 3], "deep_every": 0,
-                                                  "memory_budget_bytes": budget}))
+                                    settings=AgentSettings(probes=("memory",), deep_steps=(1, 2, 3), deep_every=0,
+                                                           memory_budget_bytes=budget)))
     advice = AdviceLoop(session, budget_bytes=budget)
     session.add_listener(advice.on_record)
     session.start()

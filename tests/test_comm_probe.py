@@ -11,6 +11,7 @@ from fakes import FakeContext
 
 from advisor.probes.comm.bench import main as bench_main
 from advisor.probes.comm.probe import CommProbe
+from advisor.records.settings import AgentSettings
 
 
 @pytest.fixture
@@ -26,7 +27,7 @@ def _phase(probe: CommProbe, ctx: FakeContext, name: str) -> None:
 
 
 def test_explicit_calls_recorded_with_bytes_and_seq(world_of_one):
-    ctx = FakeContext(config={})
+    ctx = FakeContext(settings=AgentSettings())
     probe = CommProbe()
     probe.attach(ctx)
     try:

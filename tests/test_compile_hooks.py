@@ -17,6 +17,7 @@ from torch._dynamo.utils import counters
 from advisor.agent.agent import Agent
 from advisor.agent.hooks import install
 from advisor.records.samples import ModelInfo
+from advisor.records.settings import AgentSettings
 
 
 def _train_compiled(steps: int = 4) -> tuple[int, int, list[float]]:
@@ -43,7 +44,7 @@ def _train_compiled(steps: int = 4) -> tuple[int, int, list[float]]:
 def test_compiled_model_has_no_more_graph_breaks_or_recompiles_under_the_agent():
     bare = _train_compiled()
     emitted: list = []
-    agent = Agent(emit=emitted.append, config={"deep_steps": []})
+    agent = Agent(emit=emitted.append, settings=AgentSettings(deep_steps=()))
     hooks = install(agent)
     try:
         attached = _train_compiled()

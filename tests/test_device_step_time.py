@@ -14,6 +14,7 @@ from advisor.agent.agent import Agent
 from advisor.agent.hooks import install
 from advisor.recommend.profile import profile_from_memory
 from advisor.records.samples import StepSample
+from advisor.records.settings import AgentSettings
 
 
 class _Clock:
@@ -49,19 +50,19 @@ def test_the_agent_pairs_an_event_where_each_step_began_with_one_at_its_boundary
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     emitted: list = []
-    agent = Agent(emit=emitted.append, config={"deep_steps": []})
-    after_boundary = agent._after_boundary
+    agent = Agent(emit=emitted.append, settings=AgentSettings(deep_steps=()))
+    after_boundary = agent.boundaries._after_boundary
 
     def advisor_work(**kw):
         _Clock.now += 10.0
         after_boundary(**kw)
 
-    monkeypatch.setattr(agent, "_after_boundary", advisor_work)
+    monkeypatch.setattr(agent.boundaries, "_after_boundary", advisor_work)
     hooks = install(agent)
     try:
         model(torch.randn(2, 4)).sum().backward()
         opt.step()
-        agent.device = torch.device("cuda")  # from here on, as a CUDA model's parameters make it
+        agent.objects.device = torch.device("cuda")  # from here on, as a CUDA model's parameters make it
         for _ in range(3):
             _Clock.now += 0.5
             model(torch.randn(2, 4)).sum().backward()
@@ -78,7 +79,7 @@ def test_the_agent_pairs_an_event_where_each_step_began_with_one_at_its_boundary
     assert [round(s.device_time_s, 6) for s in steps[2:]] == [0.75, 0.75]
     assert all(s.time_s < 0.5 for s in steps)  # the host's clock barely moved
     # What the executor times its before and after windows with (apply/executor.py::_on_device).
-    assert {i: round(t, 6) for i, t in agent.device_step_times().items()} == {2: 0.75, 3: 0.75}
+    assert {i: round(t, 6) for i, t in agent.context.device_step_times().items()} == {2: 0.75, 3: 0.75}
     assert streams and all(d == torch.device("cuda") for d in streams)  # the job's device's stream
 
 
@@ -100,14 +101,14 @@ def test_on_cuda_a_step_after_a_synchronised_boundary_reads_its_kernels(monkeypa
     model = torch.nn.Linear(8, 8).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     emitted: list = []
-    agent = Agent(emit=emitted.append, config={"deep_steps": []})
-    after_boundary = agent._after_boundary
+    agent = Agent(emit=emitted.append, settings=AgentSettings(deep_steps=()))
+    after_boundary = agent.boundaries._after_boundary
 
     def synchronised(**kw):
         torch.cuda.synchronize()
         after_boundary(**kw)
 
-    monkeypatch.setattr(agent, "_after_boundary", synchronised)
+    monkeypatch.setattr(agent.boundaries, "_after_boundary", synchronised)
     # Load every kernel the steps launch first: with lazy module loading (CUDA's default) the
     # first launch of a kernel can wait for the device, and in a fresh process step 1's first
     # gradient accumulation did, so its host time read the sleep (26.5 ms for 26.0 ms of kernels).
@@ -137,4 +138,4 @@ def test_on_cuda_a_step_after_a_synchronised_boundary_reads_its_kernels(monkeypa
         kernels = start.elapsed_time(end) / 1e3
         assert s.device_time_s == pytest.approx(kernels, rel=0.15, abs=2e-3), (s.device_time_s, kernels)
         assert s.time_s < 0.5 * kernels, (s.time_s, kernels)  # the host returned from the launches long before
-        assert agent.device_step_times()[s.index] == s.device_time_s  # the executor's windows read these
+        assert agent.context.device_step_times()[s.index] == s.device_time_s  # the executor's windows read these

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import recorded
 
-from advisor.cli import agent_config, build_parser, main
+from advisor.cli import agent_settings, build_parser, main
 from advisor.records.units import parse_rate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,8 +30,8 @@ def test_parse_rate_refuses(text: str) -> None:
 
 def test_attach_passes_the_override_to_the_agent_and_refuses_bad_input(capsys) -> None:
     ns = build_parser().parse_args(["attach", "--host-link-bandwidth", "25GB/s", TINY])
-    assert agent_config(ns)["host_link_bandwidth"] == 25e9
-    assert agent_config(build_parser().parse_args(["attach", TINY]))["host_link_bandwidth"] is None
+    assert agent_settings(ns).host_link_bandwidth == 25e9
+    assert agent_settings(build_parser().parse_args(["attach", TINY])).host_link_bandwidth is None
     for command in (["attach", "--headless", "--host-link-bandwidth", "fast", TINY],
                     ["plan", "latest", "-o", "p.json", "--host-link-bandwidth", "0GB/s"]):
         assert main(command) == 2

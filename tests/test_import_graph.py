@@ -1,137 +1,161 @@
-"""The package table of docs/architecture.md, checked statically on every import statement
-(function-level ones included), so a deferred import cannot hide a forbidden dependency."""
+"""The package table of docs/architecture.md, checked statically on every import of every module.
+
+``check_tree(root)`` reads the source tree under ``root`` and returns every problem it finds, one
+line each; the real tree must have none, and a copy of it with one violation injected must show
+that violation (the second half of this file), so the checker cannot quietly go blind. It checks:
+
+- our packages import only the packages of ours the table allows (function-level and
+  ``TYPE_CHECKING`` imports included: a typing dependency is a dependency of the design);
+- third-party imports against an allowlist per package (``records``: the standard library
+  only); ``TYPE_CHECKING`` imports of third-party names are left out (they never run: the records'
+  typing protocols name torch types);
+- ``importlib.import_module`` and ``__import__`` (however spelt or aliased) only in the CLI, the
+  TUI and the training process's bootstrap, or, with a name that is not a literal, as the named
+  plug-in discoveries of a package's own modules; a literal name counts as an import of it;
+- no import cycle among our modules, ``TYPE_CHECKING`` imports included;
+- no module reachable from the report paths imports torch (the runtime closure from the
+  report, its sections, the comparisons, the planning path and ``recommend/``);
+- ``TYPE_CHECKING`` is honoured only when it is ``typing``'s and never assigned in the module.
+"""
+
+from __future__ import annotations
 
 import ast
+import shutil
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Source folder -> the package it is installed as. advisor/probes, advisor/apply and
-# advisor/recommend are links to the top-level folders, which are read once, under their own names.
+# Package -> its source folder under the root. advisor/probes, advisor/apply and advisor/recommend
+# are links to the top-level folders, which are read once, under their installed names.
 SOURCES = {
-    "advisor.records": ROOT / "advisor" / "records",
-    "advisor.agent": ROOT / "advisor" / "agent",
-    "advisor.probes": ROOT / "probes",
-    "advisor.apply": ROOT / "apply",
-    "advisor.recommend": ROOT / "recommend",
+    "advisor.records": ("advisor", "records"),
+    "advisor.agent": ("advisor", "agent"),
+    "advisor.probes": ("probes",),
+    "advisor.apply": ("apply",),
+    "advisor.recommend": ("recommend",),
 }
 OURS = tuple(SOURCES)
 CONTROLLER = "advisor (controller)"
+BARE = ("probes", "apply", "recommend", "agent", "records")  # our folders, never imported by these names
 
-# package -> (packages of ours it may import, third-party top-level names it must not import)
-TABLE: dict[str, tuple[set[str], set[str]]] = {
-    "advisor.records": ({"advisor.records"}, {"torch", "numpy", "textual", "rich", "pynvml"}),
-    "advisor.probes": ({"advisor.probes", "advisor.records"}, {"textual", "rich"}),
-    "advisor.apply": ({"advisor.apply", "advisor.records"}, {"textual", "rich", "numpy", "pynvml"}),
-    "advisor.recommend": ({"advisor.recommend", "advisor.records"}, {"torch", "textual", "rich", "pynvml"}),
-    "advisor.agent": ({"advisor.agent", "advisor.probes", "advisor.apply", "advisor.records"},
-                      {"textual", "rich"}),
-    CONTROLLER: ({CONTROLLER, "advisor.recommend", "advisor.records"}, {"pynvml"}),
+# package -> the packages of ours it may import
+TABLE: dict[str, set[str]] = {
+    "advisor.records": {"advisor.records"},
+    "advisor.probes": {"advisor.probes", "advisor.records"},
+    "advisor.apply": {"advisor.apply", "advisor.records"},
+    "advisor.recommend": {"advisor.recommend", "advisor.records"},
+    "advisor.agent": {"advisor.agent", "advisor.probes", "advisor.apply", "advisor.records"},
+    CONTROLLER: {CONTROLLER, "advisor.recommend", "advisor.records"},
 }
-# Named exceptions to the table, each with its reason.
-EXCEPTIONS: dict[tuple[str, str], str] = {}
+# package -> the third-party top-level names it may import (the standard library is always allowed)
+THIRD_PARTY: dict[str, set[str]] = {
+    "advisor.records": set(),
+    "advisor.probes": {"torch", "numpy", "pynvml"},
+    "advisor.apply": {"torch"},
+    "advisor.recommend": {"numpy"},
+    "advisor.agent": {"torch"},
+    CONTROLLER: set(),
+}
+# Controller modules that draw: rich for the reports and progress lines, textual for the TUI.
+TUI = ("advisor.tui",)  # the package and everything under it
+RENDER = ("advisor.render", "advisor.diff_render", "advisor.listing", "advisor.progress", "advisor.sections")
+TUI_LIBRARIES = {"textual", "textual_plotext", "rich"}
+RENDER_LIBRARIES = {"rich"}
+
+# Where importlib.import_module / __import__ may name modules: the CLI, the TUI, the bootstrap.
+DYNAMIC_OK = ("advisor.cli", "advisor.tui", "advisor.agent.bootstrap")
+# Plug-in discovery: a package's own modules, found by name, each with the package it scans.
+DISCOVERY: dict[str, tuple[str, str]] = {
+    "advisor.apply.registry": ("advisor.apply.remedies", "an applier per remedy module, found by name"),
+    "advisor.recommend.remedies": ("advisor.recommend.remedies", "a predictor per remedy module, found by name"),
+    "advisor.recommend.rules": ("advisor.recommend.rules", "a rule per module, found by name"),
+}
+# The report paths: these modules, and everything they import at run time, never import torch.
+REPORT_ENTRIES = ("advisor.report", "advisor.sections", "advisor.diff", "advisor.diff_render", "advisor.diff_cli",
+                  "advisor.report_markdown", "advisor.planning", "advisor.recommend")
+
+# Deferred imports of our own modules that are allowed, each with its reason; any other
+# function-level import of ours would hide a dependency from a reader of the module's head.
+DEFERRED: dict[str, str] = {
+    "advisor.cli": "per-command imports keep `advisor --help` and `advisor sessions` fast",
+    "advisor.tui": "textual loads only when the TUI is built (headless never imports it)",
+    "advisor.agent.bootstrap": "the training process imports the agent after setting up sys.path",
+}
 
 
-def _files() -> list[tuple[str, Path]]:
+@dataclass
+class Import:
+    name: str  # the module imported (``from a import b``: ``a.b`` when that is a module, else ``a``)
+    line: int
+    typing_only: bool = False  # under ``if TYPE_CHECKING:``
+    deferred: bool = False  # inside a function
+    dynamic: bool = False  # importlib.import_module / __import__ with this literal name
+
+
+@dataclass
+class Module:
+    name: str
+    path: Path
+    imports: list[Import] = field(default_factory=list)
+    # importlib.import_module / __import__ calls whose name is not a literal: (line, package-local)
+    opaque: list[tuple[int, bool]] = field(default_factory=list)
+
+
+def _is_under(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def _files(root: Path) -> list[tuple[str, Path]]:
     out = []
-    for package, folder in SOURCES.items():
-        for path in folder.rglob("*.py"):
+    for package, parts in SOURCES.items():
+        folder = root.joinpath(*parts)
+        for path in sorted(folder.rglob("*.py")):
             rel = path.relative_to(folder).with_suffix("")
-            parts = [p for p in rel.parts if p != "__init__"]
-            out.append((".".join([package, *parts]), path))
-    for path in (ROOT / "advisor").rglob("*.py"):
-        rel = path.relative_to(ROOT / "advisor")
+            out.append((".".join([package, *(p for p in rel.parts if p != "__init__")]), path))
+    for path in sorted((root / "advisor").rglob("*.py")):
+        rel = path.relative_to(root / "advisor")
         if rel.parts[0] in ("records", "agent", "probes", "apply", "recommend"):
             continue
-        parts = [p for p in rel.with_suffix("").parts if p != "__init__"]
-        out.append((".".join(["advisor", *parts]), path))
+        out.append((".".join(["advisor", *(p for p in rel.with_suffix("").parts if p != "__init__")]), path))
     return out
 
 
 def _package_of(module: str) -> str:
     for package in OURS:
-        if module == package or module.startswith(package + "."):
+        if _is_under(module, (package,)):
             return package
     return CONTROLLER
 
 
-def _imports(path: Path, module: str) -> list[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
-    typing_only = {id(n) for block in ast.walk(tree)  # `if TYPE_CHECKING:` imports never run
-                   if isinstance(block, ast.If) and getattr(block.test, "id", None) == "TYPE_CHECKING"
-                   for stmt in block.body for n in ast.walk(stmt)}
-    names = []
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
-        if isinstance(node, ast.Import):
-            names += [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:  # relative: resolve against this module's package
-                base = module.split(".")
-                is_pkg = path.name == "__init__.py"
-                base = base[: len(base) - node.level + (1 if is_pkg else 0)]
-                names.append(".".join(base + ([node.module] if node.module else [])))
-            elif node.module:
-                names.append(node.module)
-    return names
+def _type_checking_blocks(tree: ast.Module) -> set[int]:
+    """ids of the nodes inside ``if TYPE_CHECKING:`` bodies, when that name is typing's own and
+    is never assigned in the module (a module's own ``TYPE_CHECKING = True`` runs its imports)."""
+    from_typing = any(isinstance(n, ast.ImportFrom) and n.module == "typing"
+                      and any(a.name == "TYPE_CHECKING" and a.asname is None for a in n.names)
+                      for n in ast.walk(tree))
+    typing_module = any(isinstance(n, ast.Import) and any(a.name == "typing" and a.asname is None for a in n.names)
+                        for n in ast.walk(tree))
+    assigned = any(isinstance(n, ast.Name) and n.id == "TYPE_CHECKING" and isinstance(n.ctx, ast.Store)
+                   for n in ast.walk(tree))
+    if assigned:
+        return set()
+
+    def honoured(test: ast.expr) -> bool:
+        if isinstance(test, ast.Name):
+            return test.id == "TYPE_CHECKING" and from_typing
+        return (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+                and isinstance(test.value, ast.Name) and test.value.id == "typing" and typing_module)
+
+    return {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and honoured(block.test)
+            for stmt in block.body for n in ast.walk(stmt)}  # the ``else`` branch runs: not here
 
 
-def test_every_import_respects_the_package_table():
-    problems = []
-    files = _files()
-    assert len(files) > 50
-    for module, path in files:
-        package = _package_of(module)
-        allowed, banned = TABLE[package]
-        for name in _imports(path, module):
-            top = name.split(".")[0]
-            if top in ("probes", "apply", "recommend", "agent", "records"):
-                problems.append(f"{module}: imports {name!r} by its bare name; use advisor.{name}")
-            elif top == "advisor":
-                target = _package_of(name)
-                if target not in allowed and (module, target) not in EXCEPTIONS:
-                    problems.append(f"{module} ({package}) may not import {name} ({target})")
-            elif top in banned:
-                problems.append(f"{module} ({package}) may not import {top}")
-    assert problems == []
-
-
-def test_the_checker_sees_a_violation(tmp_path):
-    bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from advisor.agent import hooks\n    import torch\n")
-    assert _imports(bad, "advisor.recommend.bad") == ["advisor.agent", "torch"]
-
-
-def _edges(path: Path, module: str, known: set[str]) -> set[str]:
-    """Our modules that ``module`` imports (function-level included, ``TYPE_CHECKING`` left out).
-
-    ``from package import name`` counts as importing ``package.name`` when that is a module, else
-    ``package``. A module importing its parent package first (Python always does) is not an edge.
-    """
-    tree = ast.parse(path.read_text(), filename=str(path))
-    typing_only = {id(n) for block in ast.walk(tree)
-                   if isinstance(block, ast.If) and getattr(block.test, "id", None) == "TYPE_CHECKING"
-                   for stmt in block.body for n in ast.walk(stmt)}
-    out: set[str] = set()
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
-        if isinstance(node, ast.Import):
-            out.update(a.name for a in node.names if a.name in known)
-        elif isinstance(node, ast.ImportFrom):
-            base = _imports_from_base(node, module, path)
-            for alias in node.names:
-                sub = f"{base}.{alias.name}"
-                if sub in known:
-                    out.add(sub)
-                elif base in known:
-                    out.add(base)
-    out.discard(module)
-    return out
-
-
-def _imports_from_base(node: ast.ImportFrom, module: str, path: Path) -> str:
+def _resolve_from(node: ast.ImportFrom, module: str, path: Path) -> str:
     if not node.level:
         return node.module or ""
     parts = module.split(".")
@@ -139,7 +163,160 @@ def _imports_from_base(node: ast.ImportFrom, module: str, path: Path) -> str:
     return ".".join(parts + ([node.module] if node.module else []))
 
 
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+def _dynamic_callers(tree: ast.Module) -> tuple[set[str], set[str]]:
+    """(names bound to the importlib module, names bound to a dynamic-import function) in this module."""
+    modules, functions = {"importlib"}, {"__import__"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "importlib":
+                    modules.add(alias.asname or "importlib")
+                elif alias.name == "builtins":
+                    modules.add(alias.asname or "builtins")
+        elif isinstance(node, ast.ImportFrom) and node.module in ("importlib", "builtins"):
+            for alias in node.names:
+                if alias.name in ("import_module", "__import__"):
+                    functions.add(alias.asname or alias.name)
+    return modules, functions
+
+
+def _is_dynamic_import(call: ast.Call, modules: set[str], functions: set[str]) -> bool:
+    func = call.func
+    if isinstance(func, ast.Name):
+        return func.id in functions
+    return (isinstance(func, ast.Attribute) and func.attr in ("import_module", "__import__")
+            and isinstance(func.value, ast.Name) and func.value.id in modules)
+
+
+def _package_local(arg: ast.expr) -> bool:
+    """``f"{__name__}.{x}"`` or ``f"{package.__name__}.{x}"``: a module of the package itself."""
+    if not isinstance(arg, ast.JoinedStr) or len(arg.values) < 2:
+        return False
+    head, dot = arg.values[0], arg.values[1]
+    named = isinstance(head, ast.FormattedValue) and (
+        (isinstance(head.value, ast.Name) and head.value.id == "__name__")
+        or (isinstance(head.value, ast.Attribute) and head.value.attr == "__name__"))
+    return named and isinstance(dot, ast.Constant) and str(dot.value).startswith(".")
+
+
+def read_module(name: str, path: Path, known: set[str]) -> Module:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    typing_only = _type_checking_blocks(tree)
+    in_function = {id(n) for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+                   for n in ast.walk(fn) if n is not fn}
+    modules, functions = _dynamic_callers(tree)
+    found = Module(name, path)
+    for node in ast.walk(tree):
+        flags = {"typing_only": id(node) in typing_only, "deferred": id(node) in in_function}
+        if isinstance(node, ast.Import):
+            found.imports += [Import(a.name, node.lineno, **flags) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve_from(node, name, path)
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.imports.append(Import(sub if sub in known else base, node.lineno, **flags))
+        elif isinstance(node, ast.Call) and _is_dynamic_import(node, modules, functions) and node.args:
+            arg = node.args[0]
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                found.imports.append(Import(arg.value, node.lineno, dynamic=True, **flags))
+            else:
+                found.opaque.append((node.lineno, _package_local(arg)))
+    return found
+
+
+def read_tree(root: Path) -> dict[str, Module]:
+    files = _files(root)
+    known = {name for name, _ in files}
+    return {name: read_module(name, path, known) for name, path in files}
+
+
+def _ours(name: str, known: set[str]) -> str | None:
+    """The module of ours ``name`` is (or the nearest package of ours holding it), else None."""
+    parts = name.split(".")
+    while parts and ".".join(parts) not in known:
+        parts.pop()
+    return ".".join(parts) if parts and parts[0] == "advisor" else None
+
+
+def _allowed_third_party(module: str) -> set[str]:
+    package = _package_of(module)
+    allowed = set(THIRD_PARTY[package])
+    if package == CONTROLLER and _is_under(module, TUI):
+        allowed |= TUI_LIBRARIES
+    elif package == CONTROLLER and _is_under(module, RENDER):
+        allowed |= RENDER_LIBRARIES
+    return allowed
+
+
+def _table_problems(tree: dict[str, Module]) -> list[str]:
+    problems = []
+    for module in tree.values():
+        package = _package_of(module.name)
+        for imp in module.imports:
+            top = imp.name.split(".")[0]
+            where = f"{module.name}:{imp.line}"
+            if top in BARE:
+                problems.append(f"{where} imports {imp.name!r} by its bare name; use advisor.{imp.name}")
+            elif top == "advisor":
+                target = _package_of(imp.name)
+                if target not in TABLE[package]:
+                    problems.append(f"{where} ({package}) may not import {imp.name} ({target})")
+            elif top not in sys.stdlib_module_names and not imp.typing_only:
+                if top not in _allowed_third_party(module.name):
+                    problems.append(f"{where} ({package}) may not import the third-party package {top}")
+    return problems
+
+
+def _dynamic_problems(tree: dict[str, Module]) -> list[str]:
+    problems = []
+    for module in tree.values():
+        if _is_under(module.name, DYNAMIC_OK):
+            continue
+        for imp in module.imports:
+            if imp.dynamic and imp.name.split(".")[0] in ("advisor", *BARE):
+                problems.append(f"{module.name}:{imp.line} imports {imp.name} by importlib/__import__; "
+                                "import it by name (dynamic imports of ours: the CLI, the TUI and the bootstrap only)")
+        for line, local in module.opaque:
+            if not (local and module.name in DISCOVERY):
+                problems.append(f"{module.name}:{line} calls importlib/__import__ with a computed name "
+                                "(allowed only as a named plug-in discovery of the package's own modules)")
+    return problems
+
+
+def _deferred_problems(tree: dict[str, Module]) -> list[str]:
+    problems = []
+    for module in tree.values():
+        ours = [imp for imp in module.imports if imp.deferred and not imp.dynamic and imp.name.startswith("advisor")]
+        if module.name in DEFERRED:
+            if not ours:
+                problems.append(f"{module.name}: named in DEFERRED but imports nothing of ours lazily any more")
+        else:
+            problems += [f"{module.name}:{imp.line} imports {imp.name} inside a function" for imp in ours]
+    return problems
+
+
+def graph(tree: dict[str, Module], *, typing: bool, discovery: bool) -> dict[str, set[str]]:
+    """Our modules -> our modules each imports (``typing``: ``TYPE_CHECKING`` imports too;
+    ``discovery``: a plug-in discovery imports every module of the package it scans). A module's
+    import of a package that holds it is no edge (Python imports the parents first anyway)."""
+    known = set(tree)
+    out: dict[str, set[str]] = {}
+    for module in tree.values():
+        edges = set()
+        for imp in module.imports:
+            target = _ours(imp.name, known)
+            if target is None or (imp.typing_only and not typing) or _is_under(module.name, (target,)):
+                continue
+            edges.add(target)
+        if discovery and module.name in DISCOVERY and module.opaque:
+            scanned = DISCOVERY[module.name][0]
+            edges |= {m for m in known if m.rsplit(".", 1)[0] == scanned and m != module.name}
+        edges.discard(module.name)
+        out[module.name] = edges
+    return out
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     """One cycle per strongly connected component of more than one module (Tarjan's algorithm)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -151,7 +328,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         index[node] = low[node] = len(index)
         stack.append(node)
         on_stack.add(node)
-        for nxt in sorted(graph.get(node, ())):
+        for nxt in sorted(edges.get(node, ())):
             if nxt not in index:
                 visit(nxt)
                 low[node] = min(low[node], low[nxt])
@@ -168,52 +345,137 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
             if len(component) > 1:
                 found.append(sorted(component))
 
-    for node in sorted(graph):
+    for node in sorted(edges):
         if node not in index:
             visit(node)
     return found
 
 
-def test_no_import_cycles_among_our_modules():
-    files = _files()
-    known = {module for module, _ in files}
-    graph = {module: _edges(path, module, known) for module, path in files}
-    assert sum(len(v) for v in graph.values()) > 100  # the graph really was read
-    assert _cycles(graph) == []
+def _torch_problems(tree: dict[str, Module]) -> list[str]:
+    """Every module reachable at run time from a report entry point that imports torch, with the path."""
+    edges = graph(tree, typing=False, discovery=True)
+    came_from: dict[str, str | None] = {m: None for m in tree if _is_under(m, REPORT_ENTRIES)}
+    queue = sorted(came_from)
+    while queue:
+        module = queue.pop()
+        for nxt in sorted(edges[module]):
+            if nxt not in came_from:
+                came_from[nxt] = module
+                queue.append(nxt)
+    problems = []
+    for module in sorted(came_from):
+        torch_lines = [imp.line for imp in tree[module].imports
+                       if imp.name.split(".")[0] == "torch" and not imp.typing_only]
+        if torch_lines:
+            path, step = [module], came_from[module]
+            while step is not None:
+                path.append(step)
+                step = came_from[step]
+            problems.append(f"torch on a report path: {' <- '.join(path)} (line {torch_lines[0]})")
+    return problems
 
 
-def test_the_cycle_check_sees_a_cycle_through_a_function_level_import(tmp_path):
-    a, b = tmp_path / "a.py", tmp_path / "b.py"
-    a.write_text("from advisor.x import b\n")
-    b.write_text("def f():\n    import advisor.x.a\n")
-    known = {"advisor.x.a", "advisor.x.b"}
-    graph = {"advisor.x.a": _edges(a, "advisor.x.a", known), "advisor.x.b": _edges(b, "advisor.x.b", known)}
-    assert _cycles(graph) == [["advisor.x.a", "advisor.x.b"]]
+def check_tree(root: Path) -> list[str]:
+    """Every violation of the import rules in the source tree under ``root``, one line each."""
+    tree = read_tree(root)
+    problems = _table_problems(tree) + _dynamic_problems(tree) + _deferred_problems(tree)
+    problems += [f"import cycle, TYPE_CHECKING imports included: {' -> '.join(c)}"
+                 for c in cycles(graph(tree, typing=True, discovery=False))]
+    return problems + _torch_problems(tree)
 
 
-# Deferred imports of our own modules that are allowed, each with its reason; any other
-# function-level import of ours would hide a dependency from a reader of the module's head.
-DEFERRED: dict[str, str] = {
-    "advisor.cli": "per-command imports keep `advisor --help` and `advisor sessions` fast",
-    "advisor.tui": "textual loads only when the TUI is built (headless never imports it)",
-    "advisor.agent.bootstrap": "the training process imports the agent after setting up sys.path",
+# -- the real tree -------------------------------------------------------------------------
+
+def test_the_tree_keeps_every_import_rule() -> None:
+    tree = read_tree(ROOT)
+    assert len(tree) > 200  # the tree really was read
+    assert sum(len(v) for v in graph(tree, typing=True, discovery=False).values()) > 500
+    assert check_tree(ROOT) == []
+
+
+def test_every_named_exception_is_still_used() -> None:
+    tree = read_tree(ROOT)
+    assert all(tree[m].opaque for m in DISCOVERY), "a discovery exception no longer discovers anything"
+    assert set(DEFERRED) <= set(tree)
+
+
+# -- copies of the tree with one violation each: the checker must see it -------------------
+
+def _copy(tmp_path: Path) -> Path:
+    root = tmp_path / "tree"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(ROOT / "advisor", root / "advisor", symlinks=True, ignore=ignore)
+    for folder in ("probes", "apply", "recommend"):
+        shutil.copytree(ROOT / folder, root / folder, ignore=ignore)
+    return root
+
+
+def _append(path: Path, text: str) -> None:
+    path.write_text(path.read_text() + "\n" + text)
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> Path:
+    root = _copy(tmp_path_factory.mktemp("pristine"))
+    assert check_tree(root) == []  # the copy itself is clean: what a test injects is what it finds
+    return root
+
+
+def _inject(tmp_path: Path, pristine: Path, edits: dict[str, str]) -> list[str]:
+    root = tmp_path / "tree"
+    shutil.copytree(pristine, root, symlinks=True)
+    for rel, text in edits.items():
+        path = root / rel
+        if path.exists():
+            _append(path, text)
+        else:
+            path.write_text(text)
+    return check_tree(root)
+
+
+INJECTED = {
+    "torch in a report section": (
+        {"advisor/sections/memory.py": "import torch\n"},
+        ["advisor.sections.memory:", "may not import the third-party package torch",
+         "torch on a report path: advisor.sections.memory"]),
+    "an importlib import of the executor in the report": (
+        {"advisor/report.py": "import importlib\n\ndef _x():\n    return importlib.import_module(\"advisor.apply.executor\")\n"},
+        ["advisor.report:", "imports advisor.apply.executor by importlib/__import__",
+         "may not import advisor.apply.executor (advisor.apply)",
+         "torch on a report path: advisor.apply.executor <- advisor.report"]),
+    "a third-party package in the records": (
+        {"advisor/records/units.py": "import requests  # noqa\n"},
+        ["advisor.records.units:", "may not import the third-party package requests"]),
+    "a cycle made only of TYPE_CHECKING imports": (
+        {"advisor/records/_cycle_a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                        "    from advisor.records._cycle_b import B\n",
+         "advisor/records/_cycle_b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                        "    from advisor.records._cycle_a import A\n"},
+        ["import cycle, TYPE_CHECKING imports included: advisor.records._cycle_a -> advisor.records._cycle_b"]),
+    "__import__ under another name": (
+        {"advisor/diff.py": "from importlib import import_module as load\n\ndef _x():\n"
+                            "    return load('advisor.agent.agent')\n"},
+        ["advisor.diff:", "imports advisor.agent.agent by importlib/__import__", "torch on a report path"]),
+    "a computed name outside the plug-in discoveries": (
+        {"advisor/report.py": "def _x(name):\n    return __import__('advisor.' + name)\n"},
+        ["advisor.report:", "calls importlib/__import__ with a computed name"]),
+    "a home-made TYPE_CHECKING": (
+        {"advisor/records/units.py": "TYPE_CHECKING = True\nif TYPE_CHECKING:\n    import numpy\n"},
+        ["advisor.records.units:", "may not import the third-party package numpy"]),
+    "the else branch of TYPE_CHECKING": (
+        {"recommend/profile.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    pass\nelse:\n"
+                                 "    import torch\n"},
+        ["advisor.recommend.profile:", "may not import the third-party package torch",
+         "torch on a report path: advisor.recommend.profile"]),
+    "a function-level import of ours": (
+        {"advisor/report.py": "def _x():\n    from advisor.records import units\n    return units\n"},
+        ["advisor.report:", "imports advisor.records.units inside a function"]),
 }
 
 
-def _deferred_imports(path: Path) -> list[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
-    out = []
-    for fn in ast.walk(tree):
-        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            for node in ast.walk(fn):
-                if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("advisor")):
-                    out.append(f"{fn.name}: from {node.module}")
-                elif isinstance(node, ast.Import):
-                    out += [f"{fn.name}: import {a.name}" for a in node.names if a.name.startswith("advisor")]
-    return out
-
-
-def test_no_hidden_function_level_imports_of_our_modules():
-    found = {module: _deferred_imports(path) for module, path in _files() if module not in DEFERRED}
-    assert {m: names for m, names in found.items() if names} == {}
-    assert all(_deferred_imports(path) for module, path in _files() if module in DEFERRED)  # still needed
+@pytest.mark.parametrize("case", sorted(INJECTED))
+def test_the_checker_sees_an_injected_violation(case: str, tmp_path: Path, pristine: Path) -> None:
+    edits, expected = INJECTED[case]
+    problems = _inject(tmp_path, pristine, edits)
+    for piece in expected:
+        assert any(piece in p for p in problems), (piece, problems)

@@ -16,6 +16,7 @@ from advisor.intake import RecordError, parse_record
 from advisor.recommend.memory_model import chain_from_profile, recompute_seconds
 from advisor.recommend.profile import ModuleProfile, Profile, profile_from_memory
 from advisor.records.samples import StepSample
+from advisor.records.settings import AgentSettings
 
 
 class Block(torch.nn.Module):
@@ -52,7 +53,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _run(config: dict, steps: int, model: torch.nn.Module, *, calls: int = 1) -> list[StepSample]:
     emitted: list = []
-    agent = Agent(emit=emitted.append, config={"deep_steps": [], **config})
+    agent = Agent(emit=emitted.append, settings=AgentSettings(**{"deep_steps": (), **config}))
     hooks = install(agent)
     try:
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -150,11 +151,11 @@ def test_the_recompute_span_is_what_a_checkpoint_recomputes(monkeypatch: pytest.
 
 def test_deep_steps_and_disabled_sampling_carry_nothing() -> None:
     emitted: list = []
-    agent = Agent(emit=emitted.append, config={"deep_steps": [4], "light_timing_every": 5})
-    assert agent.light_timing_due(4) and not agent.light_timing_due(5)
-    off = Agent(emit=emitted.append, config={"light_timing_every": 0})
-    assert not any(off.light_timing_due(i) for i in range(20))
-    steps = _run({"light_timing_every": 5, "deep_steps": [4]}, 6, Net())
+    agent = Agent(emit=emitted.append, settings=AgentSettings(deep_steps=(4,), light_timing_every=5))
+    assert agent.deep.light_timing_due(4) and not agent.deep.light_timing_due(5)
+    off = Agent(emit=emitted.append, settings=AgentSettings(light_timing_every=0))
+    assert not any(off.deep.light_timing_due(i) for i in range(20))
+    steps = _run({"light_timing_every": 5, "deep_steps": (4,)}, 6, Net())
     assert all(not s.module_forward_s for s in steps)  # step 4 was deep: no light timing
 
 
@@ -249,7 +250,7 @@ def test_cuda_times_the_kernels_not_the_launches() -> None:
 
     model = Net().cuda()
     emitted: list = []
-    agent = Agent(emit=emitted.append, config={"deep_steps": [], "light_timing_every": 2})
+    agent = Agent(emit=emitted.append, settings=AgentSettings(deep_steps=(), light_timing_every=2))
     hooks = install(agent)
     try:
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -291,18 +292,18 @@ def test_closing_the_agent_in_a_timed_step_takes_the_saved_tensor_hooks_off() ->
     for ending in ("close", "uninstall"):
         before = top(False)
         model = Net()
-        agent = Agent(emit=lambda record: None, config={"deep_steps": [], "light_timing_every": 2})
+        agent = Agent(emit=lambda record: None, settings=AgentSettings(deep_steps=(), light_timing_every=2))
         hooks = install(agent)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         try:
             model(torch.randn(4, 8)).sum().backward()
             opt.step()  # the boundary starts the timed step 1
-            assert agent._block_timer.active and top(False) != before
+            assert agent.boundaries.timer.active and top(False) != before
             if ending == "close":
                 agent.close()
         finally:
             hooks.remove()
-        assert not agent._block_timer.active
+        assert not agent.boundaries.timer.active
         assert top(False) == before, ending
 
 

@@ -21,6 +21,7 @@ from advisor.agent.agent import Agent, StopTraining
 from advisor.agent.hooks import install
 from advisor.probes.probe import Probe
 from advisor.records.samples import Event, ModelInfo, OptimizerInfo, StepSample
+from advisor.records.settings import AgentSettings
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
@@ -47,7 +48,7 @@ def run_script(name: str, *argv: str, probes: list[Probe] | None = None, **confi
     """Run tests/scripts/NAME as ``python NAME ARGV`` would, with the agent's hooks installed."""
     path = str(SCRIPTS / name)
     emitted: list = []
-    agent = Agent(emit=emitted.append, config={"deep_steps": [], **config}, probes=probes or [])
+    agent = Agent(emit=emitted.append, settings=AgentSettings(deep_steps=(), **config), probes=probes or [])
     hooks = install(agent)
     saved_argv, out = sys.argv, io.StringIO()
     sys.argv = [path, *argv]
@@ -103,9 +104,9 @@ def test_gan_step_is_one_pass_over_both_optimizers_with_per_model_names():
     assert all(set(s.optimizer_s) == {"Adam", "Adam_1"} and min(s.optimizer_s.values()) > 0 for s in run.steps)
     assert sorted((m.label, m.label_source) for m in run.models()) == [("netD", "global"), ("netG", "global")]
     g, d = run.globals["netG"], run.globals["netD"]
-    assert run.agent.module_name(g.main[3]) == "netG.main.3"
-    assert run.agent.module_name(d.main[3]) == "netD.main.3"
-    assert run.agent.module_name(d) == "netD"
+    assert run.agent.objects.module_name(g.main[3]) == "netG.main.3"
+    assert run.agent.objects.module_name(d.main[3]) == "netD.main.3"
+    assert run.agent.objects.module_name(d) == "netD"
 
 
 def test_gan_stops_after_the_last_optimizer_of_the_last_step():
@@ -144,7 +145,7 @@ def test_eval_pass_inside_the_step_is_eval_time_and_final_test_pass_runs():
 
 def test_optimizer_built_but_never_stepped_and_a_replaced_optimizer():
     emitted: list = []
-    agent = Agent(emit=emitted.append, config={"deep_steps": []})
+    agent = Agent(emit=emitted.append, settings=AgentSettings(deep_steps=()))
     hooks = install(agent)
     try:
         torch.manual_seed(0)
@@ -173,7 +174,7 @@ def test_optimizer_built_but_never_stepped_and_a_replaced_optimizer():
 
 def test_reloaded_copies_and_loss_modules_are_not_models():
     emitted: list = []
-    agent = Agent(emit=emitted.append, config={"deep_steps": []})
+    agent = Agent(emit=emitted.append, settings=AgentSettings(deep_steps=()))
     hooks = install(agent)
     try:
         model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
@@ -190,9 +191,9 @@ def test_reloaded_copies_and_loss_modules_are_not_models():
             copy(torch.randn(4, 8))
     finally:
         hooks.remove()
-    assert agent.models() == [model]
+    assert agent.objects.models() == [model]
     assert [m.label for m in emitted if isinstance(m, ModelInfo)] == ["model"]
-    assert agent.module_name(model[2]) == "2"  # one model: names are not prefixed
+    assert agent.objects.module_name(model[2]) == "2"  # one model: names are not prefixed
 
 
 class _SlowDeep(Probe):
@@ -217,7 +218,7 @@ class _SlowDeep(Probe):
 def test_a_deep_step_far_slower_than_light_steps_ends_deep_sampling():
     emitted: list = []
     agent = Agent(emit=emitted.append, probes=[_SlowDeep()],
-                  config={"deep_steps": [2, 3, 4], "deep_max_slowdown": 2.0, "deep_min_s": 0.05})
+                  settings=AgentSettings(deep_steps=(2, 3, 4), deep_max_slowdown=2.0, deep_min_s=0.05))
     hooks = install(agent)
     try:
         model = torch.nn.Linear(8, 1)
@@ -244,7 +245,7 @@ def test_a_run_without_deep_step_says_nothing_was_measured_deeply():
 
 
 def test_a_ctrl_c_swallowed_in_a_finalizer_is_raised_at_the_next_hook():
-    agent = Agent(emit=lambda r: None, config={"deep_steps": []})
+    agent = Agent(emit=lambda r: None, settings=AgentSettings(deep_steps=()))
     hooks = install(agent)
     try:
         class Finalized:
@@ -263,7 +264,7 @@ def test_a_ctrl_c_swallowed_in_a_finalizer_is_raised_at_the_next_hook():
 def test_a_run_that_fails_before_its_first_optimizer_step_records_no_step():
     """An OOM in step 0's backward: the optimizer never stepped, so no step ended."""
     emitted: list = []
-    agent = Agent(emit=emitted.append, config={"deep_steps": []})
+    agent = Agent(emit=emitted.append, settings=AgentSettings(deep_steps=()))
     hooks = install(agent)
     try:
         model = torch.nn.Linear(8, 1)

@@ -16,6 +16,7 @@ from advisor.state import SessionState
 from advisor.probes.memory import MemoryProbe
 from advisor.probes.memory import probe as memory_probe
 from advisor.records.samples import MEMORY_CATEGORIES, Event, ModuleStat
+from advisor.records.settings import AgentSettings
 
 
 class TinyGPT(nn.Module):
@@ -101,9 +102,9 @@ def run_step(probe: MemoryProbe, ctx: FakeContext, model, opt, batch, loss_fn, *
     ctx.step += 1
 
 
-def train(model, batch, loss_fn, *, steps: int, deep: set[int], config=None):
+def train(model, batch, loss_fn, *, steps: int, deep: set[int]):
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    ctx = FakeContext([model], [opt], config=config)
+    ctx = FakeContext([model], [opt])
     probe = MemoryProbe()
     probe.attach(ctx)
     try:
@@ -221,11 +222,11 @@ def test_enforced_budget_raises_out_of_memory_with_a_flight_record():
     gc.collect()  # tensors that earlier tests left in cyclic garbage are alive to the tracker
     ctx, _, _ = train(make(), batch, F.mse_loss, steps=2, deep={1})
     peak = section_of(ctx)["peak_bytes"]
-    config = {"memory_budget_bytes": peak // 2, "enforce_budget": True}
+    settings = AgentSettings(memory_budget_bytes=peak // 2, enforce_budget=True)
     gc.collect()
     model = make()
     opt = torch.optim.Adam(model.parameters())
-    ctx = FakeContext([model], [opt], config=config)
+    ctx = FakeContext([model], [opt], settings=settings)
     probe = MemoryProbe()
     probe.attach(ctx)
     try:
@@ -288,7 +289,7 @@ def test_a_cpu_job_on_a_gpu_host_is_measured_and_budgeted_on_the_cpu(monkeypatch
 
     big = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 10))
     opt = torch.optim.Adam(big.parameters())
-    ctx = FakeContext([big], [opt], config={"memory_budget_bytes": 1 << 16, "enforce_budget": True})
+    ctx = FakeContext([big], [opt], settings=AgentSettings(memory_budget_bytes=1 << 16, enforce_budget=True))
     probe = MemoryProbe()
     probe.attach(ctx)
     try:

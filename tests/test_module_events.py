@@ -77,15 +77,16 @@ def test_the_real_agent_serves_every_probe_from_its_one_hook_pair() -> None:
     from advisor.agent.hooks import install
     from advisor.agent.probe_registry import build_probes
     from advisor.records.samples import ModuleStat
+    from advisor.records.settings import AgentSettings
 
     counts: list[tuple[int, int]] = []
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     records: list = []
-    config = {"probes": ["memory", "compute"], "deep_steps": [1]}
-    probes, warnings = build_probes(config)
+    settings = AgentSettings(probes=("memory", "compute"), deep_steps=(1,))
+    probes, warnings = build_probes(settings)
     assert not warnings
-    agent = Agent(emit=records.append, config=config, probes=probes)
+    agent = Agent(emit=records.append, settings=settings, probes=probes)
     before = (len(nn_module._global_forward_pre_hooks), len(nn_module._global_forward_hooks))
     hooks = install(agent)
     try:

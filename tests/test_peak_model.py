@@ -17,6 +17,7 @@ from advisor.agent.hooks import install
 from advisor.agent.probe_registry import build_probes
 from advisor.recommend.peak_model import ChainMemory, BlockMemory, chain_memory, module_figures, simulated_peak, solve
 from advisor.records.samples import MemorySample, ModuleStat
+from advisor.records.settings import AgentSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,12 +63,11 @@ def _run(checkpointed: tuple[int, ...], layers: int = 4, offloaded: tuple[int, .
 def _deep_step_records(train_step) -> tuple[list[MemorySample], list[ModuleStat]]:
     """Three calls of ``train_step`` under the agent's memory probe; step 1's records (deep)."""
     records: list = []
-    config = {"probes": ["memory"], "deep_steps": [1]}
-    probes, warnings = build_probes(config)
+    settings = AgentSettings(probes=("memory",), deep_steps=(1,))
+    probes, warnings = build_probes(settings)
     assert not warnings
-    agent = Agent(emit=records.append, config=config, probes=probes)
-    for probe in probes:
-        agent._call(probe, "attach")
+    agent = Agent(emit=records.append, settings=settings, probes=probes)
+    agent.attach_probes()
     hooks = install(agent)
     try:
         for _ in range(3):

@@ -13,6 +13,7 @@ import pytest
 
 from advisor.planning import _plan_env
 from advisor.records.plan import PLAN_VERSION, Plan, PlanEntry, PlanError, parse_plan, read_plan, save_plan
+from advisor.records.settings import AgentSettings
 from advisor.session import AttachOptions, Session
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,11 +108,11 @@ def test_a_pythonpath_plan_runs_nothing(tmp_path) -> None:
 
 
 def test_the_training_environment_never_takes_what_a_plan_may_not_set(monkeypatch) -> None:
-    """Whoever built the config: the variables a plan may not set are left out, and the advisor's
+    """Whoever built the settings: the variables a plan may not set are left out, and the advisor's
     own always win."""
     monkeypatch.delenv("NCCL_ALGO", raising=False)
-    config = {"plan_env": {"PYTHONPATH": "/elsewhere", "ADVISOR_SOCKET": "/tmp/theirs.sock", "NCCL_ALGO": "Ring"}}
-    session = Session(AttachOptions(script="train.py", agent_config=config))
+    plan_env = {"PYTHONPATH": "/elsewhere", "ADVISOR_SOCKET": "/tmp/theirs.sock", "NCCL_ALGO": "Ring"}
+    session = Session(AttachOptions(script="train.py", settings=AgentSettings(plan_env=plan_env)))
     try:
         env = session.environment()
     finally:

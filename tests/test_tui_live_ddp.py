@@ -13,7 +13,7 @@ from textual.widgets import DataTable
 
 from advisor.advice import AdviceLoop
 from advisor.live_source import SessionSource
-from advisor.records.settings import probe_names
+from advisor.records.settings import AgentSettings, probe_names
 from advisor.session import AttachOptions, Session
 from advisor.tui import make_app
 from advisor.tui.confirm_screen import ConfirmApplyScreen
@@ -32,8 +32,8 @@ def test_live_ddp_switches_ranks_and_applies(tmp_path) -> None:
         args=["--steps", "1000000", "--device", "cpu"],
         # allow_inexact: as `--allow-inexact`, so that DDP's gradient-compression hook can be installed
         # (a live-opt-in remedy: the TUI still asks before applying it).
-        agent_config={"probes": probe_names("all"), "deep_steps": [1, 2, 3], "deep_every": 0,
-                      "allow_inexact": True}))
+        settings=AgentSettings(probes=tuple(probe_names("all")), deep_steps=(1, 2, 3), deep_every=0,
+                               allow_inexact=True)))
     advice = AdviceLoop(session, budget_bytes=None)
     session.add_listener(advice.on_record)
     session.start()

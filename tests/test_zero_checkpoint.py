@@ -21,6 +21,7 @@ from advisor.agent.hooks import install
 from advisor.agent.saves import contents
 from advisor.intake import RecordError, parse_record
 from advisor.records.samples import Event
+from advisor.records.settings import AgentSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,7 +62,7 @@ def test_contents_names_what_of_the_captured_state_an_object_holds() -> None:
 
 def _events(run) -> list[Event]:
     emitted: list = []
-    agent = Agent(emit=emitted.append, config={"deep_steps": []})
+    agent = Agent(emit=emitted.append, settings=AgentSettings(deep_steps=()))
     hooks = install(agent)
     try:
         run()

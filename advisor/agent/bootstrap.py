@@ -9,7 +9,6 @@ it ended, and exits with the script's own exit code.
 
 from __future__ import annotations
 
-import json
 import os
 import runpy
 import signal
@@ -74,10 +73,17 @@ def main(argv: list[str] | None = None) -> int:
     from advisor.agent.hooks import install
     from advisor.agent.probe_registry import build_probes, device_info
     from advisor.records.samples import Event, ExitInfo, RunInfo
+    from advisor.records.settings import SettingsError, decode_settings
     from advisor.records.wire import SECRET_ENV, SOCKET_ENV, read_secret_file
 
+    try:  # decoded once, here: every part of the agent reads typed settings
+        settings, setting_warnings = decode_settings(os.environ.get(CONFIG_ENV))
+    except SettingsError as exc:
+        print(f"advisor agent: {exc}", file=sys.stderr)
+        print("hint: the training process is started by `advisor attach`, which writes "
+              f"{CONFIG_ENV}; are the controller and this agent the same version?", file=sys.stderr)
+        return 2
     rank, local_rank, world_size = env_rank()
-    config: dict[str, Any] = json.loads(os.environ.get(CONFIG_ENV) or "{}")
     session_dir = os.environ.get(SESSION_ENV)
     secret_file = os.environ.get(SECRET_ENV)
     secret = read_secret_file(secret_file) if secret_file else b""
@@ -98,21 +104,20 @@ def main(argv: list[str] | None = None) -> int:
     def emit(record: Any) -> None:
         channel.emit({"kind": record.KIND, "data": record.to_dict()})
 
-    probes, probe_warnings = build_probes(config)
-    agent = Agent(emit=emit, config=config, probes=probes, rank=rank, world_size=world_size)
+    probes, probe_warnings = build_probes(settings)
+    agent = Agent(emit=emit, settings=settings, probes=probes, rank=rank, world_size=world_size)
     agent_holder.append(agent)
-    agent.emit(RunInfo(
+    agent.outbox.emit(RunInfo(
         script=os.path.abspath(script), argv=script_args, rank=rank, local_rank=local_rank,
         world_size=world_size, pid=os.getpid(), hostname=socket.gethostname(), started_at=started,
         torch_version=torch.__version__, python_version=sys.version.split()[0],
-        device=device_info(local_rank), config=config,
+        device=device_info(local_rank), config=settings.to_dict(),
         restart_count=_restart_count(),
     ))
-    for warning in probe_warnings:
-        agent.emit(Event(rank=rank, name="warning", data={"message": warning}))
-    for probe in list(agent.probes):
-        agent._call(probe, "attach")
-    agent.load_plan(config.get("plan"))
+    for warning in [*setting_warnings, *probe_warnings]:
+        agent.outbox.emit(Event(rank=rank, name="warning", data={"message": warning}))
+    agent.attach_probes()
+    agent.load_plan(settings.plan)
     # A forked DataLoader worker inherits the hooks but not the sender thread: switch it off there.
     os.register_at_fork(after_in_child=lambda: setattr(agent, "disabled", True))
     previous_term = signal.getsignal(signal.SIGTERM)
@@ -142,8 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     except Terminated:
         code, reason = 143, "terminated by SIGTERM"
     except BaseException as exc:  # the user's exception: record it, then report it as Python would
-        for probe in list(agent.probes):
-            agent._call(probe, "on_exception", exc)
+        agent.probes.call_all("on_exception", exc)
         code, reason = 1, "exception"
         exc_info = {"exc_type": type(exc).__name__, "message": str(exc)[:2000],
                     "frame": user_frame(exc.__traceback__, script)}
@@ -155,11 +159,11 @@ def main(argv: list[str] | None = None) -> int:
         except Terminated:  # stopped again while closing: what was recorded still goes out below
             pass
     if agent.step == 0 and code == 0:
-        agent.emit(Event(rank=rank, name="warning", data={
+        agent.outbox.emit(Event(rank=rank, name="warning", data={
             "message": "the script never called an optimizer step nor backward(): no training steps were recorded"}))
     # The exit record goes out first (the channel sends it at once): a launcher whose other node
     # failed SIGTERMs this process while the relay below still waits for the verdict on its peers.
-    agent.emit(ExitInfo(rank=rank, code=code, reason=reason, steps=agent.step, **exc_info))
+    agent.outbox.emit(ExitInfo(rank=rank, code=code, reason=reason, steps=agent.step, **exc_info))
     if agent.relay is not None:  # a failing rank learns whether a peer on another node went away
         try:
             agent.relay.close(code)

@@ -6,37 +6,34 @@ Intercepts the constructors of ``torch.optim.Optimizer``, ``torch.optim.lr_sched
 ``iter()``, so the iterator the script's loop holds is known). The script keeps its own
 references; we keep weak ones, so a remedy can change those very objects in place (a fused
 optimizer, a retargeted scheduler, a DataLoader's workers) and the user's loop steps what was
-changed. ``target()`` hands them to the apply executor as an ``advisor.apply.target.Target``.
+changed. ``ScriptObjects.target()`` (``advisor/agent/objects.py``) hands them to the apply
+executor as an ``advisor.apply.target.Target``. Nothing here knows the agent: what is seen goes
+to the callbacks ``install`` is given.
 
 Every DDP object built gets the delegating communication hook (``advisor.apply.comm_switch``) at
 construction, because DDP takes one hook per object and gradient compression (``live-opt-in``)
 switches it later, once the user consents (``--allow-inexact`` headless, or the TUI's
 confirmation: either may come after DDP is built, so the hook cannot wait for it). Until then it
-runs DDP's own arithmetic, bit for bit, at any world size. Agent config ``comm_switch: false``
+runs DDP's own arithmetic, bit for bit, at any world size. ``AgentSettings.comm_switch`` False
 leaves DDP's built-in C++ all-reduce alone (and gradient compression unavailable). A hook the
 script registers itself, or one of torch's built-in hooks, becomes the switch's delegate. Each
 DataLoader built is reported as an ``Event(name="dataloader")`` (its settings and the host's CPU
-count: what the input rule reads). ``torch.save`` and torch.distributed.checkpoint's savers are
-watched too (``advisor/agent/saves.py``).
+count: what the input rule reads).
 """
 
 from __future__ import annotations
 
 import functools
 import weakref
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
-import torch.distributed as dist
 
-from advisor.agent.saves import SaveWatch
 from advisor.apply import comm_switch
 from advisor.apply.remedies.dataloader import loader_settings
-from advisor.apply.target import Target
-from advisor.records.samples import Event
 
-if TYPE_CHECKING:  # pragma: no cover
-    from advisor.agent.agent import Agent
+AddUndo = Callable[[Callable[[], None]], None]
+Notify = Callable[[str, dict[str, Any]], None]  # (event name, data): an event that holds in every regime
 
 
 class Capture:
@@ -76,28 +73,29 @@ class Capture:
         if not any(ref() is obj for ref in refs):
             refs.append(weakref.ref(obj))
 
-    def install(self, agent: "Agent", add_undo: Callable[[Callable[[], None]], None]) -> None:
-        """Wrap the constructors; ``add_undo`` receives what restores each one."""
+    def install(self, add_undo: AddUndo, *, on_optimizer: Callable[[torch.optim.Optimizer], None],
+                notify: Notify, comm_switch_on: bool = True) -> None:
+        """Wrap the constructors; ``add_undo`` receives what restores each one. ``on_optimizer``
+        hears of each optimizer built (so a job that fails before its first step, an OOM in step
+        0, still says which optimizer it would have run); ``notify`` reports each DataLoader's
+        settings; ``comm_switch_on`` False leaves DDP's built-in all-reduce alone."""
 
-        def on_optimizer(opt: Any) -> None:
+        def on_optimizer_built(opt: Any) -> None:
             self._add(self._optimizers, opt)
-            # Discovered when built, so a job that fails before its first step (an OOM in
-            # step 0) still says which optimizer it would have run.
-            agent.optimizer_created(opt)
+            on_optimizer(opt)
 
         def on_ddp(wrapper: Any) -> None:
             self._add(self._wrappers, wrapper)
-            if agent.config.get("comm_switch", True) is not False:
+            if comm_switch_on:
                 comm_switch.install(wrapper)
 
         def on_loader(loader: Any) -> None:
             self._add(self._loaders, loader)
             index = next(i for i, ref in enumerate(self._loaders) if ref() is loader)
-            # step None: the settings hold in every regime until a remedy reports new ones
-            agent.emit(Event(rank=agent.rank, step=None, name="dataloader", data=loader_settings(loader, index)))
+            notify("dataloader", loader_settings(loader, index))  # holds in every regime until a remedy changes it
 
         classes: list[tuple[type, Callable[[Any], None]]] = [
-            (torch.optim.Optimizer, on_optimizer),
+            (torch.optim.Optimizer, on_optimizer_built),
             (torch.optim.lr_scheduler.LRScheduler, lambda s: self._add(self._schedulers, s)),
             (torch.nn.parallel.DistributedDataParallel, on_ddp),
             (torch.utils.data.DataLoader, on_loader),
@@ -112,10 +110,8 @@ class Capture:
             _wrap_init(cls, callback, add_undo)
         self._wrap_iter(add_undo)
         self._wrap_register_comm_hook(add_undo)
-        # The script's own checkpoint saves, which ZeRO would make partial (advisor/agent/saves.py).
-        SaveWatch(agent).install(add_undo)
 
-    def _wrap_iter(self, add_undo: Callable[[Callable[[], None]], None]) -> None:
+    def _wrap_iter(self, add_undo: AddUndo) -> None:
         """Remember the iterator each DataLoader hands out (the one the script's loop holds)."""
         cls = torch.utils.data.DataLoader
         original = cls.__iter__
@@ -134,7 +130,7 @@ class Capture:
         add_undo(lambda: setattr(cls, "__iter__", original))
 
     @staticmethod
-    def _wrap_register_comm_hook(add_undo: Callable[[Callable[[], None]], None]) -> None:
+    def _wrap_register_comm_hook(add_undo: AddUndo) -> None:
         """A hook the script registers on a DDP object that has our switch becomes its delegate."""
         cls = torch.nn.parallel.DistributedDataParallel
         original = cls.register_comm_hook
@@ -164,30 +160,8 @@ class Capture:
         cls._register_builtin_comm_hook = _register_builtin_comm_hook  # type: ignore[method-assign]
         add_undo(lambda: setattr(cls, "_register_builtin_comm_hook", builtin))
 
-    def target(self, agent: "Agent") -> Target:
-        """The live objects, for ``apply_<remedy>(target, ...)``."""
-        optimizers = self.optimizers()
-        for opt in agent.optimizers():  # one built before the hooks (rare) is still known once it steps
-            if not any(o is opt for o in optimizers):
-                optimizers.append(opt)
-        wrappers = self.wrappers()
-        group = None
-        for wrapper in wrappers:
-            group = getattr(wrapper, "process_group", None)
-            if group is not None:
-                break
-        if group is None and dist.is_available() and dist.is_initialized():
-            group = dist.group.WORLD
-        loaders = self.dataloaders()
-        return Target(wrapped_models=agent.wrapped_models(), model_labels=agent.model_labels(),
-                      optimizers=optimizers,
-                      lr_schedulers=self.lr_schedulers(), wrappers=wrappers, process_group=group,
-                      device=agent.device, rank=agent.rank, world_size=agent.world_size,
-                      dataloaders=loaders, dataloader_iterators=[self.running_iterator(d) for d in loaders],
-                      notify=lambda name, data: agent.emit(Event(rank=agent.rank, step=None, name=name, data=data)))
 
-
-def _wrap_init(cls: type, callback: Callable[[Any], None], add_undo: Callable[[Callable[[], None]], None]) -> None:
+def _wrap_init(cls: type, callback: Callable[[Any], None], add_undo: AddUndo) -> None:
     original = cls.__init__
 
     @functools.wraps(original)

@@ -46,7 +46,7 @@ class InstalledHooks:
 
 def install(agent: Agent) -> InstalledHooks:
     hooks = InstalledHooks()
-    hooks.add(agent.stop_timing)  # undone last: a timed step's saved-tensor hooks come off too
+    hooks.add(agent.boundaries.stop_timing)  # undone last: a timed step's saved-tensor hooks come off too
 
     compiling = torch.compiler.is_compiling
 
@@ -67,7 +67,7 @@ def install(agent: Agent) -> InstalledHooks:
     def boundary_work(call: Callable[[torch.optim.Optimizer], None], optimizer: torch.optim.Optimizer) -> None:
         if compiling():
             return
-        if torch.autograd._profiler_enabled() and not agent.deep_active:
+        if torch.autograd._profiler_enabled() and not agent.deep.active:
             # The script profiles itself: the agent's own work at the step boundary (inside the
             # trace's Optimizer.step span) is marked, so an imported trace leaves it out as the
             # agent's session does (advisor/importers/kineto.py).
@@ -91,7 +91,7 @@ def install(agent: Agent) -> InstalledHooks:
         hooks.add(handle.remove)
 
     # Optimizers, LR schedulers and DDP/FSDP wrappers are captured when built (remedies act on them).
-    agent.capture.install(agent, hooks.add)
+    agent.install(hooks.add)
 
     for owner in (torch.nn.Module, torch.optim.Optimizer):
         _wrap_zero_grad(owner, agent, hooks)

@@ -41,18 +41,18 @@ import torch.distributed as dist
 
 from advisor.apply.step_align import own_store_client
 from advisor.probes.comm.intercept import advisor_internal
+from advisor.records.settings import MultinodeSettings
 
 MAX_PAYLOAD = 1 << 20  # bytes of JSON commands per boundary (a command is a few KiB)
-DEFAULT_TIMEOUT_S = 1800.0  # torch's default for a gloo process group
 
 
 class CommandRelay:
     """Rank 0's commands to every rank at each step boundary (see the module docstring)."""
 
-    def __init__(self, *, rank: int, local_rank: int, world_size: int, config: dict[str, Any],
+    def __init__(self, *, rank: int, local_rank: int, world_size: int, settings: MultinodeSettings,
                  deliver: Callable[[dict[str, Any]], None], emit: Callable[[str, dict[str, Any]], None]) -> None:
         self.rank, self.local_rank, self.world_size = rank, local_rank, world_size
-        self.timeout_s = float(config.get("timeout_s", DEFAULT_TIMEOUT_S))
+        self.timeout_s = settings.timeout_s
         self._group: Any = None  # made at the first exchange: a collective call, on every rank alike
         self._deliver = deliver
         self._emit = emit
@@ -61,8 +61,7 @@ class CommandRelay:
         self._token: str | None = None
         self.disabled = False
         self.heartbeat = Heartbeat(rank=rank, world_size=world_size, watch=local_rank == 0,
-                                   every_s=float(config.get("heartbeat_s", 1.0)),
-                                   lost_after_s=float(config.get("lost_after_s", 10.0)), emit=emit)
+                                   every_s=settings.heartbeat_s, lost_after_s=settings.lost_after_s, emit=emit)
         self._ignored = False
 
     def submit(self, command: dict[str, Any]) -> None:

@@ -32,16 +32,12 @@ import importlib.abc
 import importlib.machinery
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
 from advisor.apply.remedies.zero import remedy_stage
 from advisor.records.checkpoint_saves import partial_state
-from advisor.records.samples import Event
-
-if TYPE_CHECKING:  # pragma: no cover
-    from advisor.agent.agent import Agent
 
 DCP_SAVER = "torch.distributed.checkpoint.state_dict_saver"
 MAX_DEPTH = 6  # a checkpoint dict nests a few levels: {"model": sd, "optim": {"state": {0: {...}}}}
@@ -134,10 +130,17 @@ def contents(obj: Any, models: list[torch.nn.Module], optimizers: list[torch.opt
 
 
 class SaveWatch:
-    """The wrappers of ``torch.save`` and DCP's savers, reporting to ``agent``."""
+    """The wrappers of ``torch.save`` and DCP's savers. They read the captured models and
+    optimizers through ``models`` and ``optimizers``, and report through ``notify(name, data)``
+    (an event that holds in every regime) and ``warn(message, **data)``; ``step`` is the step in
+    progress."""
 
-    def __init__(self, agent: "Agent") -> None:
-        self.agent = agent
+    def __init__(self, *, models: Callable[[], list[torch.nn.Module]],
+                 optimizers: Callable[[], list[torch.optim.Optimizer]],
+                 notify: Callable[[str, dict[str, Any]], None], warn: Callable[..., None],
+                 step: Callable[[], int]) -> None:
+        self._models, self._optimizers, self._step = models, optimizers, step
+        self._notify, self._warn = notify, warn
         self._seen: set[tuple[str, tuple[str, ...], bool]] = set()
         self._inside = threading.local()  # DCP's writer calls torch.save itself: report the outer call
 
@@ -184,20 +187,18 @@ class SaveWatch:
     def observe(self, api: str, obj: Any) -> None:
         """Report a save of captured state (never raises: saving must go on as the script wrote it)."""
         try:
-            agent = self.agent
-            optimizers = agent.capture.optimizers() or agent.optimizers()
-            saves, sharded, opts = contents(obj, agent.models(), optimizers, statefuls=api != "torch.save")
+            optimizers = self._optimizers()
+            saves, sharded, opts = contents(obj, self._models(), optimizers, statefuls=api != "torch.save")
             if not saves:
                 return
             key = (api, tuple(saves), sharded)
             if key not in self._seen:
                 self._seen.add(key)
-                agent.emit(Event(rank=agent.rank, step=None, name="checkpoint_save",
-                                 data={"api": api, "saves": saves, "sharded": sharded, "step": agent.step}))
+                self._notify("checkpoint_save", {"api": api, "saves": saves, "sharded": sharded, "step": self._step()})
             stage = max((remedy_stage(o) for o in opts or optimizers), default=0)
             if partial_state(api, saves, stage):
                 what = " and ".join(f"{s}.state_dict()" for s in saves)
-                agent.warn(f"the script saved {what} with {api} while ZeRO-{stage} is in force: this rank's "
+                self._warn(f"the script saved {what} with {api} while ZeRO-{stage} is in force: this rank's "
                            "checkpoint holds only its own shard of the state; revert ZeRO before saving, or "
                            "save from every rank with torch.distributed.checkpoint (stages 2 and 3)",
                            checkpoint_api=api, zero_stage=stage)

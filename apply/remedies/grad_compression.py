@@ -43,7 +43,7 @@ def apply_grad_compression(target: Target, *, dtype: str = "bf16") -> Compressio
     switches = [getattr(w, comm_switch.ATTRIBUTE, None) for w in ddps]
     if any(s is None for s in switches):
         raise ValueError("a DDP wrapper has no delegating hook: it was built before the advisor's hooks, "
-                         "or the agent config says comm_switch: false")
+                         "or the agent's settings say comm_switch=False")
     if all(s.mode == dtype for s in switches):
         raise ValueError(f"gradients are already compressed to {dtype}")
     handle = CompressionHandle()

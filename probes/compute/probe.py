@@ -146,6 +146,6 @@ class ComputeProbe(Probe):
 
     def _send_spec(self, ctx: AgentContext) -> None:
         self._spec_sent = True
-        spec = detect_device_spec(ctx.device, peak_flops=ctx.config.get("peak_flops"),
-                                  peak_bandwidth=ctx.config.get("peak_bandwidth"))
+        spec = detect_device_spec(ctx.device, peak_flops=ctx.settings.peak_flops,
+                                  peak_bandwidth=ctx.settings.peak_bandwidth)
         ctx.emit(Event(rank=ctx.rank, step=ctx.step, name="device_spec", data=spec.to_dict()))

@@ -6,7 +6,7 @@ timed with CUDA events (bytes / seconds, best of a few repeats, each direction).
 build there is no link (``pin_memory`` raises): the figure is a same-device copy and
 ``host_link_source`` says so. Cached in ``$ADVISOR_HOME/hostlink_cache.json`` (default
 ``~/.cache/advisor``) keyed like the other device ceilings (device name, driver, torch version).
-The agent config's ``host_link_bandwidth`` (bytes/s) overrides the measurement.
+``--host-link-bandwidth`` (``AgentSettings.host_link_bandwidth``, bytes/s) overrides the measurement.
 """
 
 from __future__ import annotations

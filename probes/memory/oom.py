@@ -69,10 +69,7 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
 
 
-def session_folder(config: dict[str, Any]) -> str:
-    """Where the OOM snapshot goes: the session folder when the agent says so, else a temp dir."""
-    for key in ("session_dir", "session_path"):
-        value = config.get(key)
-        if isinstance(value, str) and value:
-            return value
+def session_folder() -> str:
+    """Where the OOM snapshot goes: the session folder the controller named
+    (``ADVISOR_SESSION_DIR``, set for every training process it starts), else a temp dir."""
     return os.environ.get("ADVISOR_SESSION_DIR") or tempfile.gettempdir()

@@ -87,9 +87,8 @@ class MemoryProbe(Probe):
     # -- Probe hooks -----------------------------------------------------------------------
     def attach(self, ctx: AgentContext) -> None:
         self._ctx = ctx
-        budget = ctx.config.get("memory_budget_bytes")
-        self.budget_bytes = int(budget) if budget is not None else None
-        self.enforce = bool(ctx.config.get("enforce_budget")) and self.budget_bytes is not None
+        self.budget_bytes = ctx.settings.memory_budget_bytes
+        self.enforce = ctx.settings.enforce_budget and self.budget_bytes is not None
         self.cuda = False
         self._device_known = False
         self._cuda_available = torch.cuda.is_available()
@@ -233,7 +232,7 @@ class MemoryProbe(Probe):
         }
         if self.cuda:
             data.update(self._cuda_view(ctx))
-            data["snapshot_path"] = dump_snapshot(session_folder(ctx.config))
+            data["snapshot_path"] = dump_snapshot(session_folder())
             if tracker is None:
                 data["inferred_bytes"] = infer_untracked(data["categories"], data.get("allocated_bytes"), ctx.phase)
         ctx.emit(Event(rank=ctx.rank, step=ctx.step, name="oom", data=data))

@@ -42,6 +42,7 @@ from advisor.apply.executor import Executor  # noqa: E402
 from advisor.apply.plan import apply_plan_before_first_step  # noqa: E402
 from advisor.records.plan import Plan, PlanEntry  # noqa: E402
 from advisor.records.samples import StepSample  # noqa: E402
+from advisor.records.settings import AgentSettings  # noqa: E402
 
 STEPS = 12
 AT_STEP = 3
@@ -82,7 +83,7 @@ def worker(rank: int, world: int, port: int, scenario: str, out: str) -> None:
         model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
         ddp = torch.nn.parallel.DistributedDataParallel(model)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
-        ctx = FakeContext([ddp], [opt], rank=rank, world_size=world, config={"apply_agree_timeout_s": 5})
+        ctx = FakeContext([ddp], [opt], rank=rank, world_size=world, settings=AgentSettings(apply_agree_timeout_s=5))
         ex = Executor(ctx)
         registry.register("scale_lr", _scale_lr(scenario in ("fail_on_1", "plan_fail_on_1") and rank == 1))
         factor = 10.0 if scenario == "fail_on_1" else 1.0

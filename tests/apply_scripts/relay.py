@@ -23,6 +23,7 @@ if str(ROOT) not in sys.path:
 
 from advisor.agent.relay import CommandRelay  # noqa: E402
 from advisor.probes.comm.intercept import CollectiveInterceptor  # noqa: E402
+from advisor.records.settings import MultinodeSettings  # noqa: E402
 
 APPLY = {"type": "apply", "recommendation": {"id": "fused-optimizer", "remedy": "fused_optimizer",
                                              "params": {"optimizers": None}}, "at_step": 4, "measure_steps": 3}
@@ -35,7 +36,7 @@ def worker(rank: int, world: int, port: int, folder: str) -> None:
     delivered: list[dict] = []
     events: list[tuple[str, dict]] = []
     step = {"now": 0}
-    relay = CommandRelay(rank=rank, local_rank=0, world_size=world, config={"heartbeat_s": 0.2, "lost_after_s": 5, "timeout_s": 60},
+    relay = CommandRelay(rank=rank, local_rank=0, world_size=world, settings=MultinodeSettings(heartbeat_s=0.2, lost_after_s=5, timeout_s=60),
                          deliver=lambda c: delivered.append({"step": step["now"], "command": c}),
                          emit=lambda name, data: events.append((name, data)))
     interceptor = CollectiveInterceptor()

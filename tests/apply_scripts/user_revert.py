@@ -31,6 +31,7 @@ from advisor.apply import registry  # noqa: E402
 from advisor.apply.executor import Executor  # noqa: E402
 from advisor.records.commands import ApplyCommand, RevertCommand  # noqa: E402
 from advisor.records.samples import StepSample  # noqa: E402
+from advisor.records.settings import AgentSettings  # noqa: E402
 
 STEPS = 14
 AT_STEP = 2
@@ -66,7 +67,7 @@ def worker(rank: int, world: int, port: int, voted: bool, out: str) -> None:
         ddp = torch.nn.parallel.DistributedDataParallel(
             torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)))
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
-        ctx = FakeContext([ddp], [opt], rank=rank, world_size=world, config={"apply_agree_timeout_s": 20})
+        ctx = FakeContext([ddp], [opt], rank=rank, world_size=world, settings=AgentSettings(apply_agree_timeout_s=20))
         ex = Executor(ctx)
         registry.register("halve_lr", apply_halve_lr)
         gen = torch.Generator().manual_seed(100 + rank)

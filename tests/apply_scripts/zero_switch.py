@@ -38,6 +38,7 @@ from advisor.apply.remedies._fsdp_switch import reshard_after_forward_of  # noqa
 from advisor.apply.remedies.zero import apply_zero  # noqa: E402
 from advisor.apply.target import Target  # noqa: E402
 from advisor.records.samples import StepSample  # noqa: E402
+from advisor.records.settings import AgentSettings  # noqa: E402
 
 STEPS = 20
 AT_STEP = 5
@@ -98,7 +99,7 @@ def worker(rank: int, world: int, port: int, scenario: str, out: str) -> None:
         losses, handle, info = [], None, {}
         executor = None
         if scenario == "executor_fail_on_1":
-            ctx = FakeContext([ddp], [opt], rank=rank, world_size=world, config={"apply_agree_timeout_s": 20})
+            ctx = FakeContext([ddp], [opt], rank=rank, world_size=world, settings=AgentSettings(apply_agree_timeout_s=20))
             executor = Executor(ctx)
             if rank == 1:
                 def failing(target, *, stage):  # fails half-way: after a real switch, before returning
