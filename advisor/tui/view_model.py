@@ -16,14 +16,16 @@ from typing import Any
 
 from advisor.advice import advise_state, recorded_budget
 from advisor.records.samples import Event, StepSample
-from advisor.regime import in_force
+from advisor.regime import current_regime, in_force, regime_start
 from advisor.sections.comm import build_collectives_section, build_comm_section, build_straggler_section
 from advisor.sections.compute import build_compute_section, build_ops_section, device_spec_from_state
 from advisor.sections.memory import build_memory_section
+from advisor.sections.regimes import build_regimes_section
 from advisor.state import SessionState
+from advisor.tui.traced_step import TracedStep, traced_step
 
 RECENT_STEPS = 40  # steps drawn in the overview's phase bars and loss sparkline
-OUTPUT_LINES = 30  # the script's last output lines shown on the events view
+OUTPUT_LINES = 30  # the script's last output lines the model carries (the Output view reads the state)
 
 # Event names that are news for the events log; the others (device_spec, collective_seq, ...)
 # are bookkeeping that other views read.
@@ -83,6 +85,13 @@ class ViewModel:
     straggler: dict[str, Any] | None
     events: list[EventRow]
     output_tail: list[str] = field(default_factory=list)
+    traced: TracedStep | None = None  # the latest step the memory probe traced on this rank
+    # After a remedy changed the job (kept, or reverted later): the step the job as it is now
+    # started at, and the memory section of this rank over those steps only (the budget share,
+    # the peak and the modules the job has now); None while nothing changed.
+    regime_since: int | None = None
+    memory_now: dict[str, Any] | None = None
+    regimes: list[dict[str, Any]] = field(default_factory=list)  # the report's regimes, this rank
 
     @property
     def peak_flops(self) -> float | None:
@@ -180,6 +189,16 @@ def _event_row(event: Event) -> EventRow | None:
     return EventRow(step=event.step, rank=event.rank, kind=kind, text=text)
 
 
+def advice_budget(state: SessionState, budget_bytes: int | None = None) -> int | None:
+    """The memory budget advice is computed at, as ``advisor report`` computes it: the one asked
+    for, else the recorded ``--memory-budget``, else the device's memory (rank 0's run)."""
+    budget = budget_bytes or recorded_budget(state)
+    run = state.runs.get(0) or (state.runs[min(state.runs)] if state.runs else None)
+    if not budget and run is not None and run.device.get("memory_capacity"):
+        budget = int(run.device["memory_capacity"])
+    return budget
+
+
 def build_view_model(state: SessionState, *, rank: int | None = None, budget_bytes: int | None = None,
                      live: bool = False, readvise: bool = False) -> ViewModel:
     """The model for ``rank`` (default: the slowest rank).
@@ -193,7 +212,7 @@ def build_view_model(state: SessionState, *, rank: int | None = None, budget_byt
     worst = slowest(rows)
     known = {r.rank for r in rows}
     chosen = rank if rank is not None and (rank in known or not known) else (worst if worst is not None else 0)
-    budget = budget_bytes or recorded_budget(state)
+    budget = advice_budget(state, budget_bytes)
     spec = device_spec_from_state(state) or {}
     run = state.runs.get(chosen) or state.runs.get(0) or next(iter(state.runs.values()), None)
     device = dict(run.device) if run else {}
@@ -201,6 +220,8 @@ def build_view_model(state: SessionState, *, rank: int | None = None, budget_byt
     if not budget and device.get("memory_capacity"):
         budget = int(device["memory_capacity"])  # the report's documented default
     mine = rank_state(state, chosen)
+    since = regime_start(state.applied)
+    now = current_regime(mine) if since is not None else None
     diagnosis, recommendations = state.diagnosis, list(state.recommendations)
     if readvise or (diagnosis is None and not recommendations and state.finished):
         diagnosis, recommendations = advise_state(state, budget_bytes=budget)
@@ -216,4 +237,7 @@ def build_view_model(state: SessionState, *, rank: int | None = None, budget_byt
         compute=build_compute_section(mine, spec), collectives=build_collectives_section(state), comm=comm,
         straggler=build_straggler_section(state), events=event_rows(state),
         output_tail=list(state.output_tail)[-OUTPUT_LINES:],
+        traced=traced_step(mine.steps.get(chosen, []), mine.memory, chosen),
+        regime_since=since, memory_now=build_memory_section(now, budget_bytes=budget) if now is not None else None,
+        regimes=build_regimes_section(mine, spec) if since is not None else [],
     )
