@@ -1,5 +1,5 @@
 """What a person reads at 80x24 and 120x40, per view: the key figures are on screen, whole; the
-footer shows the apply key; a table too wide says what it left out and how to see it."""
+footer shows the apply key; a table too wide says what it hides and how to see it."""
 
 from __future__ import annotations
 
@@ -61,12 +61,12 @@ def test_every_view_shows_its_key_figures_whole_and_the_apply_key(size: tuple[in
     assert LAST_LINE in screens["advice"]
 
 
-def test_at_80_columns_a_table_too_wide_says_what_it_left_out_and_f_shows_it() -> None:
+def test_at_80_columns_a_table_too_wide_says_what_it_hides_and_f_shows_it() -> None:
     async def scenario(app: AdvisorApp, pilot: Pilot[str], messages: list) -> None:
         await pilot.press("6")
         await settle(app, pilot)
         text = screen_text(app)
-        assert "left out at this width: conf · f shows the whole table" in text
+        assert "hidden at this width: conf · f shows all columns" in text
         header = next(line for line in text.splitlines() if "#  recommendation" in line)
         assert "step time" in header and "peak memory" in header and "conf" not in header
         await pilot.press("f")

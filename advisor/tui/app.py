@@ -133,6 +133,7 @@ class AdvisorApp(Navigation, SessionActions, App[str]):
         self.steps_view = self.query_one(StepsView)
         self.recs_view = self.query_one(RecommendationsView)
         self.result_view = self.query_one(ResultView)
+        self.result_view.read_only = self.read_only
         self.exit_banner = self.query_one(ExitBanner)
         self.output_view = self.query_one(OutputView)
         self.views = [self.query_one(cls) for cls in (OverviewView, MemoryView, ComputeView, CommView,
@@ -167,6 +168,9 @@ class AdvisorApp(Navigation, SessionActions, App[str]):
         signature = _signature(self.source, state)
         if signature == self._signature:
             return
+        # Only the script's output changed: redraw (its view, the last line), but the views' model
+        # (every record walked again) need not be rebuilt for a line of output.
+        output_only = self._signature is not None and _without_output(signature) == _without_output(self._signature)
         self._signature = signature
         self.state = state
         self._check_pending(state)
@@ -174,7 +178,8 @@ class AdvisorApp(Navigation, SessionActions, App[str]):
             self._redraw()
         except NoMatches:  # a tick while the app is torn down (a test's failure, an exit): no widgets
             return
-        self._build_model()
+        if not output_only:
+            self._build_model()
         if state.finished and not self._ended_posted:
             self._ended_posted = True
             self.post_message(TrainingEnded(state.exit_code, state.exit_reason))
@@ -210,6 +215,7 @@ class AdvisorApp(Navigation, SessionActions, App[str]):
         self.result_view.pending = self._pending
         self.result_view.update_state(state)
         self.output_view.update_state(state)
+        self.query_one(OverviewView).update_output(state)
 
     # ----- actions -----
 
@@ -346,7 +352,8 @@ class AdvisorApp(Navigation, SessionActions, App[str]):
 
 
 def _signature(source: Source, state: SessionState) -> tuple[object, ...]:
-    """Cheap fingerprint of what the screen shows; a source's ``version`` is used when it has one."""
+    """Cheap fingerprint of what the screen shows; a source's ``version`` is used when it has one.
+    The script's output count comes last (``_without_output``)."""
     return (
         getattr(source, "version", None),
         tuple((rank, len(s), s[-1].index if s else -1) for rank, s in sorted(state.steps.items())),
@@ -362,6 +369,13 @@ def _signature(source: Source, state: SessionState) -> tuple[object, ...]:
         len(state.memory),
         state.output_lines,
     )
+
+
+def _without_output(signature: tuple[object, ...]) -> tuple[object, ...]:
+    """The signature less the script's output: a live source's version counts each output line
+    too (``LiveState.append_output``), so the output count is taken off it."""
+    version, *rest, lines = signature
+    return (version - lines if isinstance(version, int) and isinstance(lines, int) else version, *rest)
 
 
 def _error_notice(what: str, error: str) -> Text:

@@ -46,7 +46,8 @@ def legend_style(color: str) -> str:
 def legend_fields(legend: Legend) -> list[Text]:
     fields = []
     for name, color in legend:
-        field = Text("■ ", style=legend_style(color))
+        field = Text()
+        field.append("■ ", style=legend_style(color))
         field.append(name)
         fields.append(field)
     return fields

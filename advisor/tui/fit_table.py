@@ -2,7 +2,7 @@
 
 Each column says how soon it may go (``drop``: 0 never, higher first) and whether it is a name
 that may be shortened with an ellipsis (``flex``). On every resize the table shows the columns
-that fit at their full width, figures never cut; a note under it names the columns left out,
+that fit at their full width, figures never cut; a note under it names the columns hidden,
 and ``f`` opens the whole table in a screen of its own (scrolling sideways where it must).
 """
 
@@ -136,8 +136,7 @@ class FitTable(DataTable[Cell]):
             self.move_cursor(row=min(max(row, 0), self.row_count - 1), animate=False, scroll=False)
             self.scroll_y = scroll
         self.hidden = [self.columns_all[i].label for i in range(len(self.columns_all)) if i not in shown]
-        self.note.update(Text(f"left out at this width: {', '.join(self.hidden)} · f shows the whole table",
-                              style="dim"))
+        self.note.update(Text(f"hidden at this width: {', '.join(self.hidden)} · f shows all columns", style="dim"))
         self.note.display = bool(self.hidden) and bool(self.full_rows)
 
     def action_full_table(self) -> None:

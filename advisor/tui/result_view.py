@@ -12,6 +12,8 @@ from advisor.tui.format import fmt_bytes, fmt_change, fmt_seconds
 from advisor.tui.history import applied_rows
 
 SHOWN_RESULTS = 3  # newest first; the store and the report keep all of them
+NOTHING_YET = "No remedy applied yet. Select a live recommendation and press a."
+NOTHING_RECORDED = "No remedy was applied in this session (p writes the selected one to a plan file)."
 _STATUS_STYLE: dict[str, tuple[str, str]] = {
     "kept": ("✓", "bold green"),
     "reverted": ("↺", "bold yellow"),
@@ -27,22 +29,24 @@ class ResultView(Static):
     """
 
     def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(Text("No remedy applied yet. Select a live recommendation and press a.", style="dim"), id=id)
+        super().__init__(Text(NOTHING_YET, style="dim"), id=id)
         self.border_title = "Applied remedies"
         self.pending: dict[str, Any] | None = None  # {"recommendation_id", "title"} the app asked for
         self.notice: Text | None = None  # the last error the source returned, or other news
         self.rank: int | None = None  # the rank the views show: its measurements are the ones described
+        self.read_only = False  # a recorded session: nothing can be applied from here
 
     @property
     def plain(self) -> str:
         return str(self.content)
 
     def update_state(self, state: SessionState) -> None:
-        self.update(result_text(state, self.pending, self.notice, rank=self.rank))
+        self.update(result_text(state, self.pending, self.notice, rank=self.rank,
+                                empty=NOTHING_RECORDED if self.read_only else NOTHING_YET))
 
 
 def result_text(state: SessionState, pending: dict[str, Any] | None, notice: Text | None, *,
-                rank: int | None = None) -> Text:
+                rank: int | None = None, empty: str = "") -> Text:
     """What is in flight, then one block per decision, newest first: the ranks that agreed on it,
     predicted against measured (``rank``'s measurement when it reported one)."""
     titles = {str(r.get("id")): str(r.get("title") or r.get("remedy")) for r in state.recommendations}
@@ -67,7 +71,7 @@ def result_text(state: SessionState, pending: dict[str, Any] | None, notice: Tex
             who += f" (rank {result['rank']}'s measurement)"
         text.append_text(describe_result(_with_known_before(result, started), titles, who=who))
     if not text:
-        return Text("No remedy applied yet. Select a live recommendation and press a.", style="dim")
+        return Text(empty or NOTHING_YET, style="dim")
     return text
 
 

@@ -32,6 +32,7 @@ MODULE_ROWS = 200
 CATEGORY_COLORS = {"parameter": "blue", "gradient": "magenta", "optimizer_state": "orange",
                    "activation": "green", "temporary": "red", "input": "cyan", "other": "gray"}
 TOTAL_COLOR = "white"
+PEAK_COLOR = "orange+"  # the peak's marker: a colour no category has
 
 
 def share(peak: int | None, budget: int | None) -> str:
@@ -99,14 +100,14 @@ def trace_plot(traced: TracedStep) -> tuple[Any, Legend]:
     times = [p.time_ms for p in points]
     used = [c for c in MEMORY_CATEGORIES if any(p.categories.get(c) for p in points)]
     peak = traced.peak
-    legend = [(c, CATEGORY_COLORS.get(c, "gray")) for c in used] + [("total", TOTAL_COLOR), ("peak", "red")]
+    legend = [(c, CATEGORY_COLORS.get(c, "gray")) for c in used] + [("total", TOTAL_COLOR), ("peak", PEAK_COLOR)]
 
     def plot(plt: Any) -> None:
         for c in used:
             plt.plot(times, [p.categories.get(c, 0) / MIB for p in points], color=CATEGORY_COLORS.get(c, "gray"),
                      marker="braille")
         plt.plot(times, [p.total_bytes / MIB for p in points], color=TOTAL_COLOR, marker="braille")
-        plt.vline(peak.time_ms, "red")
+        plt.vline(peak.time_ms, PEAK_COLOR)
         plt.xlabel(f"ms from the start of step {traced.step}")
         plt.ylabel("MiB")
         plt.title(f"memory by category, step {traced.step} (traced by the memory probe, rank {traced.rank}): "

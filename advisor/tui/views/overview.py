@@ -13,6 +13,7 @@ from textual.widgets import Static
 from advisor.records.samples import PHASES
 from advisor.records.units import fmt_bytes, fmt_seconds
 from advisor.tui.chart import Chart
+from advisor.state import SessionState
 from advisor.tui.flow import Flow, labelled
 from advisor.tui.history import in_force_names
 from advisor.tui.steps_view import StepsView
@@ -45,8 +46,6 @@ def facts_lines(model: ViewModel) -> list[list[Any]]:
          labelled("budget", fmt_bytes(model.budget_bytes) if model.budget_bytes else "none")],
         [labelled("remedies in force", ", ".join(in_force_names(model.in_force)) or "none"), labelled("job", state)],
     ]
-    if model.output_tail:
-        lines.append([labelled("output", model.output_tail[-1])])
     for regime in model.regimes:
         lines.append([Text(str(regime.get("label")), style="bold"),
                       f"steps {regime.get('first_step')}-{regime.get('last_step')}",
@@ -77,6 +76,7 @@ class OverviewView(Vertical):
     DEFAULT_CSS = """
     OverviewView > #overview-diagnosis { height: auto; padding: 0 1; text-style: bold; }
     OverviewView > #overview-facts { height: auto; padding: 0 1; }
+    OverviewView > #overview-output { height: auto; max-height: 1; padding: 0 1; }
     OverviewView > #overview-phases { height: auto; padding: 0 1; display: none; }
     OverviewView > #phases-chart { height: 1fr; }
     OverviewView > StepsView { height: 1fr; }
@@ -85,6 +85,7 @@ class OverviewView(Vertical):
     def compose(self) -> ComposeResult:
         yield Static("", id="overview-diagnosis")
         yield Flow(id="overview-facts")
+        yield Flow(id="overview-output")
         yield Chart(id="phases-chart")
         yield Flow(id="overview-phases")
         yield StepsView(id="steps")  # the step table (updated from the state by the app, as before)
@@ -101,7 +102,8 @@ class OverviewView(Vertical):
         series = [[s.phases.get(p, 0.0) * 1e3 for s in steps] for p in PHASES]
 
         def plot(plt: Any) -> None:
-            plt.stacked_bar(labels, series, color=[PHASE_COLORS[p] for p in PHASES])
+            # plotext's default bar width overlaps neighbouring steps' bars: one step, one bar.
+            plt.stacked_bar(labels, series, color=[PHASE_COLORS[p] for p in PHASES], width=0.6)
             plt.title(f"step time by phase, rank {model.rank}, last {len(steps)} steps")
             plt.xlabel("step")
             plt.ylabel("ms")
@@ -109,8 +111,14 @@ class OverviewView(Vertical):
         legend = [(PHASE_LABELS[p], PHASE_COLORS[p]) for p in PHASES]
         self.query_one(Chart).draw(plot, phase_table(model), legend=legend)
 
+    def update_output(self, state: SessionState) -> None:
+        """The script's last line (8 shows all of it), from the state at every redraw."""
+        last = state.output_tail[-1] if state.output_tail else None
+        self.query_one("#overview-output", Flow).set_lines([[labelled("output", Text.from_ansi(last))]] if last else [])
+
     @property
     def plain(self) -> str:
         return "\n".join([str(self.query_one("#overview-diagnosis", Static).content),
                           self.query_one("#overview-facts", Flow).plain,
+                          self.query_one("#overview-output", Flow).plain,
                           self.query_one("#overview-phases", Flow).plain])

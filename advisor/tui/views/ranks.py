@@ -11,6 +11,7 @@ from textual.widgets import DataTable, Static
 from advisor.records.units import fmt_bytes, fmt_seconds
 from advisor.tui.fit_table import Column, FitTable
 from advisor.tui.format import fmt_loss
+from advisor.tui.history import in_force_names
 from advisor.tui.view_model import ViewModel
 
 RANK_COLUMNS = [Column(key="rank", label="rank"), Column(key="steps", label="steps", drop=3),
@@ -44,6 +45,12 @@ class RanksView(Vertical):
         self._ranks: list[int] = []
 
     def update_model(self, model: ViewModel) -> None:
+        help_text = Text("Enter shows the rank under the cursor in every view; [ and ] step through ranks "
+                         "anywhere.", style="dim")
+        if model.regime_since is not None:
+            help_text.append(f"\nMedian step and peak memory since step {model.regime_since}, the job as it is "
+                             f"now (remedies in force: {', '.join(in_force_names(model.in_force)) or 'none'}).")
+        self.query_one("#ranks-help", Static).update(help_text)
         table = self.query_one(FitTable)
         self._ranks = [r.rank for r in model.ranks]
         rows = []
