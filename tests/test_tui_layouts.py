@@ -3,6 +3,8 @@ footer shows the apply key; a table too wide says what it hides and how to see i
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from recorded import load_state
 from textual.pilot import Pilot
@@ -50,6 +52,8 @@ def test_every_view_shows_its_key_figures_whole_and_the_apply_key(size: tuple[in
     assert "Bottleneck: communication" in screens["overview"]
     assert f"output {LAST_LINE}" in screens["overview"]  # the script's last line
     assert "peak 10.8 MiB at step 1" in screens["memory"]
+    # The chart, or at 80x24 its table: the traced step's own peak, whole (the total row included).
+    assert re.search(r"peak 10\.8 MiB at [0-9.]+ ms|total\s+10\.8 MiB", screens["memory"])
     assert "MFU 6.1%" in screens["compute"]
     assert "straggler rank 0:" in screens["comm"]
     assert "10.8 MiB" in screens["ranks"] and "slowest, shown" in screens["ranks"]

@@ -104,3 +104,11 @@ def test_tui_never_imports_torch_and_format_never_imports_textual(repo_root: Pat
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=repo_root, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_line_of_the_scripts_output_keeps_its_text_and_colours_and_drops_control_codes() -> None:
+    from advisor.tui.views.output import output_text
+
+    red = output_text("\x1b[31mloss\x1b[0m 0.5")
+    assert red.plain == "loss 0.5" and red.spans[0].style.color.number == 1  # ANSI red
+    assert output_text("\x1b]0;a title\x07step\x00 1\tloss").plain == "step 1  loss"  # the tab to column 8

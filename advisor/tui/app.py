@@ -81,6 +81,8 @@ class AdvisorApp(Navigation, SessionActions, App[str]):
     .-short OverviewView > #overview-phases { display: block; }
     .-short StepsView > #steps-sparks { display: none; }
     .-short ComputeView > #roofline-chart { display: none; }  /* its fallback is the ops table below */
+    .-short MemoryView > #memory-summary { max-height: 3; }
+    .-short MemoryView > #memory-chart { height: 9; }  /* the traced step's table, whole */
     """
     SHORT_ROWS = 32  # below this many rows the app is "-short"
     BINDINGS = [

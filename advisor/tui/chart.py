@@ -24,7 +24,9 @@ from textual_plotext import PlotextPlot
 from advisor.tui.flow import Flow
 
 MIN_WIDTH = 36
-MIN_HEIGHT = 9  # a title and an x axis take 3 rows: fewer than 6 rows of data do not read
+# A title, an x axis with its ticks, the axis labels' row and the legend take 5 rows: fewer than
+# 6 rows of data do not read.
+MIN_HEIGHT = 11
 
 Draw = Callable[[Any], None]  # receives textual_plotext's Plot (plotext's figure API)
 Legend = list[tuple[str, str]]  # (series name, plotext colour name), in drawing order

@@ -7,6 +7,7 @@ from textual.widgets import Static
 
 from advisor.state import SessionState
 from advisor.records.samples import ExitInfo
+from advisor.tui.views.output import output_text
 
 OUTPUT_LINES = 6  # the script's last lines when no rank reported an exception: its own last words
 OUTPUT_LINES_OK = 3  # after a clean end: the script's last lines (its final loss, say)
@@ -49,7 +50,7 @@ def exit_text(state: SessionState, *, short: bool = False) -> Text:
 
 def _line(line: str) -> Text:
     """One line of the script's output, colours kept, on one row."""
-    text = Text.from_ansi(line)
+    text = output_text(line)
     text.no_wrap, text.overflow = True, "ellipsis"
     return text
 

@@ -63,9 +63,6 @@ def summary_lines(model: ViewModel) -> list[list[Any]]:
         first.append(f"{of_budget}{share(peak, budget)}")
         lines.append([first])
         at_peak = whole.get("categories_at_peak") or {}
-    parts = sorted(((c, v) for c, v in at_peak.items() if v), key=lambda kv: -kv[1])
-    if parts:
-        lines.append([Text("at the peak", style="dim"), *(f"{c} {fmt_bytes(v)}" for c, v in parts)])
     oom = whole.get("oom")
     if oom:
         text = Text("OUT OF MEMORY ", style="bold red")
@@ -78,6 +75,10 @@ def summary_lines(model: ViewModel) -> list[list[Any]]:
         lines.append([Text("CUDA", style="dim"), labelled("allocated", fmt_bytes(cuda.get("peak_allocated_bytes"))),
                       labelled("reserved", fmt_bytes(cuda.get("peak_reserved_bytes"))),
                       labelled("outside PyTorch", fmt_bytes(cuda.get("device_used_outside_torch_bytes")))])
+    # Last: on a short terminal the chart's table (the traced step at its peak) says it again.
+    parts = sorted(((c, v) for c, v in at_peak.items() if v), key=lambda kv: -kv[1])
+    if parts:
+        lines.append([Text("at the peak", style="dim"), *(f"{c} {fmt_bytes(v)}" for c, v in parts)])
     return lines
 
 

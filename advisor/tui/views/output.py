@@ -7,6 +7,7 @@ appends what is new at each redraw and says where the whole output is.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from rich.text import Text
@@ -16,6 +17,16 @@ from textual.widgets import RichLog, Static
 
 from advisor.output_tail import OUTPUT_LOG
 from advisor.state import OUTPUT_KEEP, SessionState
+
+
+_OSC = re.compile(r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")  # a terminal's title and the like: not text
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1a\x1c-\x1f\x7f]")  # control characters but ESC (colours)
+
+
+def output_text(line: str) -> Text:
+    """One line of the script's output as the terminal would show its text: colours kept, tabs
+    expanded, other control sequences dropped."""
+    return Text.from_ansi(_CONTROL.sub("", _OSC.sub("", line)).expandtabs())
 
 
 def output_file(state: SessionState) -> str | None:
@@ -78,7 +89,7 @@ class OutputView(Vertical):
             log.clear()
             new = len(state.output_tail)
         for line in state.output_tail[len(state.output_tail) - new:]:
-            log.write(Text.from_ansi(line), scroll_end=None)
+            log.write(output_text(line), scroll_end=None)
         self._seen = state.output_lines
 
     def update_model(self, model: object) -> None:

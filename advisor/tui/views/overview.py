@@ -17,6 +17,7 @@ from advisor.state import SessionState
 from advisor.tui.flow import Flow, labelled
 from advisor.tui.history import in_force_names
 from advisor.tui.steps_view import StepsView
+from advisor.tui.views.output import output_text
 from advisor.tui.view_model import ViewModel
 
 PHASE_LABELS = {"data_s": "data", "forward_s": "forward", "backward_s": "backward",
@@ -114,7 +115,7 @@ class OverviewView(Vertical):
     def update_output(self, state: SessionState) -> None:
         """The script's last line (8 shows all of it), from the state at every redraw."""
         last = state.output_tail[-1] if state.output_tail else None
-        self.query_one("#overview-output", Flow).set_lines([[labelled("output", Text.from_ansi(last))]] if last else [])
+        self.query_one("#overview-output", Flow).set_lines([[labelled("output", output_text(last))]] if last else [])
 
     @property
     def plain(self) -> str:
