@@ -194,7 +194,7 @@ def _watch_end(session: Session, stop: StopOnSignal, finished: dict[str, Any]) -
 def _follow_tui(session: Session, advice: Any, ns: argparse.Namespace, stop: StopOnSignal,
                 finished: dict[str, Any]) -> int:
     source = SessionSource(session, advice)
-    app = tui.make_app(source, title=f"advisor · {ns.script}")
+    app = tui.make_app(source, title="advisor")  # the subtitle names the script, the step and the session
     stop.on_stop = lambda: app.call_from_thread(app.exit)
     stop.on_hangup = lambda: app.call_from_thread(app.exit, RESULT_LEFT_RUNNING)
     watcher = threading.Thread(target=_watch_end, args=(session, stop, finished), name="advisor-end", daemon=True)
@@ -204,6 +204,7 @@ def _follow_tui(session: Session, advice: Any, ns: argparse.Namespace, stop: Sto
     finally:
         stop.on_stop = stop.on_hangup = None
         source.stop()
+    _show_output(session)
     if stop.received is not None:
         returncode = session.wait()
     elif result == RESULT_STOP_TRAINING and session.poll() is None:
@@ -216,12 +217,26 @@ def _follow_tui(session: Session, advice: Any, ns: argparse.Namespace, stop: Sto
     elif session.poll() is None and "result" not in finished:
         # The UI is closed but training goes on: keep recording it, as headless does.
         print(f"advisor: UI closed; training continues and is recorded in {session.dir} "
-              "(Ctrl-C stops the script)", file=sys.stderr, flush=True)
+              f"(Ctrl-C stops the script); its output goes on to {session.output_path}", file=sys.stderr, flush=True)
         returncode = _follow_headless(session, ns)
     else:
         returncode = session.wait()
     watcher.join(10)  # finish() waits for the last records (at most 5 s)
     return returncode
+
+
+OUTPUT_SHOWN = 5  # the script's last lines printed when the UI closes
+
+
+def _show_output(session: Session) -> None:
+    """The UI is gone and with it the Output view: the script's last lines (the report, at the end,
+    says where all of it is)."""
+    tail = session.live.snapshot().output_tail[-OUTPUT_SHOWN:]
+    if tail:
+        print(f"advisor: the script's last output ({len(tail)} line{'s' if len(tail) != 1 else ''}):",
+              file=sys.stderr, flush=True)
+        for line in tail:
+            print(f"  {line}", file=sys.stderr, flush=True)
 
 
 def _report(session: Session, ns: argparse.Namespace, code: int, reason: str) -> int:
@@ -248,6 +263,9 @@ def _report(session: Session, ns: argparse.Namespace, code: int, reason: str) ->
         emit_report(report, fmt, sys.stderr)
     else:
         print_exit_summary(report)
+    if not ns.headless:  # the script's output went to a file, not the terminal: say where, last
+        print(f"advisor: the script's whole output (stdout and stderr) is in {session.output_path}",
+              file=sys.stderr, flush=True)
     print(f"advisor: {reason} (exit code {code}); session {session.id}", file=sys.stderr, flush=True)
     if ns.apply and ns.headless and not _applied(state, ns.apply):
         ids = ", ".join(str(r.get("id")) for r in state.recommendations) or "none"

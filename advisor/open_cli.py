@@ -16,6 +16,6 @@ def run_open(ref: str, *, budget_bytes: int | None = None) -> int:
         raise UsageError("advisor open needs a terminal (stdin or stdout is not a TTY)",
                          hint=f"`advisor report {ref}` prints the same session as text or JSON")
     source = RecordedSource.open(db_path)
-    app = tui.make_app(source, title=f"advisor · {db_path.parent.name} (recorded)", budget_bytes=budget_bytes)
+    app = tui.make_app(source, title="advisor · recorded", budget_bytes=budget_bytes)
     app.run()
     return 0

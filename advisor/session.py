@@ -21,6 +21,7 @@ from advisor.exits import (
 )
 from advisor.launch import BOOTSTRAP, python_command, torchrun_command
 from advisor.multinode import MultiNode
+from advisor.output_tail import OUTPUT_LOG, OutputFollower
 from advisor.paths import DB_NAME, new_session_dir, user_umask
 from advisor.records.commands import Command
 from advisor.records.plan import env_refusal
@@ -79,7 +80,9 @@ class Session:
         self._peers_gone: list[Event] = []  # multi-node: other nodes' ranks reported lost or failed
         self._gone_lock = threading.Lock()
         self.process: subprocess.Popen | None = None
-        self.output_path = self.dir / "output.log"
+        self.output_path = self.dir / OUTPUT_LOG
+        # TUI mode: the controller follows output.log into the live state (the TUI's Output view).
+        self.output: OutputFollower | None = None
         self.store.set_meta(session_id=self.id, script=os.path.abspath(options.script), argv=options.args,
                             created=time.time(), nproc_per_node=options.nproc_per_node, finished=False)
         # The job this session is part of (advisor/multinode.py): its id, and the global ranks hosted
@@ -324,6 +327,9 @@ class Session:
         finally:
             if out is not None:
                 out.close()
+        if self.options.capture_output:
+            self.output = OutputFollower(self.output_path, self.live.append_output)
+            self.output.start()
 
     def poll(self) -> int | None:
         return None if self.process is None else self.process.poll()
@@ -388,6 +394,7 @@ class Session:
             self._on_record(Event(name="warning", data={"source": "store", "message": (
                 f"{self.store.lost} record(s) could not be stored ({self.store.error}); this report has them, "
                 "the session folder does not")}))
+        self._stop_output()  # the script's last lines (a traceback) are in the state before it ends
         self.live.update(finished=True, exit_code=code, exit_reason=reason, pending_apply=None)
         self.store.set_meta(finished=True, exit_code=code, exit_reason=reason)
         return code, reason
@@ -395,9 +402,14 @@ class Session:
     def save_analysis(self, *, diagnosis: Any, recommendations: Any) -> None:
         self.store.set_meta(diagnosis=diagnosis, recommendations=recommendations)
 
+    def _stop_output(self) -> None:
+        if self.output is not None:
+            self.output.stop()
+
     def close(self) -> None:
         if self._dead_rank_timer is not None:
             self._dead_rank_timer.cancel()
+        self._stop_output()
         self.server.close()
         self.store.close()
         self._remove_secret()  # the secret is only needed while agents start

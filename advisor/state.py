@@ -33,6 +33,8 @@ MAX_LIVE_STEPS = 5000
 # Other records kept per kind (memory samples, module and op stats, collectives, events): a long
 # run's oldest are let go, counted in ``records_dropped``; the store keeps them all.
 MAX_LIVE_RECORDS = 200_000
+# The script's output lines kept for the TUI (the newest); output.log in the session folder has all.
+OUTPUT_KEEP = 1000
 
 
 @dataclass
@@ -62,7 +64,8 @@ class SessionState:
     finished: bool = False
     exit_code: int | None = None
     exit_reason: str = ""
-    output_tail: list[str] = field(default_factory=list)  # the script's last output lines (TUI mode)
+    output_tail: list[str] = field(default_factory=list)  # the script's last OUTPUT_KEEP output lines (TUI mode)
+    output_lines: int = 0  # every output line seen, so a reader knows which of the tail are new
 
     @property
     def world_size(self) -> int:
@@ -98,11 +101,13 @@ class LiveState:
                 setattr(self._state, key, value)
             self.version += 1
 
-    def append_output(self, line: str, keep: int = 200) -> None:
+    def append_output(self, line: str, keep: int = OUTPUT_KEEP) -> None:
+        """One line of the script's output (advisor/output_tail.py follows output.log)."""
         with self._lock:
             tail = self._state.output_tail
             tail.append(line)
             del tail[:-keep]
+            self._state.output_lines += 1
             self.version += 1
 
     def snapshot(self) -> SessionState:

@@ -6,9 +6,9 @@ from advisor.records.samples import Event, MemorySample, StepSample
 from advisor.state import SessionState
 from advisor.tui.view_model import build_view_model
 from advisor.tui.views.compute import ridge
-from advisor.tui.views.memory import latest_step_timeline
-from advisor.tui.views.memory import summary_text as memory_text
-from advisor.tui.views.overview import diagnosis_sentence, facts_text
+from advisor.tui.flow import pack
+from advisor.tui.views.memory import summary_lines as memory_lines
+from advisor.tui.views.overview import diagnosis_sentence, facts_lines
 
 GIB = 1024**3
 
@@ -22,11 +22,11 @@ def test_memory_summary_shows_allocated_reserved_and_outside_pytorch_on_cuda() -
                                                         "device_used_bytes": 6 * GIB,
                                                         "device_used_outside_torch_bytes": 2 * GIB})])
     model = build_view_model(state, budget_bytes=8 * GIB)
-    text = memory_text(model).plain
+    text = pack(memory_lines(model), 200).plain
     assert "peak 3.00 GiB at step 1 of a 8.00 GiB budget (38%)" in text
-    assert "CUDA allocated 3.00 GiB · reserved 4.00 GiB · outside PyTorch 2.00 GiB" in text
-    step, points = latest_step_timeline(model.memory, set(model.deep_steps))
-    assert step == 1 and [p["total_bytes"] for p in points] == [GIB, 3 * GIB]
+    assert "CUDA   allocated 3.00 GiB   reserved 4.00 GiB   outside PyTorch 2.00 GiB" in text
+    assert model.traced is not None and model.traced.step == 1
+    assert [(p.time_ms, p.total_bytes) for p in model.traced.points] == [(0.0, GIB), (50.0, 3 * GIB)]
 
 
 def test_overview_sentence_and_facts_name_the_remedies_in_force() -> None:
@@ -35,7 +35,7 @@ def test_overview_sentence_and_facts_name_the_remedies_in_force() -> None:
                          applied=[{"recommendation_id": "ac-1", "remedy": "activation_checkpointing", "status": "kept"}])
     model = build_view_model(state, budget_bytes=GIB, live=True)
     assert diagnosis_sentence(model) == "Bottleneck: memory: activations are 70% of peak memory"
-    facts = facts_text(model).plain
+    facts = pack(facts_lines(model), 200).plain
     assert "remedies in force activation_checkpointing" in facts and "budget 1.00 GiB" in facts
     assert "job running" in facts
 

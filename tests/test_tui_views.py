@@ -41,7 +41,7 @@ def test_exit_text_falls_back_to_output_tail_without_exception() -> None:
     state.output_tail = [f"line {i}" for i in range(10)]
     text = str(exit_text(state))
     assert "Training ended: killed by signal 9 (exit code -9)" in text
-    assert "last output:" in text and "line 9" in text and "line 3" not in text
+    assert "the script's last output" in text and "line 9" in text and "line 3" not in text
 
 
 def test_result_text_prefers_pending_from_source_and_lists_newest_first() -> None:
@@ -54,7 +54,7 @@ def test_result_text_prefers_pending_from_source_and_lists_newest_first() -> Non
     state.pending_apply = None
     state.applied = [applied("ac-1", status="kept", at_step=3), applied("ac-1", status="reverted", at_step=9)]
     lines = str(result_text(state, None, None)).splitlines()
-    assert lines[0].startswith("↺ reverted") and "at step 9" in lines[0]
+    assert lines[0].startswith("↺ reverted") and "from step 9" in lines[0]
     assert any(line.startswith("✓ kept") for line in lines)
 
 
@@ -62,7 +62,7 @@ def test_describe_failed_result_without_error_text_still_says_failed() -> None:
     result = applied("x", status="failed")
     result["error"] = None
     text = str(describe_result(result))
-    assert text.startswith("✗ failed  activation_checkpointing at step 12")
+    assert text.startswith("✗ failed  activation_checkpointing from step 12")
     assert "error: no error text reported" in text and "rolled back" in text
 
 
@@ -104,3 +104,11 @@ def test_tui_never_imports_torch_and_format_never_imports_textual(repo_root: Pat
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=repo_root, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_line_of_the_scripts_output_keeps_its_text_and_colours_and_drops_control_codes() -> None:
+    from advisor.tui.views.output import output_text
+
+    red = output_text("\x1b[31mloss\x1b[0m 0.5")
+    assert red.plain == "loss 0.5" and red.spans[0].style.color.number == 1  # ANSI red
+    assert output_text("\x1b]0;a title\x07step\x00 1\tloss").plain == "step 1  loss"  # the tab to column 8

@@ -11,6 +11,7 @@ from recorded import load_state
 from textual.message import Message
 from textual.pilot import Pilot
 
+from advisor.state import SessionState
 from advisor.tui import make_app
 from advisor.tui.app import AdvisorApp
 from advisor.tui.messages import AdviceRecomputed
@@ -21,9 +22,12 @@ Scenario = Callable[[AdvisorApp, Pilot[str], list[Message]], Awaitable[Any]]
 
 
 def open_recorded(name: str, scenario: Scenario, *, size: tuple[int, int] = (120, 40),
-                  budget_bytes: int | None = None) -> tuple[AdvisorApp, list[Message], Any]:
-    app = make_app(RecordedSource(load_state(name)), title=f"advisor · {name}", poll_interval=POLL,
-                   budget_bytes=budget_bytes)
+                  budget_bytes: int | None = None,
+                  prepare: Callable[[SessionState], SessionState] | None = None) -> tuple[AdvisorApp, list[Message], Any]:
+    """``prepare``: change the loaded state first (add the output a run under the TUI would have)."""
+    state = load_state(name)
+    app = make_app(RecordedSource(prepare(state) if prepare else state), title=f"advisor · {name}",
+                   poll_interval=POLL, budget_bytes=budget_bytes)
     app.animation_level = "none"  # tab underlines slide otherwise: snapshots would catch them mid-way
     messages: list[Message] = []
     out: list[Any] = []

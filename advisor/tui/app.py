@@ -44,14 +44,18 @@ from advisor.tui.views.comm import CommView
 from advisor.tui.views.compute import ComputeView
 from advisor.tui.views.events import EventsView
 from advisor.tui.views.memory import MemoryView
+from advisor.tui.views.output import OutputView
 from advisor.tui.views.overview import OverviewView
 from advisor.tui.views.ranks import RanksView
 
-# (key, tab id, footer label): one view per tab, each reachable by its key from anywhere.
+# (key, tab id, tab label): one view per tab, each reachable by its key from anywhere. The tabs
+# name their keys, so the footer leaves them out: at 80 columns it has room for the actions.
 VIEWS: tuple[tuple[str, str, str], ...] = (
     ("1", "overview", "Overview"), ("2", "memory", "Memory"), ("3", "compute", "Compute"),
     ("4", "comm", "Comm"), ("5", "ranks", "Ranks"), ("6", "advice", "Advice"), ("7", "events", "Events"),
+    ("8", "output", "Output"),
 )
+RANK_KEYS = Binding.Group("Rank", compact=True)  # `[` and `]` share one footer entry
 
 
 class AdvisorApp(Navigation, SessionActions, App[str]):
@@ -70,16 +74,24 @@ class AdvisorApp(Navigation, SessionActions, App[str]):
     .-short ExitBanner { max-height: 3; border: none; border-left: heavy $error; }
     .-short ExitBanner.-completed { border-left: heavy $success; }
     .-short RecommendationsView > #diagnosis { max-height: 2; }
-    .-short AdviceView > Horizontal { height: 6; }
+    .-short AdviceView > #advice-lower { height: 6; }
+    /* No room for a readable plot of the phases: their means take one line instead, and the
+       step table keeps its rows (the sparklines go: the table has the figures). */
+    .-short OverviewView > #phases-chart { display: none; }
+    .-short OverviewView > #overview-phases { display: block; }
+    .-short StepsView > #steps-sparks { display: none; }
+    .-short ComputeView > #roofline-chart { display: none; }  /* its fallback is the ops table below */
+    .-short MemoryView > #memory-summary { max-height: 3; }
+    .-short MemoryView > #memory-chart { height: 9; }  /* the traced step's table, whole */
     """
     SHORT_ROWS = 32  # below this many rows the app is "-short"
     BINDINGS = [
-        *(Binding(key, f"view('{tab}')", label) for key, tab, label in VIEWS),
+        *(Binding(key, f"view('{tab}')", label, show=False) for key, tab, label in VIEWS),
         Binding("a", "apply", "Apply"),
         Binding("r", "revert", "Revert"),
         Binding("enter", "evidence", "Evidence"),
-        Binding("left_square_bracket", "rank(-1)", "Rank-"),
-        Binding("right_square_bracket", "rank(1)", "Rank+"),
+        Binding("left_square_bracket", "rank(-1)", "Rank-", group=RANK_KEYS),
+        Binding("right_square_bracket", "rank(1)", "Rank+", group=RANK_KEYS),
         Binding("b", "budget", "Budget"),
         Binding("p", "plan", "Plan"),
         Binding("q", "quit", "Quit"),
@@ -110,19 +122,22 @@ class AdvisorApp(Navigation, SessionActions, App[str]):
         yield Header(show_clock=False)
         yield ExitBanner(id="exit-banner")
         views = {"overview": OverviewView, "memory": MemoryView, "compute": ComputeView, "comm": CommView,
-                 "ranks": RanksView, "advice": AdviceView, "events": EventsView}
+                 "ranks": RanksView, "advice": AdviceView, "events": EventsView, "output": OutputView}
         with TabbedContent(id="views", initial="overview"):
             for key, tab, label in VIEWS:
                 with TabPane(f"{key} {label}", id=tab):
                     yield views[tab](id=f"{tab}-view")
-        yield Footer()
+        # The command palette (ctrl+p) still works; its footer entry would push `a Apply` off at 80 columns.
+        yield Footer(show_command_palette=False)
 
     def on_mount(self) -> None:
         # Widgets live on the main screen; keep references so actions work from pushed screens too.
         self.steps_view = self.query_one(StepsView)
         self.recs_view = self.query_one(RecommendationsView)
         self.result_view = self.query_one(ResultView)
+        self.result_view.read_only = self.read_only
         self.exit_banner = self.query_one(ExitBanner)
+        self.output_view = self.query_one(OutputView)
         self.views = [self.query_one(cls) for cls in (OverviewView, MemoryView, ComputeView, CommView,
                                                        RanksView, AdviceView, EventsView)]
         self.steps_view.query_one(DataTable).focus()
@@ -133,6 +148,9 @@ class AdvisorApp(Navigation, SessionActions, App[str]):
 
     def on_resize(self) -> None:
         self.set_class(self.size.height < self.SHORT_ROWS, "-short")
+        self.sub_title = subtitle(self.state, self.model, self.size.width - len(self.title))
+        if hasattr(self, "exit_banner"):
+            self.exit_banner.update_state(self.state)  # its short form on a short terminal
 
     # ----- polling -----
 
@@ -152,6 +170,9 @@ class AdvisorApp(Navigation, SessionActions, App[str]):
         signature = _signature(self.source, state)
         if signature == self._signature:
             return
+        # Only the script's output changed: redraw (its view, the last line), but the views' model
+        # (every record walked again) need not be rebuilt for a line of output.
+        output_only = self._signature is not None and _without_output(signature) == _without_output(self._signature)
         self._signature = signature
         self.state = state
         self._check_pending(state)
@@ -159,7 +180,8 @@ class AdvisorApp(Navigation, SessionActions, App[str]):
             self._redraw()
         except NoMatches:  # a tick while the app is torn down (a test's failure, an exit): no widgets
             return
-        self._build_model()
+        if not output_only:
+            self._build_model()
         if state.finished and not self._ended_posted:
             self._ended_posted = True
             self.post_message(TrainingEnded(state.exit_code, state.exit_reason))
@@ -188,12 +210,14 @@ class AdvisorApp(Navigation, SessionActions, App[str]):
 
     def _redraw(self) -> None:
         state = self.state
-        self.sub_title = subtitle(state, self.model)
+        self.sub_title = subtitle(state, self.model, self.size.width - len(self.title))
         self.exit_banner.update_state(state)
-        self.steps_view.update_state(state)
+        self.steps_view.update_state(state, self.shown_rank())
         self.recs_view.update_state(state)
         self.result_view.pending = self._pending
         self.result_view.update_state(state)
+        self.output_view.update_state(state)
+        self.query_one(OverviewView).update_output(state)
 
     # ----- actions -----
 
@@ -330,7 +354,8 @@ class AdvisorApp(Navigation, SessionActions, App[str]):
 
 
 def _signature(source: Source, state: SessionState) -> tuple[object, ...]:
-    """Cheap fingerprint of what the screen shows; a source's ``version`` is used when it has one."""
+    """Cheap fingerprint of what the screen shows; a source's ``version`` is used when it has one.
+    The script's output count comes last (``_without_output``)."""
     return (
         getattr(source, "version", None),
         tuple((rank, len(s), s[-1].index if s else -1) for rank, s in sorted(state.steps.items())),
@@ -344,8 +369,15 @@ def _signature(source: Source, state: SessionState) -> tuple[object, ...]:
         state.exit_reason,
         len(state.exits),
         len(state.memory),
-        len(state.output_tail),
+        state.output_lines,
     )
+
+
+def _without_output(signature: tuple[object, ...]) -> tuple[object, ...]:
+    """The signature less the script's output: a live source's version counts each output line
+    too (``LiveState.append_output``), so the output count is taken off it."""
+    version, *rest, lines = signature
+    return (version - lines if isinstance(version, int) and isinstance(lines, int) else version, *rest)
 
 
 def _error_notice(what: str, error: str) -> Text:

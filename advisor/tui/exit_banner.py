@@ -7,14 +7,19 @@ from textual.widgets import Static
 
 from advisor.state import SessionState
 from advisor.records.samples import ExitInfo
+from advisor.tui.views.output import output_text
 
-OUTPUT_LINES = 6  # shown only when no rank reported an exception: the script's own last words
+OUTPUT_LINES = 6  # the script's last lines when no rank reported an exception: its own last words
+OUTPUT_LINES_OK = 3  # after a clean end: the script's last lines (its final loss, say)
 
 
-def exit_text(state: SessionState) -> Text:
-    """What a person needs to know first when the job is gone; empty while it runs."""
+def exit_text(state: SessionState, *, short: bool = False) -> Text:
+    """What a person needs to know first when the job is gone; empty while it runs. ``short``
+    (a short terminal): the reason, then an exception or the script's last line, in two lines."""
     if not state.finished:
         return Text()
+    if short:
+        return _short_text(state)
     failed = bool(state.exit_code) or any(e.exc_type for e in state.exits.values())
     reason = state.exit_reason or _first_reason(state) or ("failed" if failed else "completed")
     text = Text()
@@ -33,11 +38,46 @@ def exit_text(state: SessionState) -> Text:
         if info.exc_type or info.message:
             text.append("\n")
             text.append_text(_exception(info, show_rank=many))
-    if failed and not any(e.exc_type for e in state.exits.values()) and state.output_tail:
-        text.append("\nlast output:", style="dim")
-        for line in state.output_tail[-OUTPUT_LINES:]:
-            text.append(f"\n  {line}", style="dim")
+    if state.output_tail:
+        count = OUTPUT_LINES if failed and not any(e.exc_type for e in state.exits.values()) else OUTPUT_LINES_OK
+        text.append("\nthe script's last output (8 shows it all):", style="dim")
+        for line in state.output_tail[-count:]:
+            text.append("\n  ")
+            text.append_text(_line(line))
     text.append("\nEverything measured stays on screen; press q to quit.", style="italic")
+    return text
+
+
+def _line(line: str) -> Text:
+    """One line of the script's output, colours kept, on one row."""
+    text = output_text(line)
+    text.no_wrap, text.overflow = True, "ellipsis"
+    return text
+
+
+def _short_text(state: SessionState) -> Text:
+    failed = bool(state.exit_code) or any(e.exc_type for e in state.exits.values())
+    text = Text()
+    text.append("Training ended: ", style="bold")
+    text.append(state.exit_reason or _first_reason(state) or ("failed" if failed else "completed"),
+                style="bold red" if failed else "bold green")
+    if state.exit_code is not None:
+        text.append(f" (exit code {state.exit_code})")
+    steps = state.latest_step() + 1
+    if steps:
+        text.append(f" after {steps} step{'s' if steps != 1 else ''}", style="dim")
+    text.append(" · q quits", style="italic")
+    raised = next((e for _, e in sorted(state.exits.items()) if e.exc_type), None)
+    if raised is not None:
+        text.append("\n")
+        if len(state.exits) > 1:
+            text.append(f"rank {raised.rank}: ", style="bold")
+        text.append(raised.exc_type or "error", style="bold red")
+        if raised.message:
+            text.append(f": {raised.message}")
+    elif state.output_tail:
+        text.append("\nlast output: ", style="dim")
+        text.append_text(_line(state.output_tail[-1]))
     return text
 
 
@@ -82,7 +122,7 @@ class ExitBanner(Static):
         if not state.finished:
             self.display = False
             return
-        self.update(exit_text(state))
+        self.update(exit_text(state, short=self.app.has_class("-short")))
         ok = not state.exit_code and not any(e.exc_type for e in state.exits.values())
         self.set_class(ok, "-completed")
         self.display = True

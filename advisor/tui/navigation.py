@@ -5,6 +5,7 @@ A mixin of ``AdvisorApp`` (advisor/tui/app.py), kept apart so each file reads in
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from textual import work
@@ -63,9 +64,16 @@ class Navigation:
         if self.rank is not None and message.rank != self.rank:
             return  # built for a rank the user has since left; the next build is for the new one
         self.model = message.model
-        self.sub_title = subtitle(self.state, message.model)
+        self.sub_title = subtitle(self.state, message.model, self.size.width - len(self.title))
         for view in self.views:
             view.update_model(message.model)
+        self.steps_view.update_state(self.state, message.model.rank)
+        # The baseline's peak where the advice leaves it unsaid, and whose measurement results show.
+        memory = message.model.memory_now or message.model.memory
+        self.recs_view.measured_peak = memory.get("peak_bytes")
+        self.recs_view.update_state(self.state)
+        self.result_view.rank = message.model.rank
+        self.result_view.update_state(self.state)
 
     def action_view(self, tab: str) -> None:
         self.query_one(TabbedContent).active = tab
@@ -88,25 +96,41 @@ class Navigation:
     def _switch_rank(self, rank: int) -> None:
         self.rank = rank
         self.post_message(RankSwitched(rank))
+        self.steps_view.update_state(self.state, rank)  # the step table is cheap: switch it at once
         self._build_model()
+
+    def shown_rank(self) -> int | None:
+        """The rank every view shows: the user's choice, else the model's (the slowest); None before
+        either is known."""
+        if self.rank is not None:
+            return self.rank
+        return self.model.rank if self.model is not None else None
 
     def action_sort_modules(self) -> None:
         key = self.query_one(MemoryView).cycle_sort()
         self.notify(f"modules sorted by {key.replace('_', ' ')}")
 
 
-def subtitle(state: SessionState, model: ViewModel | None = None) -> str:
-    parts = []
-    if state.session_id:
-        parts.append(f"session {state.session_id}")
+def subtitle(state: SessionState, model: ViewModel | None = None, width: int = 0) -> str:
+    """What runs, where it is, which rank is shown, the device and the session, in that order of
+    importance: with ``width`` (cells for the subtitle), the parts that do not fit are left out
+    whole rather than cut."""
+    latest = state.latest_step()
+    parts = ["finished" if state.finished else (f"step {latest}" if latest >= 0 else "starting")]
     run = state.runs.get(0) or next(iter(state.runs.values()), None)
     if run is not None:
-        parts.append(run.script)
-        device = run.device.get("name") or run.device.get("type")
-        if device:
-            parts.append(str(device))
+        parts.insert(0, os.path.basename(run.script) or run.script)
     if state.world_size > 1:
         parts.append(f"{state.world_size} ranks" + (f", rank {model.rank} shown" if model else ""))
-    latest = state.latest_step()
-    parts.append("finished" if state.finished else (f"step {latest}" if latest >= 0 else "starting"))
-    return " · ".join(parts)
+    device = (run.device.get("name") or run.device.get("type")) if run is not None else None
+    if device:
+        parts.append(str(device))
+    if state.session_id:
+        parts.append(f"session {state.session_id}")
+    if width <= 0:
+        return " · ".join(parts)
+    kept: list[str] = []
+    for part in parts:
+        if len(" · ".join([*kept, part])) <= width - 24:  # the header's icon, its clock's room and " — "
+            kept.append(part)
+    return " · ".join(kept)

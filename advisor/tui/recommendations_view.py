@@ -13,13 +13,17 @@ from textual.widgets import DataTable, Static
 
 from advisor.state import SessionState
 from advisor.records.units import fmt_quantity
-from advisor.tui.format import fmt_bytes, fmt_change, fmt_seconds
+from advisor.tui.fit_table import Column, FitTable
+from advisor.tui.format import MISSING, fmt_bytes, fmt_change, fmt_seconds
 
 Recommendation = dict[str, Any]
 
 
-def diagnosis_text(diagnosis: dict[str, Any] | None, recommendations: list[Recommendation] | None = None) -> Text:
-    """The bottleneck, its one-line summary, the evidence under it, and the baseline remedies start from."""
+def diagnosis_text(diagnosis: dict[str, Any] | None, recommendations: list[Recommendation] | None = None,
+                   measured_peak: int | None = None) -> Text:
+    """The bottleneck, its one-line summary, the evidence under it, and the baseline remedies start
+    from. A remedy that predicts no memory change leaves the baseline's peak unsaid: then the peak
+    measured on the job as it is now (``measured_peak``) is the baseline's."""
     if not diagnosis:
         return Text("no diagnosis yet: it comes after the first measured steps", style="dim")
     text = Text()
@@ -28,16 +32,17 @@ def diagnosis_text(diagnosis: dict[str, Any] | None, recommendations: list[Recom
     summary = diagnosis.get("summary")
     if summary:
         text.append(f"  {summary}")
+    baselines = [r.get("baseline") or {} for r in recommendations or []]
+    peak = next((b["peak_memory_bytes"] for b in baselines if b.get("peak_memory_bytes") is not None), measured_peak)
+    step = next((b["step_time_s"] for b in baselines if b.get("step_time_s") is not None), None)
+    if baselines and (peak is not None or step is not None):
+        # The table shows predictions only, to fit; this line is what they are compared with
+        # (second, so a short terminal's two lines of diagnosis still show it).
+        text.append("\nBaseline: ", style="bold")
+        text.append(f"peak {fmt_bytes(peak)}, {fmt_seconds(step)}/step")
     for item in diagnosis.get("evidence") or []:
         text.append("\n  • ")
         text.append(_evidence_line(item))
-    baseline = next((r.get("baseline") for r in recommendations or [] if r.get("baseline")), None)
-    if baseline:
-        # The table shows predictions only, to fit; this line is what they are compared with.
-        text.append("\nBaseline: ", style="bold")
-        text.append(
-            f"peak {fmt_bytes(baseline.get('peak_memory_bytes'))}, {fmt_seconds(baseline.get('step_time_s'))}/step"
-        )
     return text
 
 
@@ -74,10 +79,21 @@ def measuring(state: SessionState) -> dict[str, Any] | None:
     return started
 
 
-class RecommendationsTable(DataTable[str | Text]):
-    """A DataTable whose Enter is labelled for the footer: it opens the evidence screen."""
+class RecommendationsTable(FitTable):
+    """A table whose Enter is labelled for the footer: it opens the evidence screen."""
 
     BINDINGS = [Binding("enter", "select_cursor", "Evidence")]
+
+
+def rec_columns(recommendations: list[Recommendation], *, status: bool = True) -> list[Column]:
+    """The id and title shorten before any figure goes; the step time is the last figure to go.
+    ``status``: some recommendation was applied (else the column would be empty)."""
+    longest_id = max((len(str(r.get("id"))) for r in recommendations), default=8)
+    return [Column(key="rank", label="#"),
+            Column(key="title", label="recommendation", flex=True, min_width=min(longest_id, 24) + 6),
+            Column(key="time", label="step time"), Column(key="memory", label="peak memory", drop=1),
+            Column(key="flags", label="class", drop=3), Column(key="confidence", label="conf", drop=4),
+            *([Column(key="status", label="status", drop=2)] if status else [])]
 
 
 class RecommendationsView(Vertical):
@@ -85,8 +101,9 @@ class RecommendationsView(Vertical):
 
     DEFAULT_CSS = """
     RecommendationsView { height: 1fr; border: round $secondary; }
-    RecommendationsView > #diagnosis { height: auto; max-height: 8; padding: 0 1; }
-    RecommendationsView > DataTable { height: 1fr; }
+    RecommendationsView > #diagnosis { height: auto; max-height: 8; padding: 0 1; overflow-y: auto; }
+    RecommendationsView > #recs-table { height: 1fr; min-height: 4; }
+    RecommendationsView > .fit-note { height: 1; padding: 0 1; }
     """
 
     class Opened(Message):
@@ -102,23 +119,13 @@ class RecommendationsView(Vertical):
         self._recommendations: list[Recommendation] = []
         self._signature: object = None
         self._shown: tuple[dict[str, Any] | None, list[Recommendation]] | None = None
+        self.measured_peak: int | None = None  # the peak of the job as it is now (the app sets it)
 
     def compose(self) -> ComposeResult:
         yield Static(diagnosis_text(None), id="diagnosis")
-        yield RecommendationsTable(id="recs-table", cursor_type="row", zebra_stripes=True)
-
-    def on_mount(self) -> None:
-        table = self.query_one("#recs-table", DataTable)
-        for label, key in (
-            ("#", "rank"),
-            ("remedy", "title"),
-            ("peak memory", "memory"),
-            ("step time", "time"),
-            ("conf", "confidence"),
-            ("class", "flags"),
-            ("status", "status"),
-        ):
-            table.add_column(label, key=key)
+        table = RecommendationsTable(rec_columns([]), title="recommendations", id="recs-table")
+        yield table
+        yield table.note
 
     @property
     def diagnosis_plain(self) -> str:
@@ -152,21 +159,24 @@ class RecommendationsView(Vertical):
             tuple(str(r.get("id")) for r in recommendations),
             tuple(sorted(statuses.items())),
             held is not None,
+            self.measured_peak,
         )
         if signature == self._signature:
             return
         self._signature = signature
-        text = diagnosis_text(diagnosis, recommendations)
+        text = diagnosis_text(diagnosis, recommendations, self.measured_peak)
         if held is not None:
-            text.append(f"\nMeasuring {held.get('remedy', 'the remedy')} applied at step {held.get('at_step', '?')}: "
+            # at_step is the first step run with the remedy: it is applied after the step before it.
+            text.append(f"\nMeasuring {held.get('remedy', 'the remedy')}, in force from step {held.get('at_step', '?')}: "
                         "advice is held until its result is in.", style="italic cyan")
         self.query_one("#diagnosis", Static).update(text)
-        table = self.query_one("#recs-table", DataTable)
+        table = self.query_one(RecommendationsTable)
         before = self.selected
         self._recommendations = list(recommendations)
-        table.clear()
-        for rank, rec in enumerate(self._recommendations, start=1):
-            table.add_row(*_row(rank, rec, statuses.get(str(rec.get("id")))), key=str(rec.get("id")))
+        table.set_columns(rec_columns(self._recommendations, status=bool(statuses)))
+        table.set_rows([_row(rank, rec, statuses.get(str(rec.get("id"))), with_status=bool(statuses))
+                        for rank, rec in enumerate(self._recommendations, start=1)],
+                       keys=[str(rec.get("id")) for rec in self._recommendations])
         # Keep the cursor on the same recommendation when the ranking or statuses change.
         if before is not None:
             for row, rec in enumerate(self._recommendations):
@@ -181,7 +191,7 @@ class RecommendationsView(Vertical):
             self.post_message(self.Opened(self._recommendations[row]))
 
 
-def _row(rank: int, rec: Recommendation, status: str | None) -> list[str | Text]:
+def _row(rank: int, rec: Recommendation, status: str | None, *, with_status: bool = True) -> list[str | Text]:
     predicted = rec.get("predicted") or {}
     baseline = rec.get("baseline") or {}
     memory = _predicted(fmt_bytes, baseline.get("peak_memory_bytes"), predicted.get("peak_memory_bytes"))
@@ -191,19 +201,24 @@ def _row(rank: int, rec: Recommendation, status: str | None) -> list[str | Text]
     # The apply class (live-exact, live-equivalent, live-opt-in, restart) where the advice gives it.
     flags = str(rec.get("apply_class") or (("live" if rec.get("live") else "restart") + (" exact" if rec.get("exact") else "")))
     style = {"kept": "green", "failed": "bold red", "reverted": "yellow", "applying…": "cyan"}.get(status or "", "")
+    name = Text(str(rec.get("id")), style="bold")
+    name.append(f"  {rec.get('title') or rec.get('remedy') or ''}")
     return [
         str(rank),
-        str(rec.get("title") or rec.get("remedy") or rec.get("id")),
-        _colour_change(memory, baseline.get("peak_memory_bytes"), predicted.get("peak_memory_bytes")),
+        name,
         _colour_change(time, baseline.get("step_time_s"), predicted.get("step_time_s")),
-        conf,
+        _colour_change(memory, baseline.get("peak_memory_bytes"), predicted.get("peak_memory_bytes")),
         Text(flags, style="" if rec.get("live") else "dim"),
-        Text(status or "", style=style),
+        conf,
+        *([Text(status or "", style=style)] if with_status else []),
     ]
 
 
 def _predicted(fmt: Any, before: float | None, after: float | None) -> str:
-    """``2.00 GiB (-33%)``: the predicted figure and its change against the baseline."""
+    """``2.00 GiB (-33%)``: the predicted figure and its change against the baseline; a dash
+    when the remedy predicts nothing for it."""
+    if after is None:
+        return MISSING
     return f"{fmt(after)} ({fmt_change(before, after)})"
 
 

@@ -7,8 +7,10 @@ import threading
 from pathlib import Path
 
 from advisor.advice import advise_state
-from advisor.state import SessionState
+from advisor.output_tail import OUTPUT_LOG, read_tail
+from advisor.state import OUTPUT_KEEP, SessionState
 from advisor.store import load_state  # the source reads SQLite; the views never do
+from advisor.tui.view_model import advice_budget
 
 READ_ONLY = ("this is a recorded session (read-only): nothing runs to apply to; press p to write the "
              "remedy to a plan file, then `advisor attach --plan FILE SCRIPT`")
@@ -28,7 +30,12 @@ class RecordedSource:
 
     @classmethod
     def open(cls, db_path: Path) -> RecordedSource:
-        return cls(load_state(db_path), db_path=db_path)
+        state = load_state(db_path)
+        output = db_path.parent / OUTPUT_LOG  # the script's output, when it ran under the TUI
+        if output.exists():
+            lines = read_tail(output)
+            state = _with(state, output_tail=lines[-OUTPUT_KEEP:], output_lines=len(lines))
+        return cls(state, db_path=db_path)
 
     def snapshot(self) -> SessionState:
         with self._lock:
@@ -38,7 +45,8 @@ class RecordedSource:
         """Recompute the diagnosis and recommendations at ``budget_bytes``; how many remedies."""
         with self._lock:
             state = self._state
-        diagnosis, recommendations = advise_state(state, budget_bytes=budget_bytes)
+        # At the budget `advisor report` uses unless the user set one (b): the same advice.
+        diagnosis, recommendations = advise_state(state, budget_bytes=advice_budget(state, budget_bytes))
         with self._lock:
             self._state = _with(state, diagnosis=diagnosis, recommendations=recommendations)
             self.budget_bytes = budget_bytes

@@ -9,8 +9,11 @@ from textual.widgets import Static
 
 from advisor.state import SessionState
 from advisor.tui.format import fmt_bytes, fmt_change, fmt_seconds
+from advisor.tui.history import applied_rows
 
 SHOWN_RESULTS = 3  # newest first; the store and the report keep all of them
+NOTHING_YET = "No remedy applied yet. Select a live recommendation and press a."
+NOTHING_RECORDED = "No remedy was applied in this session (p writes the selected one to a plan file)."
 _STATUS_STYLE: dict[str, tuple[str, str]] = {
     "kept": ("✓", "bold green"),
     "reverted": ("↺", "bold yellow"),
@@ -26,20 +29,26 @@ class ResultView(Static):
     """
 
     def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(Text("No remedy applied yet. Select a live recommendation and press a.", style="dim"), id=id)
+        super().__init__(Text(NOTHING_YET, style="dim"), id=id)
         self.border_title = "Applied remedies"
         self.pending: dict[str, Any] | None = None  # {"recommendation_id", "title"} the app asked for
         self.notice: Text | None = None  # the last error the source returned, or other news
+        self.rank: int | None = None  # the rank the views show: its measurements are the ones described
+        self.read_only = False  # a recorded session: nothing can be applied from here
 
     @property
     def plain(self) -> str:
         return str(self.content)
 
     def update_state(self, state: SessionState) -> None:
-        self.update(result_text(state, self.pending, self.notice))
+        self.update(result_text(state, self.pending, self.notice, rank=self.rank,
+                                empty=NOTHING_RECORDED if self.read_only else NOTHING_YET))
 
 
-def result_text(state: SessionState, pending: dict[str, Any] | None, notice: Text | None) -> Text:
+def result_text(state: SessionState, pending: dict[str, Any] | None, notice: Text | None, *,
+                rank: int | None = None, empty: str = "") -> Text:
+    """What is in flight, then one block per decision, newest first: the ranks that agreed on it,
+    predicted against measured (``rank``'s measurement when it reported one)."""
     titles = {str(r.get("id")): str(r.get("title") or r.get("remedy")) for r in state.recommendations}
     text = Text()
     # A request still marked pending when the job has ended will never be applied.
@@ -53,12 +62,16 @@ def result_text(state: SessionState, pending: dict[str, Any] | None, notice: Tex
         text.append_text(notice)
     started = {(str(e.data.get("recommendation_id")), e.data.get("at_step")): e.data
                for e in state.events if e.name == "apply_started"}
-    for result in reversed(state.applied[-SHOWN_RESULTS:]):
+    for row in reversed(applied_rows(state.applied)[-SHOWN_RESULTS:]):
         if text:
             text.append("\n")
-        text.append_text(describe_result(_with_known_before(result, started), titles))
+        result = row.shown(rank)
+        who = row.who(state.world_size)
+        if who and len(row.ranks) > 1 and result.get("rank") is not None:
+            who += f" (rank {result['rank']}'s measurement)"
+        text.append_text(describe_result(_with_known_before(result, started), titles, who=who))
     if not text:
-        return Text("No remedy applied yet. Select a live recommendation and press a.", style="dim")
+        return Text(empty or NOTHING_YET, style="dim")
     return text
 
 
@@ -81,8 +94,9 @@ def _window(figures: dict[str, Any]) -> str:
     return f"step {steps[0]}" if len(steps) == 1 else f"steps {min(steps)}-{max(steps)}"
 
 
-def describe_result(result: dict[str, Any], titles: dict[str, str] | None = None) -> Text:
-    """One applied result: status, then predicted against measured memory and time, then any error."""
+def describe_result(result: dict[str, Any], titles: dict[str, str] | None = None, *, who: str = "") -> Text:
+    """One applied result: status, then predicted against measured memory and time, then any error.
+    ``who``: the ranks it stands for ("all 2 ranks", "rank 1"), on a job of several."""
     status = str(result.get("status", "?"))
     mark, style = _STATUS_STYLE.get(status, ("?", "bold"))
     rec_id = str(result.get("recommendation_id", ""))
@@ -91,7 +105,10 @@ def describe_result(result: dict[str, Any], titles: dict[str, str] | None = None
     text.append(f"{mark} {status}", style=style)
     text.append(f"  {name}")
     if result.get("at_step") is not None:
-        text.append(f" at step {result['at_step']}", style="dim")
+        # The first step run with the change (it happens at the boundary after the step before).
+        text.append(f" from step {result['at_step']}", style="dim")
+    if who:
+        text.append(f" · {who}", style="bold")
     predicted = result.get("predicted") or {}
     measured = result.get("measured") or {}
     before = measured.get("before") or {}

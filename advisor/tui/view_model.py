@@ -16,14 +16,15 @@ from typing import Any
 
 from advisor.advice import advise_state, recorded_budget
 from advisor.records.samples import Event, StepSample
-from advisor.regime import in_force
+from advisor.regime import in_force, regime_start
 from advisor.sections.comm import build_collectives_section, build_comm_section, build_straggler_section
 from advisor.sections.compute import build_compute_section, build_ops_section, device_spec_from_state
 from advisor.sections.memory import build_memory_section
+from advisor.sections.regimes import build_regimes_section, slice_state
 from advisor.state import SessionState
+from advisor.tui.traced_step import TracedStep, traced_step
 
 RECENT_STEPS = 40  # steps drawn in the overview's phase bars and loss sparkline
-OUTPUT_LINES = 30  # the script's last output lines shown on the events view
 
 # Event names that are news for the events log; the others (device_spec, collective_seq, ...)
 # are bookkeeping that other views read.
@@ -36,6 +37,7 @@ class RankRow:
 
     rank: int
     steps: int
+    # Both over the steps since the last remedy changed the job, when any (ViewModel.regime_since):
     median_step_s: float | None  # median StepSample.time_s over steady steps (index > 0, not deep)
     peak_bytes: int | None  # highest StepSample.peak_memory_bytes, else MemorySample.total_bytes
     last_loss: float | None
@@ -82,7 +84,13 @@ class ViewModel:
     comm: list[dict[str, Any]]  # per-rank comm rows
     straggler: dict[str, Any] | None
     events: list[EventRow]
-    output_tail: list[str] = field(default_factory=list)
+    traced: TracedStep | None = None  # the latest step the memory probe traced on this rank
+    # After a remedy changed the job (kept, or reverted later): the step the job as it is now
+    # started at, and the memory section of this rank over those steps only (the budget share,
+    # the peak and the modules the job has now); None while nothing changed.
+    regime_since: int | None = None
+    memory_now: dict[str, Any] | None = None
+    regimes: list[dict[str, Any]] = field(default_factory=list)  # the report's regimes, this rank
 
     @property
     def peak_flops(self) -> float | None:
@@ -117,16 +125,21 @@ def _steady(samples: list[StepSample]) -> list[StepSample]:
     return [s for s in samples if s.index > 0 and not s.deep] or [s for s in samples if s.index > 0] or samples
 
 
-def rank_rows(state: SessionState, comm: list[dict[str, Any]]) -> list[RankRow]:
+def rank_rows(state: SessionState, comm: list[dict[str, Any]], since: int | None = None) -> list[RankRow]:
+    """One row per rank. ``since``: the step the job as it is now started at (a remedy changed it):
+    the median step time and the peak are of the steps from there, when any was measured."""
     ranks = sorted(set(state.steps) | set(state.runs) | set(state.exits))
     exposed = {int(row["rank"]): row.get("exposed_s") for row in comm if "rank" in row}
+    first = since if since is not None else -1
     rows = []
     for rank in ranks:
         samples = state.steps.get(rank, [])
-        steady = _steady(samples)
-        peaks = [s.peak_memory_bytes for s in samples if s.peak_memory_bytes is not None]
+        now = [s for s in samples if s.index >= first] or samples
+        steady = _steady(now)
+        peaks = [s.peak_memory_bytes for s in now if s.peak_memory_bytes is not None]
         if not peaks:
-            peaks = [m.total_bytes for m in state.memory if m.rank == rank]
+            memory = [m.total_bytes for m in state.memory if m.rank == rank]
+            peaks = [m.total_bytes for m in state.memory if m.rank == rank and m.step >= first] or memory
         losses = [s.loss for s in samples if s.loss is not None]
         info = state.exits.get(rank)
         rows.append(RankRow(
@@ -180,6 +193,16 @@ def _event_row(event: Event) -> EventRow | None:
     return EventRow(step=event.step, rank=event.rank, kind=kind, text=text)
 
 
+def advice_budget(state: SessionState, budget_bytes: int | None = None) -> int | None:
+    """The memory budget advice is computed at, as ``advisor report`` computes it: the one asked
+    for, else the recorded ``--memory-budget``, else the device's memory (rank 0's run)."""
+    budget = budget_bytes or recorded_budget(state)
+    run = state.runs.get(0) or (state.runs[min(state.runs)] if state.runs else None)
+    if not budget and run is not None and run.device.get("memory_capacity"):
+        budget = int(run.device["memory_capacity"])
+    return budget
+
+
 def build_view_model(state: SessionState, *, rank: int | None = None, budget_bytes: int | None = None,
                      live: bool = False, readvise: bool = False) -> ViewModel:
     """The model for ``rank`` (default: the slowest rank).
@@ -189,11 +212,12 @@ def build_view_model(state: SessionState, *, rank: int | None = None, budget_byt
     advice loop's, or those the session saved). It can take a while: call it from a worker.
     """
     comm = build_comm_section(state)
-    rows = rank_rows(state, comm)
+    since = regime_start(state.applied)
+    rows = rank_rows(state, comm, since)
     worst = slowest(rows)
     known = {r.rank for r in rows}
     chosen = rank if rank is not None and (rank in known or not known) else (worst if worst is not None else 0)
-    budget = budget_bytes or recorded_budget(state)
+    budget = advice_budget(state, budget_bytes)
     spec = device_spec_from_state(state) or {}
     run = state.runs.get(chosen) or state.runs.get(0) or next(iter(state.runs.values()), None)
     device = dict(run.device) if run else {}
@@ -201,6 +225,10 @@ def build_view_model(state: SessionState, *, rank: int | None = None, budget_byt
     if not budget and device.get("memory_capacity"):
         budget = int(device["memory_capacity"])  # the report's documented default
     mine = rank_state(state, chosen)
+    # The job as it is now: this rank's steps since the last change (none measured yet: no figures).
+    now = slice_state(mine, since, None) if since is not None else None
+    if now is not None and not now.memory:
+        now = None
     diagnosis, recommendations = state.diagnosis, list(state.recommendations)
     if readvise or (diagnosis is None and not recommendations and state.finished):
         diagnosis, recommendations = advise_state(state, budget_bytes=budget)
@@ -215,5 +243,7 @@ def build_view_model(state: SessionState, *, rank: int | None = None, budget_byt
         memory=build_memory_section(mine, budget_bytes=budget), ops=build_ops_section(mine, spec),
         compute=build_compute_section(mine, spec), collectives=build_collectives_section(state), comm=comm,
         straggler=build_straggler_section(state), events=event_rows(state),
-        output_tail=list(state.output_tail)[-OUTPUT_LINES:],
+        traced=traced_step(mine.steps.get(chosen, []), mine.memory, chosen),
+        regime_since=since, memory_now=build_memory_section(now, budget_bytes=budget) if now is not None else None,
+        regimes=build_regimes_section(mine, spec) if since is not None else [],
     )

@@ -13,6 +13,8 @@ from textual.widgets import DataTable
 
 from advisor.records.units import fmt_bytes, fmt_seconds
 from advisor.tui.chart import Chart
+from advisor.tui.fit_table import Column, FitTable
+from advisor.tui.history import applied_rows
 from advisor.tui.recommendations_view import RecommendationsView
 from advisor.tui.result_view import ResultView
 from advisor.tui.view_model import ViewModel
@@ -22,59 +24,77 @@ MIB = 1024 * 1024
 
 def curve_table(curve: list[dict[str, Any]]) -> Table:
     table = Table("budget", "peak", "added time", box=None, pad_edge=False)
+    for column in table.columns:
+        column.no_wrap = True
     for p in sorted(curve, key=lambda p: p.get("budget_bytes") or 0):
         table.add_row(fmt_bytes(p.get("budget_bytes")), fmt_bytes(p.get("peak_memory_bytes")),
                       "+" + fmt_seconds(p.get("overhead_s")))
     return table
 
 
-def history_rows(applied: list[dict[str, Any]]) -> list[tuple[str, ...]]:
-    """One row per apply or revert, oldest first: remedy, status, step, predicted and measured."""
+def history_columns(world_size: int) -> list[Column]:
+    ranks = [Column(key="ranks", label="ranks")] if world_size > 1 else []
+    return [Column(key="remedy", label="remedy", flex=True, min_width=12), *ranks,
+            Column(key="status", label="status"), Column(key="from", label="from step", drop=1),
+            Column(key="measured_step", label="measured step", drop=2),
+            Column(key="measured_peak", label="measured peak", drop=2),
+            Column(key="pred_step", label="pred. step", drop=3), Column(key="pred_peak", label="pred. peak", drop=3)]
+
+
+def history_rows(applied: list[dict[str, Any]], world_size: int = 1, rank: int | None = None) -> list[list[str]]:
+    """One row per decision, oldest first: remedy, the ranks it stands for (several ranks), status,
+    the first step it changed, measured (``rank``'s) and predicted step time and peak."""
     rows = []
-    for r in applied:
+    for row in applied_rows(applied):
+        r = row.shown(rank)
         predicted = r.get("predicted") or {}
         measured = r.get("measured") or {}
         after = measured.get("after") or {}
         before = measured.get("before") or {}
-        rows.append((str(r.get("remedy") or r.get("recommendation_id")), str(r.get("status")),
-                     "" if r.get("at_step") is None else str(r["at_step"]),
-                     fmt_seconds(predicted.get("step_time_s")),
-                     f"{fmt_seconds(before.get('step_time_s'))} → {fmt_seconds(after.get('step_time_s'))}" if measured else "—",
-                     fmt_bytes(predicted.get("peak_memory_bytes")),
-                     f"{fmt_bytes(before.get('peak_memory_bytes'))} → {fmt_bytes(after.get('peak_memory_bytes'))}" if measured else "—"))
+        cells = [str(r.get("remedy") or r.get("recommendation_id"))]
+        if world_size > 1:
+            cells.append(row.who(world_size))
+        cells += [row.status, "" if r.get("at_step") is None else str(r["at_step"]),
+                  f"{fmt_seconds(before.get('step_time_s'))} → {fmt_seconds(after.get('step_time_s'))}" if measured else "—",
+                  f"{fmt_bytes(before.get('peak_memory_bytes'))} → {fmt_bytes(after.get('peak_memory_bytes'))}" if measured else "—",
+                  fmt_seconds(predicted.get("step_time_s")), fmt_bytes(predicted.get("peak_memory_bytes"))]
+        rows.append(cells)
     return rows
 
 
 class AdviceView(Vertical):
     DEFAULT_CSS = """
     AdviceView > RecommendationsView { height: 1fr; }
-    AdviceView > Horizontal { height: 1fr; }
-    AdviceView > Horizontal > #curve-chart { width: 1fr; }
-    AdviceView > Horizontal > #history-table { width: 1fr; }
+    AdviceView > #advice-lower { height: 1fr; min-height: 5; }
+    AdviceView > #advice-lower > #curve-chart { width: 1fr; }
+    AdviceView > #advice-lower > #history { width: 1fr; }
+    AdviceView #history-table { height: 1fr; }
+    AdviceView #history > .fit-note { height: 1; padding: 0 1; }
     """
 
     def compose(self) -> ComposeResult:
         yield RecommendationsView(id="recommendations")
-        with Horizontal():
+        with Horizontal(id="advice-lower"):
             yield Chart(id="curve-chart")
-            yield DataTable(id="history-table", cursor_type="row", zebra_stripes=True)
+            with Vertical(id="history"):
+                table = FitTable(history_columns(1), title="applied remedies", id="history-table")
+                yield table
+                yield table.note
         yield ResultView(id="results")
 
-    def on_mount(self) -> None:
-        table = self.query_one("#history-table", DataTable)
-        for label in ("remedy", "status", "at step", "pred. step", "measured step", "pred. peak", "measured peak"):
-            table.add_column(label, key=label)
-
     def update_model(self, model: ViewModel) -> None:
-        table = self.query_one("#history-table", DataTable)
-        table.clear()
-        for row in history_rows(model.applied):
-            table.add_row(*row)
+        table = self.query_one("#history-table", FitTable)
+        table.set_columns(history_columns(model.world_size))
+        rows = history_rows(model.applied, model.world_size, model.rank)
+        table.set_rows(rows)
+        self.query_one("#history").display = bool(rows)
         self.show_curve(self.query_one(RecommendationsView).selected)
 
     def show_curve(self, rec: dict[str, Any] | None) -> None:
         chart = self.query_one(Chart)
         curve = (rec or {}).get("curve") or []
+        chart.display = bool(curve)
+        self.query_one("#advice-lower").display = bool(curve) or self.query_one("#history").display
         if not curve:
             chart.draw(None, Text("no trade-off curve for the selected remedy", style="dim"))
             return
@@ -84,11 +104,12 @@ class AdviceView(Vertical):
             peaks = [(p.get("peak_memory_bytes") or 0) / MIB for p in points]
             added = [(p.get("overhead_s") or 0) * 1e3 for p in points]
             plt.plot(peaks, added, marker="braille", color="cyan")
-            plt.scatter(peaks, added, color="yellow")
-            plt.xlabel("peak memory (MiB)")
-            plt.title(f"{rec.get('title') or rec.get('remedy')}: added step time (ms) by peak")  # type: ignore[union-attr]
+            plt.scatter(peaks, added, color="orange")
+            plt.xlabel("predicted peak memory, MiB")
+            plt.ylabel("added ms/step")
+            plt.title(f"{rec.get('title') or rec.get('remedy')}: trade-off, added step time by peak memory")  # type: ignore[union-attr]
 
-        chart.draw(plot, curve_table(points))
+        chart.draw(plot, curve_table(points), legend=[("a plan the solver considered", "orange")])
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         if event.data_table.id == "recs-table":

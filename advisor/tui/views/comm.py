@@ -10,11 +10,16 @@ from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.widgets import DataTable, Static
-
 from advisor.records.units import fmt_bytes, fmt_seconds
 from advisor.tui.chart import Chart
+from advisor.tui.fit_table import Column, FitTable
+from advisor.tui.flow import Flow
 from advisor.tui.view_model import ViewModel
+
+COLLECTIVE_COLUMNS = [Column(key="op", label="collective"), Column(key="calls", label="calls", drop=3),
+                      Column(key="bytes", label="bytes", drop=2), Column(key="time", label="time"),
+                      Column(key="exposed", label="exposed"), Column(key="busbw", label="bus bw", drop=1),
+                      Column(key="ceiling", label="ceiling", drop=4)]
 
 
 def by_kind(rows: list[dict[str, Any]], rank: int) -> list[dict[str, Any]]:
@@ -41,28 +46,29 @@ def bandwidth(value: float | None) -> str:
     return "—" if not value else f"{fmt_bytes(value)}/s"
 
 
-def summary_text(model: ViewModel) -> Text:
-    text = Text()
+def summary_lines(model: ViewModel) -> list[list[Any]]:
     s = model.straggler
     if model.world_size < 2:
-        text.append("one rank: no collectives between ranks", style="dim")
-        return text
+        return [[Text("one rank: no collectives between ranks", style="dim")]]
     if s:
-        text.append("straggler ", style="dim")
-        text.append(f"rank {s['rank']}", style="bold red")
-        text.append(f": the others wait {fmt_seconds(s.get('wait_caused_per_step_s'))} per step for it · skew "
-                    f"{fmt_seconds(s.get('skew_s'))} per call over {s.get('matched_calls')} matched calls")
+        who = Text("straggler ", style="dim")
+        who.append(f"rank {s['rank']}", style="bold red")
+        who.append(":")
+        lines: list[list[Any]] = [[who, f"the others wait {fmt_seconds(s.get('wait_caused_per_step_s'))} per step for it",
+                                   f"skew {fmt_seconds(s.get('skew_s'))} per call over {s.get('matched_calls')} matched calls"]]
     else:
-        text.append("no straggler found (no collectives matched across ranks)", style="dim")
+        lines = [[Text("no straggler found (no collectives matched across ranks)", style="dim")]]
     for row in model.comm:
-        text.append(f"\nrank {row['rank']}: ", style="dim")
-        text.append(f"step {fmt_seconds(row['step_time_s'])} · comm {fmt_seconds(row['comm_s'])} · exposed "
-                    f"{fmt_seconds(row['exposed_s'])} ({row['exposed_share']:.0%})")
-    return text
+        lines.append([Text(f"rank {row['rank']}:", style="dim"), f"step {fmt_seconds(row['step_time_s'])}",
+                      f"comm {fmt_seconds(row['comm_s'])}",
+                      f"exposed {fmt_seconds(row['exposed_s'])} ({row['exposed_share']:.0%})"])
+    return lines
 
 
 def kinds_table(kinds: list[dict[str, Any]]) -> Table:
     table = Table("op", "time", "exposed", "bus bw", box=None, pad_edge=False)
+    for column in table.columns[1:]:
+        column.no_wrap = True
     for k in kinds:
         table.add_row(k["op"], fmt_seconds(k["time_s"]), fmt_seconds(k["exposed_s"]), bandwidth(k["busbw"]))
     return table
@@ -73,31 +79,27 @@ class CommView(Vertical):
     CommView > #comm-summary { height: auto; max-height: 8; padding: 0 1; }
     CommView > #comm-chart { height: 1fr; }
     CommView > #collectives-table { height: auto; max-height: 12; }
+    CommView > .fit-note { height: 1; padding: 0 1; }
     """
 
     def compose(self) -> ComposeResult:
-        yield Static("", id="comm-summary")
+        yield Flow(id="comm-summary")
         yield Chart(id="comm-chart")
-        yield DataTable(id="collectives-table", cursor_type="row", zebra_stripes=True)
-
-    def on_mount(self) -> None:
-        table = self.query_one("#collectives-table", DataTable)
-        for label in ("collective", "calls", "bytes", "time", "exposed", "bus bw", "ceiling"):
-            table.add_column(label, key=label)
+        table = FitTable(COLLECTIVE_COLUMNS, title="collectives by kind", id="collectives-table")
+        yield table
+        yield table.note
 
     @property
     def summary_plain(self) -> str:
-        return str(self.query_one("#comm-summary", Static).content)
+        return self.query_one("#comm-summary", Flow).plain
 
     def update_model(self, model: ViewModel) -> None:
-        self.query_one("#comm-summary", Static).update(summary_text(model))
+        self.query_one("#comm-summary", Flow).set_lines(summary_lines(model))
         kinds = by_kind(model.collectives, model.rank)
-        table = self.query_one("#collectives-table", DataTable)
-        table.clear()
-        for k in kinds:
-            table.add_row(k["op"], str(k["count"]), fmt_bytes(k["bytes"]), fmt_seconds(k["time_s"]),
-                          fmt_seconds(k["exposed_s"]), bandwidth(k["busbw"]),
-                          bandwidth(k["bench_busbw"]) if k["bench_busbw"] else "not measured")
+        self.query_one(FitTable).set_rows([
+            [k["op"], str(k["count"]), fmt_bytes(k["bytes"]), fmt_seconds(k["time_s"]), fmt_seconds(k["exposed_s"]),
+             bandwidth(k["busbw"]), bandwidth(k["bench_busbw"]) if k["bench_busbw"] else "not measured"]
+            for k in kinds])
         chart = self.query_one(Chart)
         if not kinds:
             chart.draw(None, Text(f"no collectives on rank {model.rank}", style="dim"))
@@ -106,7 +108,9 @@ class CommView(Vertical):
         def plot(plt: Any) -> None:
             names = [k["op"] for k in kinds]
             plt.multiple_bar(names, [[k["time_s"] * 1e3 for k in kinds], [k["exposed_s"] * 1e3 for k in kinds]],
-                             labels=["time", "exposed"], color=["cyan", "red"])
-            plt.title(f"collectives on rank {model.rank}: total and exposed time (ms)")
+                             color=["cyan", "red"])
+            plt.title(f"collectives on rank {model.rank}: time summed over the recorded steps")
+            plt.xlabel("collective")
+            plt.ylabel("ms")
 
-        chart.draw(plot, kinds_table(kinds))
+        chart.draw(plot, kinds_table(kinds), legend=[("time", "cyan"), ("exposed (not overlapped)", "red")])

@@ -9,11 +9,11 @@ from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.widgets import DataTable, Static
-
 from advisor.records.units import fmt_seconds
 from advisor.sections.compute import fmt_roof, roof_footnote
 from advisor.tui.chart import Chart
+from advisor.tui.fit_table import Column, FitTable
+from advisor.tui.flow import Flow, labelled
 from advisor.tui.view_model import ViewModel
 
 TOP_OPS = 50
@@ -34,21 +34,22 @@ def ridge(model: ViewModel) -> float | None:
     return peak / bandwidth if peak and bandwidth else None
 
 
-def summary_text(model: ViewModel) -> Text:
+def summary_lines(model: ViewModel) -> list[list[Any]]:
     c = model.compute
-    text = Text()
-    mfu = c.get("mfu")
-    text.append("MFU ", style="dim")
-    text.append(f"{mfu:.1%}" if isinstance(mfu, (int, float)) else "—", style="bold")
-    share = c.get("memory_bound_share")
-    text.append("   memory-bound share ", style="dim")
-    text.append(f"{share:.0%}" if isinstance(share, (int, float)) else "—")
-    text.append("   achieved ", style="dim")
-    text.append(si(c.get("achieved_flops_per_s"), "FLOP/s"))
-    text.append("\nroof ", style="dim")
-    text.append(f"{si(model.peak_flops, 'FLOP/s')} ({c.get('dominant_dtype') or '?'}) · "
-                f"{si(model.memory_bandwidth, 'B/s')} · ridge {si(ridge(model), 'FLOP/B')}")
-    return text
+    mfu, share = c.get("mfu"), c.get("memory_bound_share")
+    return [
+        [labelled("MFU", Text(f"{mfu:.1%}" if isinstance(mfu, (int, float)) else "—", style="bold")),
+         labelled("memory-bound share", f"{share:.0%}" if isinstance(share, (int, float)) else "—"),
+         labelled("achieved", si(c.get("achieved_flops_per_s"), "FLOP/s"))],
+        [labelled("roof", f"{si(model.peak_flops, 'FLOP/s')} ({c.get('dominant_dtype') or '?'})"),
+         si(model.memory_bandwidth, "B/s"), labelled("ridge", si(ridge(model), "FLOP/B"))],
+    ]
+
+
+OP_COLUMNS = [Column(key="op", label="op", flex=True, min_width=14), Column(key="time", label="time"),
+              Column(key="share", label="share", drop=2), Column(key="bound", label="bound", drop=1),
+              Column(key="roof", label="roof", drop=1), Column(key="module", label="module", drop=4),
+              Column(key="phase", label="phase", drop=3)]
 
 
 def ops_table(ops: list[dict[str, Any]], limit: int = 10) -> Table:
@@ -64,37 +65,35 @@ class ComputeView(Vertical):
     ComputeView > #compute-summary { height: auto; padding: 0 1; }
     ComputeView > #roofline-chart { height: 1fr; }
     ComputeView > #ops-table { height: 1fr; }
+    ComputeView > .fit-note { height: 1; padding: 0 1; }
     """
 
     def compose(self) -> ComposeResult:
-        yield Static("", id="compute-summary")
+        yield Flow(id="compute-summary")
         yield Chart(id="roofline-chart")
-        yield DataTable(id="ops-table", cursor_type="row", zebra_stripes=True)
-
-    def on_mount(self) -> None:
-        table = self.query_one("#ops-table", DataTable)
-        for label in ("op", "time", "share", "bound", "roof", "module", "phase"):
-            table.add_column(label, key=label)
+        table = FitTable(OP_COLUMNS, title="top ops by time", id="ops-table")
+        yield table
+        yield table.note
 
     @property
     def summary_plain(self) -> str:
-        return str(self.query_one("#compute-summary", Static).content)
+        return self.query_one("#compute-summary", Flow).plain
 
     def update_model(self, model: ViewModel) -> None:
-        self.query_one("#compute-summary", Static).update(summary_text(model))
+        self.query_one("#compute-summary", Flow).set_lines(summary_lines(model))
         ops = [op for op in model.ops if op.get("intensity") and op.get("achieved_flops_per_s")]
         chart = self.query_one(Chart)
         if not ops:
             chart.draw(None, Text("no ops measured (the compute probe samples deep steps)", style="dim"))
         else:
-            chart.draw(self._plotter(model, ops), ops_table(model.ops))
-        table = self.query_one("#ops-table", DataTable)
-        table.clear()
+            chart.draw(self._plotter(model, ops), ops_table(model.ops),
+                       legend=[("roof", "red"), ("ops", "cyan")] if model.peak_flops and model.memory_bandwidth
+                       else [("ops", "cyan")])
         total = sum(op.get("time_s") or 0.0 for op in model.ops) or 1e-12
-        for op in model.ops[:TOP_OPS]:
-            table.add_row(op["name"], fmt_seconds(op.get("time_s")), f"{(op.get('time_s') or 0) / total:.0%}",
-                          str(op.get("bound") or "—"), fmt_roof(op, "—"), op.get("module") or "(model)",
-                          str(op.get("phase") or ""))
+        self.query_one(FitTable).set_rows([
+            [op["name"], fmt_seconds(op.get("time_s")), f"{(op.get('time_s') or 0) / total:.0%}",
+             str(op.get("bound") or "—"), fmt_roof(op, "—"), op.get("module") or "(model)", str(op.get("phase") or "")]
+            for op in model.ops[:TOP_OPS]])
 
     @staticmethod
     def _plotter(model: ViewModel, ops: list[dict[str, Any]]) -> Any:
@@ -106,11 +105,11 @@ class ComputeView(Vertical):
             low, high = min(xs + ([math.log10(knee)] if knee else [])) - 0.5, max(xs) + 0.5
             if peak and bandwidth:
                 roof_x = [low + (high - low) * i / 40 for i in range(41)]
-                plt.plot(roof_x, [math.log10(min(peak, bandwidth * 10 ** x)) for x in roof_x], label="roof", color="red")
+                plt.plot(roof_x, [math.log10(min(peak, bandwidth * 10 ** x)) for x in roof_x], color="red")
                 plt.vline(math.log10(knee), "red")
-            plt.scatter(xs, ys, label="ops", color="cyan")
-            plt.xlabel("log10 FLOP/byte")
-            plt.title(f"roofline, rank {model.rank}: log10 achieved FLOP/s by op; ridge at "
-                      f"{si(knee, 'FLOP/B')}")
+            plt.scatter(xs, ys, color="cyan")
+            plt.xlabel("arithmetic intensity, log10 FLOP/byte")
+            plt.ylabel("log10 FLOP/s")
+            plt.title(f"roofline, rank {model.rank}: each op's achieved FLOP/s; ridge at {si(knee, 'FLOP/B')}")
 
         return plot
