@@ -18,6 +18,7 @@ from advisor.progress import ProgressPrinter
 from advisor.render import emit_report, print_exit_summary
 from advisor.report import build_report, write_json, write_text
 from advisor.exits import signal_name
+from advisor.records.units import plain_text
 from advisor.session import AttachOptions, Session
 from advisor.tui.results import RESULT_LEFT_RUNNING, RESULT_STOP_TRAINING
 
@@ -244,7 +245,7 @@ def _report(session: Session, ns: argparse.Namespace, code: int, reason: str) ->
         emit_report(report, fmt, sys.stderr)
     else:
         print_exit_summary(report)
-    print(f"advisor: {reason} (exit code {code}); session {session.id}", file=sys.stderr, flush=True)
+    print(f"advisor: {plain_text(reason)} (exit code {code}); session {session.id}", file=sys.stderr, flush=True)
     if ns.apply and ns.headless and not _applied(state, ns.apply):
         ids = ", ".join(str(r.get("id")) for r in state.recommendations) or "none"
         print(f"advisor: the requested --apply {ns.apply} never happened (recommendations in this run: {ids})",

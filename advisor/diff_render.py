@@ -9,18 +9,15 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from advisor.records.units import format_size
+from advisor.records.units import fmt_bytes, fmt_seconds
 
 
 def _seconds(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1e3:.3f} ms"
+    return fmt_seconds(value)
 
 
 def _bytes(value: float | None) -> str:
-    if value is None:
-        return "-"
-    sign = "-" if value < 0 else ""
-    return sign + format_size(int(abs(value)))
+    return fmt_bytes(value)
 
 
 def _delta(c: Mapping[str, Any], fmt: Any, *, worse_when_up: bool = True) -> Text:
@@ -51,10 +48,12 @@ def diff_renderables(diff: Mapping[str, Any]) -> list[Any]:
             + f"\n[b]B[/b] {b['id']} · {b.get('script')} · {b.get('steps')} steps"
             + (f" · imported ({b['imported_from']})" if b.get("imported_from") else ""))
     parts: list[Any] = [Panel(head, title="advisor diff", expand=False)]
-    time = _table("step time and phases (per step)")
+    time = _table("step time and phases (per steady step)")
     _row(time, "step (median)", diff["step_time"], _seconds)
-    for key, c in diff["phases"].items():
-        _row(time, key[:-2], c, _seconds)
+    if diff.get("mean_step_time"):
+        _row(time, "step (mean)", diff["mean_step_time"], _seconds)
+    for key, c in diff["phases"].items():  # means: they add up to the mean step
+        _row(time, f"  {key[:-2]} (mean)", c, _seconds)
     parts.append(time)
     memory = _table("memory at the peak")
     _row(memory, "peak", diff["peak_memory"], _bytes)

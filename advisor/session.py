@@ -19,6 +19,7 @@ from advisor.exits import (
     read_launcher_exits,
     read_rendezvous_failure,
     rendezvous_lost_reason,
+    stop_note,
 )
 from advisor.launch import BOOTSTRAP, python_command, torchrun_command
 from advisor.multinode import MultiNode
@@ -369,7 +370,7 @@ class Session:
             reason = f"{peers[0].data.get('message')}; here: {reason}"
         elif lost and code != 0:  # no verdict on a peer, but the launcher saw the other node go
             reason = f"{rendezvous_lost_reason(lost)}; here: {reason}"
-        reason += note
+        reason = stop_note(code, reason, note)
         self.live.update(finished=True, exit_code=code, exit_reason=reason, pending_apply=None)
         self.store.set_meta(finished=True, exit_code=code, exit_reason=reason)
         return code, reason
