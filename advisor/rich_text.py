@@ -77,3 +77,10 @@ def to_rich(block: Block) -> Any:
     if isinstance(block, Facts):
         return _facts(block)
     return _lines(block)
+
+
+def text_cells(*cells: object) -> tuple[Any, ...]:
+    """Table cells for a Textual ``DataTable`` or a rich ``Table``: every ``str`` becomes
+    ``name_text`` (a ``str`` cell is parsed as markup there), anything else (already ``Text``,
+    or a renderable) is kept."""
+    return tuple(name_text(c) if isinstance(c, str) else c for c in cells)

@@ -11,8 +11,9 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Static
 
-from advisor.state import SessionState
 from advisor.records.units import fmt_quantity
+from advisor.rich_text import name_text
+from advisor.state import SessionState
 from advisor.tui.format import fmt_bytes, fmt_change, fmt_seconds
 
 Recommendation = dict[str, Any]
@@ -193,7 +194,7 @@ def _row(rank: int, rec: Recommendation, status: str | None) -> list[str | Text]
     style = {"kept": "green", "failed": "bold red", "reverted": "yellow", "applying…": "cyan"}.get(status or "", "")
     return [
         str(rank),
-        str(rec.get("title") or rec.get("remedy") or rec.get("id")),
+        name_text(rec.get("title") or rec.get("remedy") or rec.get("id")),
         _colour_change(memory, baseline.get("peak_memory_bytes"), predicted.get("peak_memory_bytes")),
         _colour_change(time, baseline.get("step_time_s"), predicted.get("step_time_s")),
         conf,

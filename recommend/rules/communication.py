@@ -23,7 +23,7 @@ import math
 from advisor.recommend.finding import Finding
 from advisor.recommend.profile import Profile
 from advisor.recommend.remedies import ddp_bucket, grad_accumulation, grad_compression
-from advisor.recommend.rules._figures import bus_bandwidth, bus_factor, comm_steps, ms
+from advisor.recommend.rules._figures import bus_bandwidth, bus_factor, comm_steps, median_per_step, ms
 from advisor.records.advice import Prediction, Recommendation
 from advisor.records.units import fmt_bytes, fmt_rate
 
@@ -46,12 +46,15 @@ def communication_rule(profile: Profile) -> Finding | None:
         return None
     by_step = comm_steps(profile.collectives)
     figures = profile.comm
-    if figures is None or figures.step_time_s <= 0:
-        return None
-    # The figures the report's comm section shows for this rank: medians over the same ordinary
-    # steps, exposed over that median step. A mean exposed time over a median step read 87% where
-    # the section read 69%, and a median over deep steps too differed from both.
-    exposed, comm_time, share = figures.exposed_s, figures.comm_s, figures.exposed_share
+    if figures is not None and figures.step_time_s > 0:
+        # The figures the report's comm section shows for this rank: medians over the same
+        # ordinary steps, exposed over that median step. A mean exposed time over a median step
+        # read 87% where the section read 69%, and a median over deep steps too differed from both.
+        exposed, comm_time, share, shown_step = (figures.exposed_s, figures.comm_s, figures.exposed_share,
+                                                 figures.step_time_s)
+    else:  # a profile without its steps (built by hand): the calls' per-step medians
+        exposed, comm_time = median_per_step(by_step, "exposed_s"), median_per_step(by_step, "time_s")
+        share, shown_step = exposed / step, step
     if share <= EXPOSED_SHARE:
         return None
     grads = [c for calls in by_step.values() for c in calls if c.op in ("all_reduce", "reduce_scatter")]
@@ -66,12 +69,12 @@ def communication_rule(profile: Profile) -> Finding | None:
         {"what": "exposed collective time / step time", "value": round(share, 4), "threshold": EXPOSED_SHARE},
         {"what": "exposed collective time per step", "value": round(exposed, 6), "unit": "s"},
         {"what": "collective time per step", "value": round(comm_time, 6), "unit": "s"},
-        {"what": "step time (median of ordinary steps)", "value": round(figures.step_time_s, 6), "unit": "s"},
+        {"what": "step time (median of ordinary steps)", "value": round(shown_step, 6), "unit": "s"},
         {"what": "gradient bytes reduced per step", "value": int(grad_bytes), "unit": "B"},
         {"what": "bus bandwidth (largest call)", "value": round(busbw, 1) if busbw else None, "unit": "B/s"},
     ]
-    lines = [f"{ms(exposed)} of collectives exposed in a {ms(figures.step_time_s)} step ({share:.0%}; "
-             f"medians of rank {figures.rank}'s ordinary steps)",
+    lines = [f"{ms(exposed)} of collectives exposed in a {ms(shown_step)} step ({share:.0%}; medians of "
+             "ordinary steps)",
              f"{fmt_bytes(grad_bytes)} reduced per step in {calls:g} call(s)"
              + (f" at {fmt_rate(busbw)} bus bandwidth" if busbw else "")]
     recs: list[Recommendation] = []

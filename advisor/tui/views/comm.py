@@ -12,7 +12,8 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
-from advisor.records.units import fmt_bytes, fmt_seconds
+from advisor.records.units import fmt_bytes, fmt_rate, fmt_seconds
+from advisor.rich_text import name_text
 from advisor.tui.chart import Chart
 from advisor.tui.view_model import ViewModel
 
@@ -38,7 +39,8 @@ def by_kind(rows: list[dict[str, Any]], rank: int) -> list[dict[str, Any]]:
 
 
 def bandwidth(value: float | None) -> str:
-    return "—" if not value else f"{fmt_bytes(value)}/s"
+    """Bytes/s as the report gives them (``fmt_rate``: decimal prefixes, as nccl-tests quotes them)."""
+    return "—" if not value else fmt_rate(value)
 
 
 def summary_text(model: ViewModel) -> Text:
@@ -95,7 +97,7 @@ class CommView(Vertical):
         table = self.query_one("#collectives-table", DataTable)
         table.clear()
         for k in kinds:
-            table.add_row(k["op"], str(k["count"]), fmt_bytes(k["bytes"]), fmt_seconds(k["time_s"]),
+            table.add_row(name_text(k["op"]), str(k["count"]), fmt_bytes(k["bytes"]), fmt_seconds(k["time_s"]),
                           fmt_seconds(k["exposed_s"]), bandwidth(k["busbw"]),
                           bandwidth(k["bench_busbw"]) if k["bench_busbw"] else "not measured")
         chart = self.query_one(Chart)

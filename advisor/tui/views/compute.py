@@ -12,6 +12,7 @@ from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
 from advisor.records.units import fmt_seconds
+from advisor.rich_text import name_text
 from advisor.sections.compute import fmt_roof, roof_footnote
 from advisor.tui.chart import Chart
 from advisor.tui.view_model import ViewModel
@@ -54,7 +55,7 @@ def summary_text(model: ViewModel) -> Text:
 def ops_table(ops: list[dict[str, Any]], limit: int = 10) -> Table:
     table = Table("op", "time", "bound", "roof", box=None, pad_edge=False)
     for op in ops[:limit]:
-        table.add_row(op["name"], fmt_seconds(op.get("time_s")), str(op.get("bound") or "—"), fmt_roof(op, "—"))
+        table.add_row(name_text(op["name"]), fmt_seconds(op.get("time_s")), str(op.get("bound") or "—"), fmt_roof(op, "—"))
     table.caption = roof_footnote(ops[:limit])
     return table
 
@@ -92,8 +93,8 @@ class ComputeView(Vertical):
         table.clear()
         total = sum(op.get("time_s") or 0.0 for op in model.ops) or 1e-12
         for op in model.ops[:TOP_OPS]:
-            table.add_row(op["name"], fmt_seconds(op.get("time_s")), f"{(op.get('time_s') or 0) / total:.0%}",
-                          str(op.get("bound") or "—"), fmt_roof(op, "—"), op.get("module") or "(model)",
+            table.add_row(name_text(op["name"]), fmt_seconds(op.get("time_s")), f"{(op.get('time_s') or 0) / total:.0%}",
+                          str(op.get("bound") or "—"), fmt_roof(op, "—"), name_text(op.get("module") or "(model)"),
                           str(op.get("phase") or ""))
 
     @staticmethod

@@ -7,6 +7,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
+from advisor.rich_text import name_text
 from advisor.tui.view_model import ViewModel
 
 KIND_STYLE = {"warning": "yellow", "probe": "yellow", "oom": "bold red", "apply": "green", "revert": "cyan",
@@ -37,7 +38,7 @@ class EventsView(Vertical):
         table.clear()
         for row in reversed(model.events):  # newest first
             table.add_row("" if row.step is None else str(row.step), "" if row.rank is None else str(row.rank),
-                          Text(row.kind, style=KIND_STYLE.get(row.kind, "")), row.text)
+                          Text(row.kind, style=KIND_STYLE.get(row.kind, "")), name_text(row.text))
         tail = Text("script output (last lines)\n", style="dim")
         tail.append("\n".join(model.output_tail[-8:]) if model.output_tail else "none captured")
         self.query_one("#output-tail", Static).update(tail)

@@ -13,6 +13,7 @@ from textual.widgets import DataTable, Static
 
 from advisor.records.samples import MEMORY_CATEGORIES
 from advisor.records.units import fmt_bytes, fmt_seconds
+from advisor.rich_text import name_text
 from advisor.tui.chart import Chart
 from advisor.tui.view_model import ViewModel
 
@@ -152,6 +153,6 @@ class MemoryView(Vertical):
         table.clear()
         rows = sorted(model.memory.get("modules") or [], key=lambda r: -(r.get(self.sort_key) or 0))
         for row in rows[:MODULE_ROWS]:
-            table.add_row(row.get("name") or "(model)", *(fmt(row.get(key)) for _, key, fmt in MODULE_COLUMNS))
+            table.add_row(name_text(row.get("name") or "(model)"), *(fmt(row.get(key)) for _, key, fmt in MODULE_COLUMNS))
         label = next(label for label, key, _ in MODULE_COLUMNS if key == self.sort_key)
         self.border_title = f"modules by {label}"

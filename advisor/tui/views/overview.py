@@ -10,6 +10,7 @@ from textual.widgets import Static
 
 from advisor.records.samples import PHASES
 from advisor.records.units import fmt_bytes, fmt_seconds
+from advisor.rich_text import name_text
 from advisor.tui.chart import Chart
 from advisor.tui.format import fmt_loss, sparkline
 from advisor.tui.steps_view import StepsView
@@ -86,7 +87,7 @@ class OverviewView(Vertical):
         yield StepsView(id="steps")  # the step table (updated from the state by the app, as before)
 
     def update_model(self, model: ViewModel) -> None:
-        self.query_one("#overview-diagnosis", Static).update(diagnosis_sentence(model))
+        self.query_one("#overview-diagnosis", Static).update(name_text(diagnosis_sentence(model)))
         self.query_one("#overview-facts", Static).update(facts_text(model))
         self.query_one("#overview-loss", Static).update(loss_text(model))
         steps = model.steps

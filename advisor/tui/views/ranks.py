@@ -9,6 +9,7 @@ from textual.message import Message
 from textual.widgets import DataTable, Static
 
 from advisor.records.units import fmt_bytes, fmt_seconds
+from advisor.rich_text import name_text
 from advisor.tui.format import fmt_loss
 from advisor.tui.view_model import ViewModel
 
@@ -48,7 +49,7 @@ class RanksView(Vertical):
             if row.rank == model.rank:
                 marks.append("shown")
             table.add_row(str(row.rank), str(row.steps), fmt_seconds(row.median_step_s), fmt_bytes(row.peak_bytes),
-                          fmt_seconds(row.exposed_comm_s), fmt_loss(row.last_loss), ", ".join(marks), row.exit or "",
+                          fmt_seconds(row.exposed_comm_s), fmt_loss(row.last_loss), ", ".join(marks), name_text(row.exit or ""),
                           key=str(row.rank))
         if model.rank in self._ranks:
             table.move_cursor(row=self._ranks.index(model.rank))
