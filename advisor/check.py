@@ -144,7 +144,7 @@ class _Checks:
             if number is not None and not (-1e-12 <= number <= 1 + 1e-9):
                 self.breach(f"{path}.{key}", "a share must lie in [0, 1]", **{f"{path}.{key}": number})
         known = [n for n in numbers.values() if n is not None]
-        if known and not _close(sum(known), 1.0, abs_tol=1e-6):
+        if any(known) and not _close(sum(known), 1.0, abs_tol=1e-6):  # all 0: steps without phases
             self.breach(path, "the phases' shares must add up to the whole step", **{f"sum({path})": sum(known)})
 
     def steps(self) -> None:
@@ -176,7 +176,7 @@ class _Checks:
         mean_phases, mean = summary.get("phase_mean_s"), _num(summary.get("mean_step_s"))
         if isinstance(mean_phases, Mapping) and mean is not None:
             total = sum(n for v in mean_phases.values() if (n := _num(v)) is not None)
-            if not _close(total, mean, abs_tol=1e-9):
+            if total and not _close(total, mean, abs_tol=1e-9):
                 self.breach("summary.phase_mean_s", "the phases must add up to the mean step they split",
                             **{"sum(summary.phase_mean_s)": total, "summary.mean_step_s": mean})
 

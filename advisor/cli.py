@@ -34,7 +34,7 @@ def _size(value: str) -> int:
         size = parse_size(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    if re.fullmatch(r"[0-9.]+", text) and size < BARE_BYTES_FROM:
+    if re.fullmatch(r"[0-9.]+", text) and 0 < size < BARE_BYTES_FROM:  # 0 is 0 in any unit
         raise argparse.ArgumentTypeError(
             f"{value!r} has no unit: write {SIZE_FORMS} (a bare number counts as bytes only from "
             f"{BARE_BYTES_FROM} up)")

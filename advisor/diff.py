@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from advisor.records.samples import MEMORY_CATEGORIES, PHASES
-from advisor.records.units import format_size, parse_size
+from advisor.records.units import fmt_bytes, fmt_seconds, parse_size
 from advisor.state import SessionState
 
 SCHEMA = "advisor.diff/1"
@@ -237,10 +237,8 @@ def parse_gate(spec: str) -> list[Threshold]:
 
 
 def _fmt(value: float, unit: str) -> str:
-    if unit == "bytes":
-
-        return format_size(int(value))
-    return f"{value * 1e3:.3f} ms"
+    """One unit style everywhere (``advisor.records.units``): "107 ms", "6.94 s", "780 MiB"."""
+    return fmt_bytes(value) if unit == "bytes" else fmt_seconds(value)
 
 
 def check_gate(diff: Mapping[str, Any], thresholds: list[Threshold]) -> list[dict[str, Any]]:

@@ -138,7 +138,7 @@ def test_cli_diff_json_gate_and_usage_errors(tmp_path):
     proc = advisor("a-0001", "b-0002", "--json", str(out), "--fail-on", "step_time:+5%,peak_memory:+10%")
     assert proc.returncode == 1, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if "regression:" in line]
-    assert lines == ["advisor: regression: step_time +7.0% (100.000 ms -> 107.000 ms) crosses +5%",
+    assert lines == ["advisor: regression: step_time +7.0% (100 ms -> 107 ms) crosses +5%",
                      "advisor: regression: peak_memory +11.4% (700 MiB -> 780 MiB) crosses +10%"]
     data = json.loads(out.read_text())
     assert data["schema"] == "advisor.diff/1" and len(data["gate"]["failures"]) == 2
