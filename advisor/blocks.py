@@ -25,7 +25,9 @@ class Span:
     style: str = ""
 
 
-Cell = Union[str, Span]
+# A cell: a string (one line: a name's own line breaks become spaces), a styled span, or a tuple
+# of strings shown one under another (a regime's top ops).
+Cell = Union[str, Span, tuple[str, ...]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,8 +79,15 @@ class Section:
     blocks: tuple[Block, ...] = field(default_factory=tuple)
 
 
+def cell_lines(cell: Cell) -> tuple[str, ...]:
+    """A cell's lines: one, except for a tuple cell."""
+    if isinstance(cell, tuple):
+        return tuple(str(line) for line in cell)
+    return (cell.text if isinstance(cell, Span) else str(cell),)
+
+
 def cell_text(cell: Cell) -> str:
-    return cell.text if isinstance(cell, Span) else str(cell)
+    return "\n".join(cell_lines(cell))
 
 
 def titles(blocks: list[Block]) -> list[str]:

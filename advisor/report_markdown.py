@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from advisor.blocks import Block, Cell, Facts, Table, cell_text
+from advisor.blocks import Block, Cell, Facts, Table, cell_lines, cell_text
 from advisor.records.units import plain_text
 
 # Characters Markdown would read as syntax. An underscore only where it may open or close
@@ -24,8 +24,8 @@ def md_text(value: object) -> str:
 
 
 def _cell(cell: Cell) -> str:
-    # A cell's own line breaks (a regime's top ops) become <br>, the only line break a table has.
-    return "<br>".join(md_text(line) for line in cell_text(cell).split("\n"))
+    # A cell's lines (a regime's top ops) join with <br>, the only line break a table has.
+    return "<br>".join(md_text(line) for line in cell_lines(cell))
 
 
 def _table(block: Table) -> list[str]:

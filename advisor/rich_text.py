@@ -17,7 +17,7 @@ from rich.panel import Panel
 from rich.table import Table as RichTable
 from rich.text import Text
 
-from advisor.blocks import Block, Cell, Facts, Lines, Span, Table, cell_text
+from advisor.blocks import Block, Cell, Facts, Lines, Span, Table, cell_lines
 from advisor.records.units import plain_text
 
 
@@ -26,23 +26,25 @@ def name_text(value: object, style: str = "", *, one_line: bool = True) -> Text:
     return Text(plain_text(value, one_line=one_line), style=style)
 
 
-def cell_renderable(cell: Cell, *, one_line: bool = True) -> Text:
+def cell_renderable(cell: Cell) -> Text:
+    """A block's cell as text: each of its lines cleaned as one line (``plain_text``)."""
     if isinstance(cell, Span):
-        return name_text(cell.text, cell.style, one_line=one_line)
-    return name_text(cell, one_line=one_line)
+        return name_text(cell.text, cell.style)
+    if isinstance(cell, tuple):
+        return Text("\n").join(name_text(line) for line in cell)
+    return name_text(cell)
 
 
 def _table(block: Table) -> RichTable:
     table = RichTable(title=name_text(block.title), caption=name_text(block.caption) if block.caption else None,
                       expand=False)
     for i, column in enumerate(block.columns):
-        longest = max((len(cell_text(row[i])) for row in block.rows if i < len(row)), default=0)
+        longest = max((len(line) for row in block.rows if i < len(row) for line in cell_lines(row[i])), default=0)
         table.add_column(name_text(column.name), justify="right" if column.numeric else "left",
                          no_wrap=column.numeric or column.label, overflow="fold",
                          min_width=min(longest, column.fold_at) if column.fold_at else None)
     for row in block.rows:
-        # A cell may hold several lines on purpose (a regime's top ops): keep its line breaks.
-        table.add_row(*(cell_renderable(c, one_line=False) for c in row))
+        table.add_row(*(cell_renderable(c) for c in row))
     return table
 
 

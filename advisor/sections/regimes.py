@@ -13,8 +13,8 @@ import copy
 import statistics
 from typing import Any, Mapping
 
-from advisor.blocks import Block, Column, Table
-from advisor.records.units import MISSING, fmt_bytes, fmt_seconds, plain_text
+from advisor.blocks import Block, Cell, Column, Table
+from advisor.records.units import MISSING, fmt_bytes, fmt_seconds
 from advisor.sections.compute import build_ops_section
 from advisor.sections.memory import build_memory_section
 from advisor.sections.timebase import light_samples
@@ -111,12 +111,12 @@ def regimes_blocks(regimes: list[dict[str, Any]]) -> list[Block]:
         return []
     rows = []
     for r in regimes:
-        ops = "\n".join(f"{plain_text(o['name'])} {fmt_seconds(o['time_s'])}" for o in r["top_ops"][:3]) or MISSING
-        modules = "\n".join(f"{plain_text(m['name'] or '(model)')} {fmt_bytes(m['activation_bytes'])}"
-                            for m in r["top_modules"][:3]) or MISSING
-        step_time = fmt_seconds(r["step_time_s"])
+        ops = tuple(f"{o['name']} {fmt_seconds(o['time_s'])}" for o in r["top_ops"][:3]) or MISSING
+        modules = tuple(f"{m['name'] or '(model)'} {fmt_bytes(m['activation_bytes'])}"
+                        for m in r["top_modules"][:3]) or MISSING
+        step_time: Cell = fmt_seconds(r["step_time_s"])
         if r["step_time_s"] is None and r.get("profiled_step_time_s") is not None:
-            step_time = f"{fmt_seconds(r['profiled_step_time_s'])}\n(profiled steps)"
+            step_time = (fmt_seconds(r["profiled_step_time_s"]), "(profiled steps)")
         rows.append((r["label"], f"{r['first_step']}-{r['last_step']}", fmt_bytes(r["peak_bytes"]), step_time, ops,
                      modules))
     return [Table(
