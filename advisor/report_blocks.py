@@ -2,7 +2,7 @@
 
 ``report_sections`` is the one list both renderers walk: the rich report (``advisor.render``)
 and the Markdown report (``advisor.report_markdown``), so the Markdown of a session with a kept
-remedy shows it as the terminal does. No rich, no torch.
+remedy shows it as the terminal does. No torch; the blocks hold no rich object.
 """
 
 from __future__ import annotations
@@ -12,6 +12,11 @@ from typing import Any, Callable
 from advisor.blocks import Block, Cell, Column, Facts, Lines, Section, Span, Table
 from advisor.phrases import applied_time_line, calibration_line, exit_line, predicted_step
 from advisor.records.units import MISSING, fmt_bytes, fmt_quantity, fmt_seconds
+from advisor.sections.comm import comm_blocks
+from advisor.sections.compute import compute_blocks
+from advisor.sections.links import links_blocks
+from advisor.sections.memory import memory_blocks
+from advisor.sections.regimes import regimes_blocks
 
 PHASE_NAMES = ("data", "forward", "backward", "optimizer", "other")
 
@@ -141,12 +146,6 @@ def _section(name: str, build: Callable[[], list[Block]]) -> Section:
 
 def report_sections(report: dict[str, Any], *, top: int = 10) -> list[Section]:
     """The report's sections in reading order; a section that fails to render says so instead."""
-    from advisor.sections.comm import comm_blocks
-    from advisor.sections.compute import compute_blocks
-    from advisor.sections.links import links_blocks
-    from advisor.sections.memory import memory_blocks
-    from advisor.sections.regimes import regimes_blocks
-
     phases = phases_block(report)
     out = [_section("run", lambda: [run_block(report)]),
            _section("phases", lambda: [phases] if phases else [])]

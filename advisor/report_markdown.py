@@ -12,6 +12,7 @@ from typing import Any
 
 from advisor.blocks import Block, Cell, Facts, Table, cell_lines, cell_text
 from advisor.records.units import plain_text
+from advisor.report_blocks import report_sections
 
 # Characters Markdown would read as syntax. An underscore only where it may open or close
 # emphasis (at a word's edge): ``optimizer_state`` stays readable in a raw CI log.
@@ -63,8 +64,6 @@ def block_markdown(block: Block) -> list[str]:
 
 
 def report_markdown(report: dict[str, Any], *, top: int = 10) -> str:
-    from advisor.report_blocks import report_sections
-
     out: list[str] = []
     for i, section in enumerate(report_sections(report, top=top)):
         for block in section.blocks:

@@ -11,12 +11,13 @@ from collections import defaultdict
 from statistics import median
 from typing import Any
 
-from advisor.state import SessionState
-from advisor.records.comm_cache import bench_busbw, load_cache
-from advisor.records.bandwidth import algbw, busbw
 from advisor.blocks import Block, Column, Table
-from advisor.records.units import fmt_bytes, fmt_rate, fmt_seconds
 from advisor.recommend.comm import ordinary_steps, rank_comm, straggler, wait_by_record
+from advisor.records.bandwidth import algbw, busbw
+from advisor.records.comm_cache import bench_busbw, load_cache
+from advisor.records.units import fmt_bytes, fmt_rate, fmt_seconds
+from advisor.rich_text import to_rich
+from advisor.state import SessionState
 
 
 def _call_wait(c: Any, waits: dict[int, float]) -> float:
@@ -164,6 +165,4 @@ def render_comm_sections(
     straggler_section: dict[str, Any] | None,
 ) -> list[Any]:
     """Rich renderables of ``comm_blocks`` (empty list when nothing was communicated)."""
-    from advisor.rich_text import to_rich
-
     return [to_rich(block) for block in comm_blocks(collectives, comm, straggler_section)]

@@ -12,11 +12,12 @@ from collections import defaultdict
 from typing import Any, Mapping
 
 from advisor.blocks import Block, Column, Lines, Span, Table
+from advisor.recommend.roofline import OpFigures, dtype_key, op_verdict, step_summary
+from advisor.records.samples import OpStat
 from advisor.records.units import MISSING, fmt_rate, fmt_seconds
+from advisor.rich_text import to_rich
 from advisor.sections.timebase import light_step_time, scale
 from advisor.state import SessionState
-from advisor.records.samples import OpStat
-from advisor.recommend.roofline import OpFigures, dtype_key, op_verdict, step_summary
 
 SIGNIFICANT_DTYPE_SHARE = 0.01  # FLOPs of a dtype below this share do not decide whether MFU is known
 
@@ -328,6 +329,4 @@ def compute_blocks(ops: list[dict[str, Any]], compute: Mapping[str, Any], *, top
 
 def render_compute_section(ops: list[dict[str, Any]], compute: Mapping[str, Any], *, top: int = 10) -> list[Any]:
     """Rich renderables of ``compute_blocks``."""
-    from advisor.rich_text import to_rich
-
     return [to_rich(block) for block in compute_blocks(ops, compute, top=top)]

@@ -19,9 +19,10 @@ from __future__ import annotations
 from typing import Any
 
 from advisor.blocks import Block, Column, Table
+from advisor.recommend.comm import wait_by_record
 from advisor.records.bandwidth import busbw
 from advisor.records.units import fmt_bytes, fmt_rate, fmt_seconds
-from advisor.recommend.comm import wait_by_record
+from advisor.rich_text import to_rich
 from advisor.state import SessionState
 
 
@@ -108,6 +109,4 @@ def links_blocks(section: dict[str, Any] | None) -> list[Block]:
 
 def render_links_section(section: dict[str, Any] | None) -> list[Any]:
     """Rich renderables of ``links_blocks``."""
-    from advisor.rich_text import to_rich  # the section's data is torch- and rich-free; only this renders
-
     return [to_rich(block) for block in links_blocks(section)]

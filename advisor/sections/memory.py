@@ -10,11 +10,12 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from advisor.blocks import Block, Cell, Column, Facts, Table
+from advisor.records.samples import MEMORY_CATEGORIES, MemorySample, ModuleStat
+from advisor.records.units import MISSING, fmt_bytes, fmt_seconds
+from advisor.rich_text import to_rich
 from advisor.sections.timebase import light_module_times, light_phase_time, light_step_time, scale
 from advisor.state import SessionState
-from advisor.blocks import Block, Cell, Column, Facts, Table
-from advisor.records.units import MISSING, fmt_bytes, fmt_seconds
-from advisor.records.samples import MEMORY_CATEGORIES, MemorySample, ModuleStat
 
 MAX_TIMELINE_POINTS = 2000
 
@@ -263,6 +264,4 @@ def memory_blocks(section: dict[str, Any]) -> list[Block]:
 
 def render_memory_section(section: dict[str, Any]) -> list[Any]:
     """Rich renderables of ``memory_blocks``."""
-    from advisor.rich_text import to_rich
-
     return [to_rich(block) for block in memory_blocks(section)]

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from advisor.blocks import Block, Cell, Column, Table
 from advisor.records.units import MISSING, fmt_bytes, fmt_seconds
+from advisor.rich_text import to_rich
 from advisor.sections.compute import build_ops_section
 from advisor.sections.memory import build_memory_section
 from advisor.sections.timebase import light_samples
@@ -130,6 +131,4 @@ def regimes_blocks(regimes: list[dict[str, Any]]) -> list[Block]:
 
 def render_regimes(regimes: list[dict[str, Any]]) -> list[Any]:
     """Rich renderables of ``regimes_blocks``."""
-    from advisor.rich_text import to_rich
-
     return [to_rich(block) for block in regimes_blocks(regimes)]
