@@ -274,10 +274,30 @@ class _Checks:
                 self.breach(path, "the straggler's step time must be the one the comm section shows",
                             **{path: value, f"comm[rank {rank}].step_time_s": other})
 
+    def described(self) -> tuple[dict[int, Mapping[str, Any]], float | None] | None:
+        """The comm rows and the peak of the steps the diagnosis describes: the whole session's, or
+        after an apply the regime's (``diagnosis.steps`` names it); None when no section shows them."""
+        diagnosis, regimes = self.report.get("diagnosis") or {}, self.report.get("regimes") or []
+        steps = diagnosis.get("steps") or {}
+        peak = _num((self.report.get("memory") or {}).get("peak_bytes"))
+        if not regimes:
+            return self.comm_rows(), peak
+        for regime in regimes:
+            if (regime.get("first_step"), regime.get("last_step")) == (steps.get("first"), steps.get("last")):
+                rows = {int(r["rank"]): r for r in regime.get("comm") or [] if "rank" in r}
+                return rows, _num(regime.get("peak_bytes"))
+        indices = [s.get("index") for s in self.steps_by_rank.get(self.first_rank() or 0, [])]
+        if indices and (steps.get("first"), steps.get("last")) == (min(indices), max(indices)):
+            return self.comm_rows(), peak
+        return None
+
     def diagnosis(self) -> None:
         diagnosis = self.report.get("diagnosis") or {}
         evidence = {str(e.get("what")): e for e in diagnosis.get("evidence") or [] if isinstance(e, Mapping)}
-        rows = self.comm_rows()
+        described = self.described()
+        if described is None:
+            return
+        rows, peak = described
         if rows:
             low = rows[min(rows)]
             for what, key, tol in (("exposed collective time / step time", "exposed_share", SHARE_ABS_TOL),
@@ -290,8 +310,7 @@ class _Checks:
                     self.breach("diagnosis.evidence", f"the diagnosis's '{what}' must be the figure the comm "
                                 "section shows", **{f"evidence '{what}'": value,
                                                     f"comm[rank {min(rows)}].{key}": shown})
-        memory = self.report.get("memory") or {}
-        item, peak = evidence.get("peak memory"), _num(memory.get("peak_bytes"))
+        item = evidence.get("peak memory")
         value = _num(item.get("value")) if item else None
         if value is not None and peak is not None and not _close(value, peak, abs_tol=BYTES_ABS_TOL):
             self.breach("diagnosis.evidence", "the diagnosis's 'peak memory' must be the peak the memory "

@@ -89,6 +89,9 @@ def diagnosis_blocks(report: dict[str, Any]) -> list[Block]:
     diagnosis = report.get("diagnosis")
     if diagnosis:
         items: list[tuple[str, Cell]] = [("bottleneck", f"{diagnosis.get('bottleneck')} · {diagnosis.get('summary', '')}")]
+        steps = diagnosis.get("steps") or {}
+        if report.get("regimes") and steps:  # after an apply the advice describes the job as it runs now
+            items.append(("steps", f"{steps.get('first')}-{steps.get('last')} (the job as it runs now)"))
         for item in diagnosis.get("evidence") or []:
             if isinstance(item, dict):
                 items.append(("", f"  {item.get('what')}: {fmt_quantity(item.get('value'), item.get('unit'))}"))

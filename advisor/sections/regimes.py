@@ -16,6 +16,7 @@ from typing import Any, Mapping
 from advisor.blocks import Block, Cell, Column, Table
 from advisor.records.units import MISSING, fmt_bytes, fmt_seconds
 from advisor.rich_text import to_rich
+from advisor.sections.comm import build_comm_section
 from advisor.sections.compute import build_ops_section
 from advisor.sections.memory import build_memory_section
 from advisor.sections.timebase import light_samples
@@ -83,6 +84,8 @@ def _summary(part: SessionState, label: str, first: int, last: int, spec: Mappin
         "top_modules": [{"name": m["name"], "activation_bytes": m["activation_bytes"],
                          "light_forward_s": m.get("light_forward_s")}
                         for m in memory["modules"][:TOP]],
+        # The comm section's rows over this regime's steps only: what the advice quotes after an apply.
+        "comm": build_comm_section(part) if part.collectives else [],
     }
 
 
