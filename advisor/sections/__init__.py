@@ -10,7 +10,6 @@ from typing import Any, Callable
 
 from advisor.advice import advise_state
 from advisor.recommend.calibration import model_errors
-from advisor.regime import current_regime
 from advisor.sections.comm import (
     build_collectives_section,
     build_comm_section,
@@ -49,12 +48,6 @@ def _comm(state: SessionState, report: dict[str, Any], budget: int | None) -> di
 def _advice(state: SessionState, report: dict[str, Any], budget: int | None) -> dict[str, Any]:
     # The same call the live advice loop makes, on the same records: the report only serialises it.
     diagnosis, recommendations = advise_state(state, budget_bytes=budget)
-    if diagnosis is not None:
-        # The steps the advice describes (the job as it runs now, advisor/regime.py), so that a
-        # reader, and ``advisor check``, compare its figures with the regime that shows them.
-        regime = current_regime(state).rank0_steps()
-        if regime:
-            diagnosis = {**diagnosis, "steps": {"first": regime[0].index, "last": regime[-1].index}}
     calibration = [errors.to_dict() for errors in model_errors(state.applied).values()]
     return {"diagnosis": diagnosis, "recommendations": recommendations, "applied": list(state.applied),
             "calibration": calibration}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from advisor.blocks import Block, Cell, Column, Facts, Table
+from advisor.blocks import Block, Cell, Column, Facts, Lines, Table
 from advisor.records.samples import MEMORY_CATEGORIES, MemorySample, ModuleStat
 from advisor.records.units import MISSING, fmt_bytes, fmt_seconds
 from advisor.rich_text import to_rich
@@ -218,15 +218,18 @@ def memory_blocks(section: dict[str, Any]) -> list[Block]:
     if section.get("peak_step") is not None:
         title += f" (step {section['peak_step']})"
     at_peak, maxima = section.get("categories_at_peak") or {}, section.get("categories_max") or {}
-    captions = [] if budget is None else [f"budget {fmt_bytes(budget)}"]
-    if peak is not None and not at_peak:
-        captions.append(f"the steps' own peak ({section.get('peak_source') or 'steps'}): no breakdown by category")
-    rows = tuple((category, fmt_bytes(at_peak.get(category)) if at_peak else MISSING,
-                  fmt_bytes(maxima.get(category)) if maxima else MISSING)
-                 for category in MEMORY_CATEGORIES)
-    out.append(Table(title=title, caption="; ".join(captions) or None,
-                     columns=(Column(name="category", label=True), Column(name="at peak", numeric=True),
-                              Column(name="max", numeric=True)), rows=rows))
+    budget_line = () if budget is None else (f"budget {fmt_bytes(budget)}",)
+    if not at_peak and not any(maxima.values()):
+        # No tracker ran: the steps' own peak, or nothing, never a column of 0 B beside it.
+        what = ("the steps' own peak; no breakdown by category (no memory tracker ran)" if peak is not None
+                else "no memory measured")
+        out.append(Lines(title=title, lines=((what,), *((line,) for line in budget_line))))
+    else:
+        rows = tuple((category, fmt_bytes(at_peak.get(category)) if at_peak else MISSING,
+                      fmt_bytes(maxima.get(category))) for category in MEMORY_CATEGORIES)
+        out.append(Table(title=title, caption=budget_line[0] if budget_line else None,
+                         columns=(Column(name="category", label=True), Column(name="at peak", numeric=True),
+                                  Column(name="max", numeric=True)), rows=rows))
     modules = section.get("modules") or []
     if modules:
         k = section.get("module_time_scale") or {}
