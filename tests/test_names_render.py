@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 from rich.console import Console
 from textual.widgets._data_table import default_cell_formatter
 
+from advisor.diff import compute_diff
+from advisor.diff_render import print_diff
 from advisor.paths import DB_NAME
 from advisor.records.samples import ExitInfo, MemorySample, ModuleStat, OpStat, RunInfo, StepSample
 from advisor.records.units import plain_text
@@ -75,6 +77,10 @@ def test_random_names_render_as_text_on_every_surface(name: str) -> None:
     assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", markdown)
     cell = default_cell_formatter(name_text(name))  # what a Textual DataTable does with the cell
     assert cell.plain == shown
+    state = _state(name).snapshot()
+    out = io.StringIO()
+    print_diff(compute_diff(state, report, state, report), Console(file=out, width=400, color_system=None))
+    assert f"/tmp/{shown}.py" in out.getvalue() and "\x1b" not in out.getvalue()
 
 
 def test_control_sequences_are_stripped_and_every_other_character_kept() -> None:
