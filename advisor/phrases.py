@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from advisor.records.units import fmt_seconds
+from advisor.records.units import MISSING, fmt_seconds
 
 
 def exit_line(exit_: dict[str, Any]) -> str:
@@ -51,6 +51,6 @@ def predicted_step(rec: dict[str, Any]) -> str:
     shown bare, "1.28 ms" beside a 20.1 ms baseline read as a 16x speed-up."""
     text = fmt_seconds((rec.get("predicted") or {}).get("step_time_s"))
     micro = (rec.get("params") or {}).get("micro_batches")
-    if rec.get("remedy") == "grad_accumulation" and micro and text != "—":
+    if rec.get("remedy") == "grad_accumulation" and micro and text != MISSING:
         text += f" per micro-batch (1 of {micro})"
     return text
