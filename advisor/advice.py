@@ -56,7 +56,11 @@ def advise_state(state: SessionState, *, budget_bytes: int | None = None
         optimizers=regime.optimizers, budget_bytes=budget_bytes or recorded_budget(state))
     # Calibration reads the whole session's applies, not only the current regime's.
     diagnosis, recommendations = advise(profile, errors=model_errors(state.applied))
-    return diagnosis.to_dict(), [r.to_dict() for r in recommendations]
+    # The steps the advice describes (the lowest rank's, of the regime read): the report, the TUI
+    # and ``advisor check`` compare its figures with the section or regime showing those steps.
+    described = regime.rank0_steps()
+    where = {"steps": {"first": described[0].index, "last": described[-1].index}} if described else {}
+    return {**diagnosis.to_dict(), **where}, [r.to_dict() for r in recommendations]
 
 
 class AdviceLoop:

@@ -19,6 +19,7 @@ from advisor.records.settings import AgentSettings
 from advisor.render import emit_report, print_exit_summary
 from advisor.report import build_report, write_json, write_text
 from advisor.exits import signal_name
+from advisor.records.units import plain_text
 from advisor.session import AttachOptions, Session, allowed_plan_env
 from advisor.tui.results import RESULT_LEFT_RUNNING, RESULT_STOP_TRAINING
 
@@ -266,7 +267,7 @@ def _report(session: Session, ns: argparse.Namespace, code: int, reason: str) ->
     if not ns.headless:  # the script's output went to a file, not the terminal: say where, last
         print(f"advisor: the script's whole output (stdout and stderr) is in {session.output_path}",
               file=sys.stderr, flush=True)
-    print(f"advisor: {reason} (exit code {code}); session {session.id}", file=sys.stderr, flush=True)
+    print(f"advisor: {plain_text(reason)} (exit code {code}); session {session.id}", file=sys.stderr, flush=True)
     if ns.apply and ns.headless and not _applied(state, ns.apply):
         ids = ", ".join(str(r.get("id")) for r in state.recommendations) or "none"
         print(f"advisor: the requested --apply {ns.apply} never happened (recommendations in this run: {ids})",

@@ -22,11 +22,23 @@ from advisor.records.units import parse_rate, parse_size
 # lazy textual import); tests/test_import_graph.py still sees them.
 
 
+SIZE_FORMS = "a number with a unit, e.g. 24GiB, 800MiB or 1.5GB"
+BARE_BYTES_FROM = 2**20  # a bare number is taken as bytes only from 1 MiB up: "24" meant 24 GB, not 24 B
+
+
 def _size(value: str) -> int:
+    text = value.strip()
+    if text.startswith("-"):
+        raise argparse.ArgumentTypeError(f"a size cannot be negative: {value!r}; write {SIZE_FORMS}")
     try:
-        return parse_size(value)
+        size = parse_size(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    if re.fullmatch(r"[0-9.]+", text) and 0 < size < BARE_BYTES_FROM:  # 0 is 0 in any unit
+        raise argparse.ArgumentTypeError(
+            f"{value!r} has no unit: write {SIZE_FORMS} (a bare number counts as bytes only from "
+            f"{BARE_BYTES_FROM} up)")
+    return size
 
 
 def _rate(value: str) -> float:
@@ -41,6 +53,14 @@ def _budget(value: str) -> int:
     if size <= 0:
         raise argparse.ArgumentTypeError(f"a memory budget must be more than 0 bytes, got {value!r}")
     return size
+
+
+def _probes(value: str) -> str:
+    try:
+        probe_names(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
 
 
 def _apply_choice(value: str) -> str:
@@ -74,6 +94,9 @@ class _Parser(argparse.ArgumentParser):
         # No prefix matching: `--headles` must be an error, not silently `--headless`.
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        # "-5GB" is a (negative) value, not an option: argparse only knew "-5" and "-.5", and said
+        # "expected one argument" for --memory-budget -5GB. No option of ours looks like a number.
+        self._negative_number_matcher = re.compile(r"^-\.?[0-9][0-9.]*[A-Za-z/]*$")
 
     def error(self, message: str) -> None:  # one line and a hint, exit code 2
         raise UsageError(message, hint=f"`{self.prog} --help` lists the options")
@@ -103,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="memory capacity to plan against, e.g. 12GiB (default: the device's memory)")
     attach.add_argument("--enforce-budget", action="store_true",
                         help="raise PyTorch's out-of-memory error when tracked memory exceeds the budget")
-    attach.add_argument("--probes", default="all", metavar="LIST",
+    attach.add_argument("--probes", type=_probes, default="all", metavar="LIST",
                         help="probes to run: memory,compute,comm, all or none (default all)")
     attach.add_argument("--deep-steps", type=_steps_list, default=[1, 2, 3], metavar="LIST",
                         help="steps to deep-sample (default 1,2,3; step 0 is the warm-up; the compute "
@@ -173,6 +196,12 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("--fail-on", metavar="SPEC", help="exit 1 when B regresses past a threshold, e.g. "
                       "step_time:+5%%,peak_memory:+10%%")
     diff.add_argument("--top", type=_positive, default=10, metavar="N", help="ops shown (default 10)")
+
+    check = sub.add_parser("check", help="check a JSON report for figures that contradict each other",
+                           description="Check reports (advisor report --json, attach --json, diff --json) "
+                           "against the invariants docs/report-schema.md states: exit 0 when consistent, 1 "
+                           "with one line per breach (field and values), 2 when a file is not a report.")
+    check.add_argument("reports", nargs="+", metavar="REPORT.json", help="the JSON reports to check")
     return parser
 
 
@@ -357,6 +386,15 @@ def cmd_open(ns: argparse.Namespace) -> int:
 
 
 COMMANDS["open"] = cmd_open
+
+
+def cmd_check(ns: argparse.Namespace) -> int:
+    from advisor.check import main as check_main
+
+    return check_main(ns.reports)
+
+
+COMMANDS["check"] = cmd_check
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:

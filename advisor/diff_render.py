@@ -9,18 +9,16 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from advisor.records.units import format_size
+from advisor.records.units import fmt_bytes, fmt_seconds
+from advisor.rich_text import name_text, text_cells
 
 
 def _seconds(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1e3:.3f} ms"
+    return fmt_seconds(value)
 
 
 def _bytes(value: float | None) -> str:
-    if value is None:
-        return "-"
-    sign = "-" if value < 0 else ""
-    return sign + format_size(int(abs(value)))
+    return fmt_bytes(value)
 
 
 def _delta(c: Mapping[str, Any], fmt: Any, *, worse_when_up: bool = True) -> Text:
@@ -33,7 +31,7 @@ def _delta(c: Mapping[str, Any], fmt: Any, *, worse_when_up: bool = True) -> Tex
 
 
 def _row(table: Table, label: str, c: Mapping[str, Any], fmt: Any) -> None:
-    table.add_row(label, fmt(c.get("a")), fmt(c.get("b")), _delta(c, fmt))
+    table.add_row(*text_cells(label, fmt(c.get("a")), fmt(c.get("b")), _delta(c, fmt)))
 
 
 def _table(title: str) -> Table:
@@ -46,15 +44,20 @@ def _table(title: str) -> Table:
 
 def diff_renderables(diff: Mapping[str, Any]) -> list[Any]:
     a, b = diff["a"], diff["b"]
-    head = (f"[b]A[/b] {a['id']} · {a.get('script')} · {a.get('steps')} steps"
-            + (f" · imported ({a['imported_from']})" if a.get("imported_from") else "")
-            + f"\n[b]B[/b] {b['id']} · {b.get('script')} · {b.get('steps')} steps"
-            + (f" · imported ({b['imported_from']})" if b.get("imported_from") else ""))
+    head = Text()
+    for label, side in (("A", a), ("B", b)):  # ids and scripts are the user's: text, never markup
+        if label == "B":
+            head.append("\n")
+        head.append(label, style="bold")
+        head.append_text(name_text(f" {side['id']} · {side.get('script')} · {side.get('steps')} steps"
+                                   + (f" · imported ({side['imported_from']})" if side.get("imported_from") else "")))
     parts: list[Any] = [Panel(head, title="advisor diff", expand=False)]
-    time = _table("step time and phases (per step)")
+    time = _table("step time and phases (per steady step)")
     _row(time, "step (median)", diff["step_time"], _seconds)
-    for key, c in diff["phases"].items():
-        _row(time, key[:-2], c, _seconds)
+    if diff.get("mean_step_time"):
+        _row(time, "step (mean)", diff["mean_step_time"], _seconds)
+    for key, c in diff["phases"].items():  # means: they add up to the mean step
+        _row(time, f"  {key[:-2]} (mean)", c, _seconds)
     parts.append(time)
     memory = _table("memory at the peak")
     _row(memory, "peak", diff["peak_memory"], _bytes)
@@ -68,7 +71,7 @@ def diff_renderables(diff: Mapping[str, Any]) -> list[Any]:
             ops.add_column(name, justify="left" if name in ("op", "phase") else "right")
         for row in diff["ops"]:
             c = row["time_s"]
-            ops.add_row(row["name"], row["phase"], _seconds(c["a"]), _seconds(c["b"]), _delta(c, _seconds))
+            ops.add_row(*text_cells(row["name"], row["phase"], _seconds(c["a"]), _seconds(c["b"]), _delta(c, _seconds)))
         parts.append(ops)
     if diff["collectives"]:
         coll = Table(title="collectives (per step)", expand=False)
@@ -76,7 +79,7 @@ def diff_renderables(diff: Mapping[str, Any]) -> list[Any]:
                      "exposed change"):
             coll.add_column(name, justify="left" if name == "op" else "right")
         for row in diff["collectives"]:
-            coll.add_row(row["op"], f"{row['count']['a']:.1f}", f"{row['count']['b']:.1f}",
+            coll.add_row(name_text(row["op"]), f"{row['count']['a']:.1f}", f"{row['count']['b']:.1f}",
                          _bytes(row["bytes"]["b"]), _seconds(row["time_s"]["a"]), _seconds(row["time_s"]["b"]),
                          _seconds(row["exposed_s"]["a"]), _seconds(row["exposed_s"]["b"]),
                          _delta(row["exposed_s"], _seconds))
@@ -86,17 +89,18 @@ def diff_renderables(diff: Mapping[str, Any]) -> list[Any]:
     advice.add_column("A")
     advice.add_column("B")
     diag = diff["diagnosis"]
-    advice.add_row("bottleneck", *((d or {}).get("bottleneck") or "-" for d in (diag["a"], diag["b"])))
-    advice.add_row("summary", *((d or {}).get("summary") or "-" for d in (diag["a"], diag["b"])))
+    advice.add_row(*text_cells("bottleneck", *((d or {}).get("bottleneck") or "-" for d in (diag["a"], diag["b"]))))
+    advice.add_row(*text_cells("summary", *((d or {}).get("summary") or "-" for d in (diag["a"], diag["b"]))))
     recs = diff["recommendations"]
-    advice.add_row("recommendations", *("\n".join(r["id"] for r in recs[k]) or "-" for k in ("a", "b")))
+    advice.add_row(*text_cells("recommendations", *(", ".join(str(r["id"]) for r in recs[k]) or "-"
+                                                    for k in ("a", "b"))))
     parts.append(advice)
     gate = diff.get("gate")
     if gate and gate.get("spec"):
         if gate["failures"]:  # the reasons themselves go to stderr, one line each
-            parts.append(Text(f"gate {gate['spec']}: {len(gate['failures'])} threshold(s) crossed", style="red"))
+            parts.append(name_text(f"gate {gate['spec']}: {len(gate['failures'])} threshold(s) crossed", "red"))
         else:
-            parts.append(Text(f"gate {gate['spec']}: passed", style="green"))
+            parts.append(name_text(f"gate {gate['spec']}: passed", "green"))
     return parts
 
 

@@ -194,3 +194,10 @@ def decide_exit(state: SessionState, returncode: int | None, nproc: int,
 def _last_step(state: SessionState, rank: int) -> str:
     samples = state.steps.get(rank)
     return f" after step {samples[-1].index}" if samples else ""
+
+
+def stop_note(code: int, reason: str, note: str) -> str:
+    """``reason`` with the note on who stopped the job ("the user stopped the job from the TUI"),
+    unless the job completed on its own (exit code 0): a stop asked for while its last step ended
+    did not stop it, and a job that ran all its 200 steps was reported as stopped by the user."""
+    return reason + note if code != 0 else reason

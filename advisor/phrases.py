@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from advisor.records.units import fmt_seconds
+from advisor.records.units import MISSING, fmt_seconds
 
 
 def exit_line(exit_: dict[str, Any]) -> str:
@@ -37,5 +37,20 @@ def applied_time_line(applied: dict[str, Any]) -> str | None:
     measured = (((applied.get("measured") or {}).get("after")) or {}).get("step_time_s")
     if predicted is None or not measured:
         return None
+    kind = (((applied.get("measured") or {}).get("after")) or {}).get("step_kind")
+    if kind == "deep":  # the prediction is for an ordinary step: no model error from probed steps
+        return (f"step predicted {fmt_seconds(predicted)}, measured {fmt_seconds(measured)} on deep-sampled "
+                "steps (not comparable)")
     return (f"step predicted {fmt_seconds(predicted)}, measured {fmt_seconds(measured)}, "
             f"model error {_percent((predicted - measured) / measured)}")
+
+
+def predicted_step(rec: dict[str, Any]) -> str:
+    """A recommendation's predicted step time, saying what it is a step of: gradient accumulation
+    predicts one micro-batch (of k) against the baseline's one-batch step, comparable per sample;
+    shown bare, "1.28 ms" beside a 20.1 ms baseline read as a 16x speed-up."""
+    text = fmt_seconds((rec.get("predicted") or {}).get("step_time_s"))
+    micro = (rec.get("params") or {}).get("micro_batches")
+    if rec.get("remedy") == "grad_accumulation" and micro and text != MISSING:
+        text += f" per micro-batch (1 of {micro})"
+    return text

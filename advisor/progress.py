@@ -8,7 +8,7 @@ import time
 from typing import TextIO
 
 from advisor.records.samples import Event, ExitInfo, Record, StepSample
-from advisor.records.units import fmt_bytes, fmt_seconds
+from advisor.records.units import fmt_bytes, fmt_seconds, plain_text
 
 
 def step_line(sample: StepSample) -> str:
@@ -69,8 +69,8 @@ class ProgressPrinter:
             elif isinstance(record, Event) and record.name in ("warning", "oom", "apply_result", "apply_started"):
                 self._print_event(record)
             elif isinstance(record, ExitInfo) and record.code != 0:
-                print(f"advisor: rank {record.rank} ended: {record.reason}"
-                      + (f" ({record.exc_type}: {record.message})" if record.exc_type else ""),
+                print(plain_text(f"advisor: rank {record.rank} ended: {record.reason}"
+                                 + (f" ({record.exc_type}: {record.message})" if record.exc_type else "")),
                       file=self.stream, flush=True)
 
     def _print_event(self, event: Event) -> None:
@@ -86,7 +86,7 @@ class ProgressPrinter:
             text = (f"{data.get('remedy', '?')}: {data.get('status', '?')}"
                     + (f" ({data.get('error')})" if data.get("error") else "")
                     + (f" - {data.get('reason')}" if data.get("reason") else ""))
-        line = f"advisor: {text}"
+        line = plain_text(f"advisor: {text}")  # the job's own words: no control sequence reaches the terminal
         if self._bar is not None:
             self._bar.console.print(line, markup=False)
         else:

@@ -75,6 +75,14 @@ def summary_section(state: SessionState) -> dict[str, Any]:
             out = {"steps": len(samples), "median_step_s": statistics.median(times),
                    "mean_step_s": span / len(times), "phase_share": phases, "last_loss": samples[-1].loss}
         total = listed
+    share = out.get("phase_share")
+    if isinstance(share, dict):
+        # ``phase_share``'s keys end in ``_s`` but hold fractions; the field stays (a public
+        # contract, deprecated) beside two correctly named ones: the fractions, and the mean
+        # seconds per steady step they give, which add up to ``mean_step_s``.
+        out["phase_fraction"] = {key[:-2]: value for key, value in share.items()}
+        mean = out.get("mean_step_s")
+        out["phase_mean_s"] = {key: value * mean for key, value in share.items()} if mean is not None else None
     out.update(steps_total=total, steps_listed=listed, steps_dropped=max(0, total - listed))
     if state.records_dropped:  # a long run's oldest non-step records, let go in memory (the store has them)
         out["records_dropped"] = dict(state.records_dropped)

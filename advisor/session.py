@@ -18,6 +18,7 @@ from advisor.exits import (
     read_launcher_exits,
     read_rendezvous_failure,
     rendezvous_lost_reason,
+    stop_note,
 )
 from advisor.launch import BOOTSTRAP, python_command, torchrun_command
 from advisor.multinode import MultiNode
@@ -387,7 +388,7 @@ class Session:
             reason = f"{peers[0].data.get('message')}; here: {reason}"
         elif lost and code != 0:  # no verdict on a peer, but the launcher saw the other node go
             reason = f"{rendezvous_lost_reason(lost)}; here: {reason}"
-        reason += note
+        reason = stop_note(code, reason, note)
         for event in interrupted_applies(state):  # killed inside a window: said, not lost
             self._on_record(event)
         if self.store.error and self.store.lost:

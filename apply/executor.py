@@ -82,6 +82,7 @@ from advisor.records.commands import ApplyCommand, Command, RevertCommand
 from advisor.records.results import ApplyResult, Measurement
 from advisor.records.samples import Event, StepSample
 from advisor.records.settings import TIME_MARGIN
+from advisor.records.units import fmt_bytes, fmt_seconds
 
 logger = logging.getLogger("advisor.apply")
 
@@ -112,24 +113,64 @@ def decide(
     - With nothing measured on either side, keep: there is no evidence against it.
     """
     peak = after.peak_memory_bytes
-    if budget_bytes is not None and peak is not None:
-        if peak <= budget_bytes:
-            return True, f"peak {_gb(peak)} fits the budget {_gb(budget_bytes)}"
-        return False, f"peak {_gb(peak)} exceeds the budget {_gb(budget_bytes)}"
-    peak_down = peak is not None and before.peak_memory_bytes is not None and peak < before.peak_memory_bytes
     reference = predicted.step_time_s if predicted.step_time_s is not None else before.step_time_s
     if predicted.step_time_s and baseline_step_time_s and before.step_time_s:
         reference = before.step_time_s * predicted.step_time_s / baseline_step_time_s
     limit = reference * (1.0 + margin) if reference is not None else None
     time_ok = after.step_time_s is None or limit is None or after.step_time_s <= limit
-    if peak_down:
-        return True, f"peak went down from {_gb(before.peak_memory_bytes)} to {_gb(peak)}"
+    why = _Why(before=before, after=after, predicted=predicted, limit=limit, margin=margin,
+               baseline_step_time_s=baseline_step_time_s)
+    if budget_bytes is not None and peak is not None:
+        fits = peak <= budget_bytes
+        verdict = f"peak {fmt_bytes(peak)} {'fits' if fits else 'exceeds'} the budget {fmt_bytes(budget_bytes)}"
+        return fits, why.lead(verdict)
+    peak_down = peak is not None and before.peak_memory_bytes is not None and peak < before.peak_memory_bytes
+    if peak_down and not (why.speed and time_ok):
+        went = f"peak went down from {fmt_bytes(before.peak_memory_bytes)} to {fmt_bytes(peak)}"
+        return True, why.lead(went) if why.speed else went
     if time_ok:
         if after.step_time_s is None or limit is None:
             return True, "no slowdown measurable and no error"
-        return True, f"step time {after.step_time_s:.4g} s within {limit:.4g} s (reference +{margin:.0%})"
-    return False, (f"peak did not go down and step time {after.step_time_s:.4g} s exceeds "
-                   f"{limit:.4g} s (reference +{margin:.0%})")
+        return True, f"{why.time()}, within {why.limit_text()}"
+    return False, f"peak did not go down and {why.time()} exceeds {why.limit_text()}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Why:
+    """The words of a keep/revert reason, in the one unit style of every surface
+    (``fmt_bytes``, ``fmt_seconds``), speaking to what the remedy is for: a speed remedy (its
+    prediction is faster than the step it was made on) is kept or reverted for its step time
+    first, whatever its peak did (a DataLoader remedy kept "because the peak went down from
+    7.75e-05 GiB to 7.74e-05 GiB" while its step went from 140 ms to 34 ms)."""
+
+    before: Measurement
+    after: Measurement
+    predicted: Measurement
+    limit: float | None
+    margin: float
+    baseline_step_time_s: float | None
+
+    @property
+    def speed(self) -> bool:
+        base = self.baseline_step_time_s or self.before.step_time_s
+        return bool(self.predicted.step_time_s and base and self.predicted.step_time_s < base)
+
+    def time(self) -> str:
+        was = f" (was {fmt_seconds(self.before.step_time_s)})" if self.before.step_time_s else ""
+        return f"step time {fmt_seconds(self.after.step_time_s)}{was}"
+
+    def limit_text(self) -> str:
+        source = "the predicted change" if self.predicted.step_time_s is not None else "the step before"
+        return f"the limit {fmt_seconds(self.limit)} ({source} +{self.margin:.0%})"
+
+    def lead(self, verdict: str) -> str:
+        """A speed remedy's step time against its limit before the verdict on memory."""
+        if not self.speed or self.after.step_time_s is None:
+            return verdict
+        if self.limit is None:
+            return f"{self.time()}; {verdict}"
+        side = "within" if self.after.step_time_s <= self.limit else "over"
+        return f"{self.time()}, {side} {self.limit_text()}; {verdict}"
 
 
 def _positive(value: Any) -> float | None:
@@ -137,10 +178,6 @@ def _positive(value: Any) -> float | None:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf"):
         return float(value)
     return None
-
-
-def _gb(value: int | None) -> str:
-    return "?" if value is None else f"{value / 2**30:.3g} GiB"
 
 
 def _mean(samples: list[StepSample]) -> float | None:

@@ -8,9 +8,12 @@ session can be analysed again. Conventions follow nccl-tests (see REFERENCE.md,
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
+
+from advisor.records.intervals import merge_intervals
 
 # ---------------------------------------------------------------- matching across ranks
 
@@ -160,9 +163,12 @@ def step_comm(collectives: Sequence, steps: Mapping[int, Sequence]) -> list[dict
     """Per (rank, step): step time, communication time, exposed time and its share of the step.
 
     ``steps`` maps rank -> ``StepSample`` list; ``collectives`` are ``CollectiveStat``s.
-    Communication time sums each call's interval (overlapping calls count twice, as in the
-    profiler's per-op totals); exposed time sums each call's exposed part. Only calls issued
-    inside the step's wall-clock interval count when the sample has ``end_time``.
+    Communication time is the wall time with a collective in flight: the union of the calls'
+    intervals within the step, so concurrent calls (DDP's bucket all-reduces) count once and it
+    never exceeds the step. Exposed time is the calls' exposed parts summed, at most that union:
+    concurrent calls wait in the same stretch of time (two all-reduces 46 ms each, exposed 44
+    and 46 ms, summed to 90 ms in a 70 ms step). Only calls issued inside the step's wall-clock
+    interval count when the sample has ``end_time``.
     """
     by_step: dict[tuple[int, int], list] = defaultdict(list)
     for c in collectives:
@@ -176,8 +182,11 @@ def step_comm(collectives: Sequence, steps: Mapping[int, Sequence]) -> list[dict
                 # attributed to step 0) are not part of the step's time.
                 begin = s.end_time - s.time_s
                 calls = [c for c in calls if c.start >= begin]
-            comm_s = sum(c.time_s for c in calls)
-            exp_s = sum(c.exposed_s for c in calls)
+                spans = [(c.start, min(c.start + c.time_s, s.end_time)) for c in calls]
+            else:  # no clock for the step: the calls' own union, at most the step
+                spans = [(c.start, c.start + c.time_s) for c in calls]
+            comm_s = min(s.time_s, sum(b - a for a, b in merge_intervals(spans)))
+            exp_s = min(comm_s, sum(c.exposed_s for c in calls))
             rows.append(
                 {
                     "rank": rank,
@@ -189,3 +198,44 @@ def step_comm(collectives: Sequence, steps: Mapping[int, Sequence]) -> list[dict
                 }
             )
     return rows
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankComm:
+    """One rank's communication per step, every figure the median over the same ordinary steps
+    (not step 0, not deep-sampled; ``ordinary_steps``): the report's ``comm`` rows and the
+    communication diagnosis both read these, so they cannot disagree. ``exposed_share`` is the
+    median exposed time over the median step time; medians keep the per-step order, so exposed
+    <= communication holds for them as it does for each step. Seconds."""
+
+    rank: int
+    step_time_s: float
+    comm_s: float
+    exposed_s: float
+    exposed_share: float
+    steps: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {"rank": self.rank, "step_time_s": self.step_time_s, "comm_s": self.comm_s,
+                "exposed_s": self.exposed_s, "exposed_share": self.exposed_share}
+
+
+def ordinary_steps(samples: Sequence) -> list:
+    """The steps a "step time" is the median of: not step 0 (warm-up), not deep-sampled (the
+    probes slow it); else every step after step 0; else every step."""
+    return ([s for s in samples if s.index > 0 and not s.deep] or [s for s in samples if s.index > 0]
+            or list(samples))
+
+
+def rank_comm(collectives: Sequence, samples: Sequence, rank: int) -> RankComm | None:
+    """``RankComm`` of ``rank`` from its ``StepSample``s and the ``CollectiveStat``s (any ranks);
+    None when it has no step."""
+    steady = ordinary_steps([s for s in samples if s.rank == rank])
+    if not steady:
+        return None
+    rows = step_comm([c for c in collectives if c.rank == rank], {rank: steady})
+    step = float(statistics.median(r["step_time_s"] for r in rows))
+    exposed = float(statistics.median(r["exposed_s"] for r in rows))
+    return RankComm(rank=rank, step_time_s=step, comm_s=float(statistics.median(r["comm_s"] for r in rows)),
+                    exposed_s=exposed, exposed_share=exposed / step if step > 0 else 0.0,
+                    steps=tuple(int(r["step"]) for r in rows))

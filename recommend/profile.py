@@ -15,6 +15,7 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
 
+from advisor.recommend.comm import RankComm, rank_comm
 from advisor.recommend.unreached import extrapolate
 from advisor.records.samples import (
     MEMORY_CATEGORIES,
@@ -96,6 +97,9 @@ class Profile:
     # (not serialised by ``to_dict``: the report has its own ops and collectives sections).
     ops: tuple[OpStat, ...] = ()
     collectives: tuple[CollectiveStat, ...] = ()
+    # That rank's communication per ordinary step (medians), the figures the report's ``comm``
+    # section shows for it: the communication diagnosis quotes these (recommend/comm.py).
+    comm: RankComm | None = None
     # The job's shape, for remedies that depend on it (source: RunInfo.world_size, ModelInfo.wrapper,
     # the optimizers discovered): data-parallel degree, the first model's wrapper, optimizer count.
     world_size: int = 1
@@ -322,6 +326,7 @@ def profile_from_records(
     device = min(runs, key=lambda r: r.rank).device if runs else {}
     return replace(profile, unreached_modules=tuple(unreached), ops=tuple(o for o in ops if o.rank == op_rank),
                    collectives=tuple(c for c in collectives if c.rank == comm_rank),
+                   comm=rank_comm(collectives, steps, comm_rank) if collectives else None,
                    world_size=max([r.world_size for r in runs] or [1]),
                    data_parallel=first[0].wrapper if first else None,
                    optimizer_count=sum(1 for o in optimizers if o.rank == (first[0].rank if first else 0)),

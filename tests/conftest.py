@@ -72,3 +72,17 @@ def gpus_visible():
     with pytest.MonkeyPatch.context() as patch:
         _give_the_gpus_back(patch)
         yield
+
+
+@pytest.fixture(autouse=True)
+def _reports_are_consistent(request, tmp_path):
+    """After each test, every JSON report it wrote under its ``tmp_path`` passes ``advisor check``
+    (tests/checked.py): an end-to-end test fails on a report that contradicts itself."""
+    yield
+    if "inconsistent_report" in request.keywords:
+        return
+    from checked import check_folder
+
+    broken = check_folder(tmp_path)
+    if broken:
+        pytest.fail("reports that contradict themselves (advisor check):\n" + "\n".join(broken), pytrace=False)

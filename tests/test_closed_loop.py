@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from checked import assert_consistent
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -28,7 +29,9 @@ def measured_peak(tmp_path_factory):
     out = tmp_path_factory.mktemp("peak") / "r.json"
     run = advisor("attach", "--headless", "--probes", "memory", "--steps", "3", "--json", str(out), "examples/gpt.py")
     assert run.returncode == 0, run.stderr[-2000:]
-    return json.loads(out.read_text())["memory"]["peak_bytes"]
+    report = json.loads(out.read_text())
+    assert_consistent(report, str(out))  # a module fixture's report lies outside any test's tmp_path
+    return report["memory"]["peak_bytes"]
 
 
 @pytest.fixture(scope="module")

@@ -101,7 +101,7 @@ def test_gate_crosses_exactly_the_thresholds_exceeded():
     d = _diff()
     failed = check_gate(d, parse_gate("step_time:+5%,peak_memory:+10%"))
     assert [f["metric"] for f in failed] == ["step_time", "peak_memory"]
-    assert failed[0]["reason"] == "step_time +7.0% (100.000 ms -> 107.000 ms) crosses +5%"
+    assert failed[0]["reason"] == "step_time +7.0% (100 ms -> 107 ms) crosses +5%"
     assert failed[1]["reason"] == "peak_memory +11.4% (700 MiB -> 780 MiB) crosses +10%"
     assert check_gate(d, parse_gate("step_time:+7.5%,peak_memory:+12%")) == []
     assert [f["metric"] for f in check_gate(d, parse_gate("step_time:+5ms, peak_memory:+100MiB"))] == ["step_time"]
@@ -138,7 +138,7 @@ def test_cli_diff_json_gate_and_usage_errors(tmp_path):
     proc = advisor("a-0001", "b-0002", "--json", str(out), "--fail-on", "step_time:+5%,peak_memory:+10%")
     assert proc.returncode == 1, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if "regression:" in line]
-    assert lines == ["advisor: regression: step_time +7.0% (100.000 ms -> 107.000 ms) crosses +5%",
+    assert lines == ["advisor: regression: step_time +7.0% (100 ms -> 107 ms) crosses +5%",
                      "advisor: regression: peak_memory +11.4% (700 MiB -> 780 MiB) crosses +10%"]
     data = json.loads(out.read_text())
     assert data["schema"] == "advisor.diff/1" and len(data["gate"]["failures"]) == 2

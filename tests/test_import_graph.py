@@ -63,7 +63,8 @@ THIRD_PARTY: dict[str, set[str]] = {
 }
 # Controller modules that draw: rich for the reports and progress lines, textual for the TUI.
 TUI = ("advisor.tui",)  # the package and everything under it
-RENDER = ("advisor.render", "advisor.diff_render", "advisor.listing", "advisor.progress", "advisor.sections")
+RENDER = ("advisor.render", "advisor.rich_text", "advisor.diff_render", "advisor.listing", "advisor.progress",
+          "advisor.sections")
 TUI_LIBRARIES = {"textual", "textual_plotext", "rich"}
 RENDER_LIBRARIES = {"rich"}
 

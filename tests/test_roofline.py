@@ -188,9 +188,9 @@ def test_an_op_above_its_roof_is_flagged_with_the_reason_and_marked_in_every_tab
     assert ops["aten.ok"]["above_roof_reason"] is None
     items = list(ops.values())
     table = render_compute_section(items, build_compute_section(state, device_spec_from_state(state)))[1]
-    cells = list(table.columns[-1].cells)
+    cells = [str(c) for c in table.columns[-1].cells]
     assert sorted(cells) == ["120%*", "300%*", "300%*", "50%"]
     assert "cache" in str(table.caption) and "ceiling" in str(table.caption) and "ordinary step" in str(table.caption)
     markdown = report_markdown({"ops": items, "compute": {}})
-    assert "| 120%* |" in markdown and "* above the roof" in markdown
+    assert "| 120%\\* |" in markdown and "\\* above the roof" in markdown  # "*" escaped in Markdown
     assert "120%*" in list(ops_table(items).columns[-1].cells) and ops_table(items).caption

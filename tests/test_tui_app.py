@@ -71,7 +71,7 @@ def test_steps_arrive_and_table_shows_newest_first() -> None:
         await until(pilot, lambda: any(m.latest_step == 4 for m in of(messages, StateRefreshed)))
         table = app.steps_view.query_one(DataTable)
         assert table.row_count == 5
-        newest = table.get_row_at(0)
+        newest = [str(c) for c in table.get_row_at(0)]
         assert newest[0] == "4" and newest[1] == "104 ms" and newest[-1] == "3.00 GiB"
         assert "step 4" in app.steps_view.summary_text
         assert "step time" in app.steps_view.summary_text and "loss" in app.steps_view.summary_text

@@ -74,7 +74,7 @@ def test_live_ddp_switches_ranks_and_applies(tmp_path) -> None:
             await wait(pilot, lambda: app.model.rank == 1 - pinned)
             assert [m.rank for m in messages if isinstance(m, RankSwitched)] == [pinned, 1 - pinned]
             assert f"showing rank {1 - pinned}" in app.query_one(OverviewView).plain
-            assert "shown" in app.query_one("#ranks-table", DataTable).get_row_at(1 - pinned)[6]
+            assert "shown" in str(app.query_one("#ranks-table", DataTable).get_row_at(1 - pinned)[6])
             # Apply the first live recommendation from the Advice view.
             await pilot.press("6")
             # The advice is recomputed as the job runs: the target is a live one the view lists now,

@@ -38,12 +38,12 @@ def test_quantity_uses_the_unit_formatters() -> None:
 
 
 def test_every_surface_shares_the_formatter() -> None:
-    from advisor import progress, render
+    from advisor import diff_render, progress, report_blocks
     from advisor.sections import comm, memory
     from advisor.tui import format as tui_format
 
     assert tui_format.fmt_bytes is units.fmt_bytes and tui_format.fmt_seconds is units.fmt_seconds
-    assert render.fmt_bytes is units.fmt_bytes
+    assert report_blocks.fmt_bytes is units.fmt_bytes and diff_render.fmt_seconds is units.fmt_seconds
     assert memory.fmt_bytes is units.fmt_bytes and comm.fmt_bytes is units.fmt_bytes
     assert progress.fmt_seconds is units.fmt_seconds
     assert units.format_size(3 * 2**30) == fmt_bytes(3 * 2**30)

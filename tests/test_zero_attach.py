@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from checked import assert_consistent
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ["examples/ddp.py", "--hidden", "128", "--layers", "4", "--steps", "14"]
@@ -34,6 +35,7 @@ def attach(home: Path, out: Path, *options: str) -> list[float]:
                            "--json", str(out), *options, *SCRIPT], cwd=ROOT, env=env, text=True,
                           capture_output=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_consistent(json.loads(out.read_text()), str(out))  # the baseline's lies outside any tmp_path
     return [float(m.group(2)) for line in proc.stdout.splitlines() if (m := LOSS.match(line))]
 
 

@@ -161,7 +161,7 @@ def test_attach_refuses_the_stages_that_would_make_the_scripts_checkpoint_partia
     env = dict(os.environ, ADVISOR_HOME=str(tmp_path), OMP_NUM_THREADS="1")
     out = tmp_path / "report.json"
     proc = subprocess.run([sys.executable, "-m", "advisor", "attach", "--headless", "--nproc-per-node", "2",
-                           "--json", str(out), "--memory-budget", "1", "tests/scripts/ddp_save.py",
+                           "--json", str(out), "--memory-budget", "1B", "tests/scripts/ddp_save.py",
                            "--save", save, "--save-every", "3", "--steps", "8"],
                           cwd=ROOT, env=env, text=True, capture_output=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -181,7 +181,7 @@ def test_a_save_first_seen_under_zero_is_warned_about_and_ends_the_proposal(tmp_
     env = dict(os.environ, ADVISOR_HOME=str(tmp_path), OMP_NUM_THREADS="1")
     out = tmp_path / "report.json"
     proc = subprocess.run([sys.executable, "-m", "advisor", "attach", "--headless", "--nproc-per-node", "2",
-                           "--json", str(out), "--memory-budget", "1", "--apply", "zero-2", "--apply-at-step", "5",
+                           "--json", str(out), "--memory-budget", "1B", "--apply", "zero-2", "--apply-at-step", "5",
                            "tests/scripts/ddp_save.py", "--save", "torch", "--save-every", "8", "--steps", "12"],
                           cwd=ROOT, env=env, text=True, capture_output=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -166,3 +166,26 @@ def parse_rate(text: str | float) -> float:
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"a rate must be more than 0 bytes/s, got {raw!r}")
     return value
+
+
+# Terminal control sequences: CSI (ESC [ ... final byte), OSC (ESC ] ... BEL or ESC \), other
+# two-byte escapes, then any remaining C0 or C1 control character and DEL. An op name, a module
+# name or an exception text comes from the user's program: printed raw, ``\x1b[2J`` clears the
+# reader's screen and ``\x1b]8;;...`` plants a link.
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]?|\x9b[0-?]*[ -/]*[@-~]")
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_LINE_BREAKS = re.compile(r"[\t\n\r]")
+
+
+def plain_text(value: object, *, one_line: bool = True) -> str:
+    """``value`` as text a terminal shows as it is: terminal control sequences and control
+    characters removed, every other character kept (brackets and backslashes too: the caller
+    renders it as text, never as markup). ``one_line``: tabs and line breaks become spaces (a
+    name in a table cell); otherwise tabs and line breaks stay (an exception's message).
+
+    The one cleaning step of every user-derived string on every surface (report, Markdown, TUI).
+    """
+    text = _ESCAPES.sub("", str(value))
+    if one_line:
+        text = _LINE_BREAKS.sub(" ", text)
+    return _CONTROLS.sub("", text)

@@ -1,23 +1,23 @@
 """Report sections for communication: collectives, per-rank exposure, stragglers.
 
 Builders return plain dicts (the headless JSON report's contract, docs/report-schema.md);
-``render_comm_sections`` turns them into rich renderables for the TUI and the printer.
+``comm_blocks`` lays them out for the report's renderers (``advisor.blocks``).
 Bandwidths are bytes per second; times are seconds.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from statistics import mean
+from statistics import median
 from typing import Any
 
-from rich.table import Table
-
-from advisor.state import SessionState
-from advisor.records.comm_cache import bench_busbw, load_cache
+from advisor.blocks import Block, Column, Table
+from advisor.recommend.comm import ordinary_steps, rank_comm, straggler, wait_by_record
 from advisor.records.bandwidth import algbw, busbw
-from advisor.records.units import fmt_bytes, fmt_seconds
-from advisor.recommend.comm import step_comm, straggler, wait_by_record
+from advisor.records.comm_cache import bench_busbw, load_cache
+from advisor.records.units import fmt_bytes, fmt_rate, fmt_seconds
+from advisor.rich_text import to_rich
+from advisor.state import SessionState
 
 
 def _call_wait(c: Any, waits: dict[int, float]) -> float:
@@ -80,25 +80,12 @@ def build_collectives_section(state: SessionState) -> list[dict[str, Any]]:
 
 
 def build_comm_section(state: SessionState) -> list[dict[str, Any]]:
-    """Per rank: mean step time, and per step the communication and exposed time and share."""
-    rows = step_comm(state.collectives, state.steps)
-    by_rank: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for r in rows:
-        by_rank[r["rank"]].append(r)
-    out = []
-    for rank, items in sorted(by_rank.items()):
-        step_time = mean(r["step_time_s"] for r in items)
-        exposed = mean(r["exposed_s"] for r in items)
-        out.append(
-            {
-                "rank": rank,
-                "step_time_s": step_time,
-                "comm_s": mean(r["comm_s"] for r in items),
-                "exposed_s": exposed,
-                "exposed_share": exposed / step_time if step_time > 0 else 0.0,
-            }
-        )
-    return out
+    """Per rank: the median over its ordinary steps (not step 0, not deep) of
+    the step time, the communication and the exposed time, and exposed over step (``RankComm``,
+    the figures the communication diagnosis quotes)."""
+    ranks = sorted(set(state.steps) | {c.rank for c in state.collectives})
+    rows = (rank_comm(state.collectives, state.steps.get(rank, []), rank) for rank in ranks)
+    return [row.to_dict() for row in rows if row is not None]
 
 
 def build_straggler_section(state: SessionState) -> dict[str, Any] | None:
@@ -107,14 +94,16 @@ def build_straggler_section(state: SessionState) -> dict[str, Any] | None:
     ``wait_caused_s``: the others' mean wait, summed over the calls this rank came last to;
     ``skew_s``: mean spread of arrival times per matched call; ``wait_s_by_rank``: each rank's
     own wait summed over calls; ``wait_per_step_s_by_rank``: its mean wait per step, each step's
-    bounded by that step's time; ``per_rank_step_time_s``: mean StepSample time per rank.
+    bounded by that step's time; ``per_rank_step_time_s``: the median of each rank's ordinary
+    steps (as ``comm[].step_time_s``).
     """
     waits, matched = wait_by_record(state.collectives, state.events)
     report = straggler(matched)
     if report is None:
         return None
     steps = {
-        str(rank): mean(s.time_s for s in samples) for rank, samples in sorted(state.steps.items()) if samples
+        str(rank): median(s.time_s for s in ordinary_steps(samples))
+        for rank, samples in sorted(state.steps.items()) if samples
     }
     n_steps = max((len(s) for s in state.steps.values()), default=0)
     return {
@@ -129,8 +118,45 @@ def build_straggler_section(state: SessionState) -> dict[str, Any] | None:
     }
 
 
-def _bw(value: float | None) -> str:
-    return "-" if value is None else f"{value / 1e9:.2f} GB/s"
+def comm_blocks(
+    collectives: list[dict[str, Any]],
+    comm: list[dict[str, Any]],
+    straggler_section: dict[str, Any] | None,
+) -> list[Block]:
+    """The collectives, the communication per step and the straggler (``advisor.blocks``);
+    empty when nothing was communicated. Bandwidths in one unit, bytes/s with decimal prefixes
+    (``fmt_rate``, as nccl-tests quotes them): the same in the TUI."""
+    out: list[Block] = []
+    if collectives:
+        names = ("rank", "op", "n", "size", "count", "time", "exposed", "wait", "algbw", "busbw", "bench busbw")
+        out.append(Table(
+            title="Collectives", caption="time, exposed and wait summed over the calls",
+            columns=tuple(Column(name=c, label=True) if c == "op" else Column(name=c, numeric=True) for c in names),
+            rows=tuple((str(r["rank"]), r["op"], str(r["group_size"]), fmt_bytes(r["bytes"]), str(r["count"]),
+                        fmt_seconds(r["time_s"]), fmt_seconds(r["exposed_s"]), fmt_seconds(r["wait_s"]),
+                        fmt_rate(r["algbw"]), fmt_rate(r["busbw"]), fmt_rate(r.get("bench_busbw")))
+                       for r in collectives)))
+    if comm and collectives:  # without any collective the table would be all zeros
+        out.append(Table(
+            title="Communication per step",
+            caption="medians over each rank's ordinary steps (not step 0, not deep-sampled); comm: time with a "
+                    "collective in flight",
+            columns=tuple(Column(name=c, numeric=True)
+                          for c in ("rank", "step time", "comm", "exposed", "exposed share")),
+            rows=tuple((str(r["rank"]), fmt_seconds(r["step_time_s"]), fmt_seconds(r["comm_s"]),
+                        fmt_seconds(r["exposed_s"]), f"{r['exposed_share']:.1%}") for r in comm)))
+    if straggler_section is not None:
+        s = straggler_section
+        per_step = s.get("wait_per_step_s_by_rank") or {}
+        out.append(Table(
+            title=f"Straggler: rank {s['rank']}",
+            caption=(f"others waited {fmt_seconds(s['wait_caused_s'])} for rank {s['rank']}; "
+                     f"mean arrival skew {fmt_seconds(s['skew_s'])}; step time: median of ordinary steps, "
+                     "wait: mean per step"),
+            columns=tuple(Column(name=c, numeric=True) for c in ("rank", "step time", "own wait per step")),
+            rows=tuple((rank, fmt_seconds(t), fmt_seconds(per_step.get(rank, 0.0)))
+                       for rank, t in s["per_rank_step_time_s"].items())))
+    return out
 
 
 def render_comm_sections(
@@ -138,41 +164,5 @@ def render_comm_sections(
     comm: list[dict[str, Any]],
     straggler_section: dict[str, Any] | None,
 ) -> list[Any]:
-    """Rich renderables for the three sections (empty list when nothing was communicated)."""
-    out: list[Any] = []
-    if collectives:
-        table = Table(title="Collectives")
-        for col in ("rank", "op", "n", "size", "count", "time", "exposed", "wait", "algbw", "busbw", "bench busbw"):
-            table.add_column(col, justify="left" if col == "op" else "right", no_wrap=col != "op", overflow="fold")
-        for r in collectives:
-            table.add_row(
-                str(r["rank"]), r["op"], str(r["group_size"]), fmt_bytes(r["bytes"]), str(r["count"]),
-                fmt_seconds(r['time_s']), fmt_seconds(r['exposed_s']), fmt_seconds(r['wait_s']),
-                _bw(r["algbw"]), _bw(r["busbw"]), _bw(r.get("bench_busbw")),
-            )
-        out.append(table)
-    if comm and collectives:  # without any collective the table would be all zeros
-        table = Table(title="Communication per step")
-        for col in ("rank", "step time", "comm", "exposed", "exposed share"):
-            table.add_column(col, justify="right", no_wrap=True)
-        for r in comm:
-            table.add_row(
-                str(r["rank"]), fmt_seconds(r['step_time_s']), fmt_seconds(r['comm_s']),
-                fmt_seconds(r['exposed_s']), f"{r['exposed_share']:.1%}",
-            )
-        out.append(table)
-    if straggler_section is not None:
-        s = straggler_section
-        table = Table(title=f"Straggler: rank {s['rank']}")
-        table.add_column("rank", justify="right")
-        table.add_column("step time", justify="right")
-        table.add_column("own wait per step", justify="right")
-        per_step = s.get("wait_per_step_s_by_rank") or {}
-        for rank, t in s["per_rank_step_time_s"].items():
-            table.add_row(rank, fmt_seconds(t), fmt_seconds(per_step.get(rank, 0.0)))
-        table.caption = (
-            f"others waited {fmt_seconds(s['wait_caused_s'])} for rank {s['rank']}; "
-            f"mean arrival skew {fmt_seconds(s['skew_s'])}"
-        )
-        out.append(table)
-    return out
+    """Rich renderables of ``comm_blocks`` (empty list when nothing was communicated)."""
+    return [to_rich(block) for block in comm_blocks(collectives, comm, straggler_section)]

@@ -18,8 +18,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from advisor.records.bandwidth import busbw
+from advisor.blocks import Block, Column, Table
 from advisor.recommend.comm import wait_by_record
+from advisor.records.bandwidth import busbw
+from advisor.records.units import fmt_bytes, fmt_rate, fmt_seconds
+from advisor.rich_text import to_rich
 from advisor.state import SessionState
 
 
@@ -90,18 +93,20 @@ def build_links_section(state: SessionState) -> dict[str, Any] | None:
     return {"nodes": by_node, "links": out}
 
 
-def render_links_section(section: dict[str, Any] | None) -> list[Any]:
-    """A rich table of the links, shown when any call crossed nodes or nodes are known to differ."""
-    from rich.table import Table  # the section's data is torch- and rich-free; only this renders
-
+def links_blocks(section: dict[str, Any] | None) -> list[Block]:
+    """The links' table, when any call crossed nodes (``advisor.blocks``)."""
     if not section or not any(row["link"] == "inter_node" for row in section["links"]):
         return []
-    table = Table(title="Collectives within and across nodes "
-                        + " · ".join(f"{label}: ranks {ranks}" for label, ranks in section["nodes"].items()))
-    for col in ("link", "op", "n", "calls", "bytes", "transfer", "busbw"):
-        table.add_column(col, justify="left" if col in ("link", "op") else "right")
-    for row in section["links"]:
-        busbw = "-" if row["busbw"] is None else f"{row['busbw'] / 1e9:.3f} GB/s"
-        table.add_row(row["link"].replace("_", "-"), row["op"], str(row["group_size"]), str(row["calls"]),
-                      f"{row['bytes']:,}", f"{row['transfer_s'] * 1e3:.1f} ms", busbw)
-    return [table]
+    return [Table(
+        title="Collectives within and across nodes "
+              + " · ".join(f"{label}: ranks {ranks}" for label, ranks in section["nodes"].items()),
+        columns=(Column(name="link", label=True), Column(name="op", label=True),
+                 *(Column(name=c, numeric=True) for c in ("n", "calls", "bytes", "transfer", "busbw"))),
+        rows=tuple((row["link"].replace("_", "-"), row["op"], str(row["group_size"]), str(row["calls"]),
+                    fmt_bytes(row["bytes"]), fmt_seconds(row["transfer_s"]), fmt_rate(row["busbw"]))
+                   for row in section["links"]))]
+
+
+def render_links_section(section: dict[str, Any] | None) -> list[Any]:
+    """Rich renderables of ``links_blocks``."""
+    return [to_rich(block) for block in links_blocks(section)]

@@ -10,10 +10,12 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from advisor.blocks import Block, Cell, Column, Facts, Lines, Table
+from advisor.records.samples import MEMORY_CATEGORIES, MemorySample, ModuleStat
+from advisor.records.units import MISSING, fmt_bytes, fmt_seconds
+from advisor.rich_text import to_rich
 from advisor.sections.timebase import light_module_times, light_phase_time, light_step_time, scale
 from advisor.state import SessionState
-from advisor.records.units import fmt_bytes, fmt_seconds
-from advisor.records.samples import MEMORY_CATEGORIES, MemorySample, ModuleStat
 
 MAX_TIMELINE_POINTS = 2000
 
@@ -85,10 +87,21 @@ def build_memory_section(state: SessionState, *, budget_bytes: int | None) -> di
         row["light_forward_measured"] = timed is not None
         row["light_recompute_s"] = spans.get(row["name"])
         row["light_backward_s"] = row["backward_s"] * time_scale["backward"]
+    peak_bytes, peak_step, source = (peak.total_bytes, peak.step, "tracked") if peak is not None else (None, None, None)
+    if peak is None:
+        # No tracker ran (an imported trace, a run without the memory probe), but the steps carry
+        # their peak: show it, with no breakdown rather than every category at 0 B beside it.
+        categories_max = {}
+        stepped = [s for s in state.steps.get(rank if rank is not None else min(state.steps, default=0), [])
+                   if s.peak_memory_bytes is not None]
+        top = max(stepped, key=lambda s: s.peak_memory_bytes or 0, default=None)
+        if top is not None:
+            peak_bytes, peak_step, source = top.peak_memory_bytes, top.index, "steps"
     section: dict[str, Any] = {
         "budget_bytes": budget_bytes,
-        "peak_bytes": peak.total_bytes if peak is not None else None,
-        "peak_step": peak.step if peak is not None else None,
+        "peak_bytes": peak_bytes,
+        "peak_step": peak_step,
+        "peak_source": source,
         "categories_at_peak": categories_at_peak,
         "categories_max": categories_max,
         "timeline": timeline,
@@ -196,60 +209,62 @@ def _cuda(state: SessionState, samples: list[MemorySample], rank: int | None) ->
     }
 
 
-def render_memory_section(section: dict[str, Any]) -> list[Any]:
-    """Rich renderables: the breakdown at peak, the heaviest modules, the OOM record if any."""
-    from rich.panel import Panel
-    from rich.table import Table
-
-    out: list[Any] = []
+def memory_blocks(section: dict[str, Any]) -> list[Block]:
+    """The breakdown at the peak, the heaviest modules, the OOM record if any (``advisor.blocks``)."""
+    out: list[Block] = []
     peak = section.get("peak_bytes")
     budget = section.get("budget_bytes")
     title = f"Memory at peak: {fmt_bytes(peak)}"
     if section.get("peak_step") is not None:
         title += f" (step {section['peak_step']})"
-    table = Table(title=title, caption=None if budget is None else f"budget {fmt_bytes(budget)}")
-    table.add_column("category", no_wrap=True)
-    table.add_column("at peak", justify="right", no_wrap=True)
-    table.add_column("max", justify="right", no_wrap=True)
-    for category in MEMORY_CATEGORIES:
-        at_peak = section.get("categories_at_peak", {}).get(category, 0)
-        table.add_row(category, fmt_bytes(at_peak), fmt_bytes(section.get("categories_max", {}).get(category, 0)))
-    out.append(table)
+    at_peak, maxima = section.get("categories_at_peak") or {}, section.get("categories_max") or {}
+    budget_line = () if budget is None else (f"budget {fmt_bytes(budget)}",)
+    if not at_peak and not any(maxima.values()):
+        # No tracker ran: the steps' own peak, or nothing, never a column of 0 B beside it.
+        what = ("the steps' own peak; no breakdown by category (no memory tracker ran)" if peak is not None
+                else "no memory measured")
+        out.append(Lines(title=title, lines=((what,), *((line,) for line in budget_line))))
+    else:
+        rows = tuple((category, fmt_bytes(at_peak.get(category)) if at_peak else MISSING,
+                      fmt_bytes(maxima.get(category))) for category in MEMORY_CATEGORIES)
+        out.append(Table(title=title, caption=budget_line[0] if budget_line else None,
+                         columns=(Column(name="category", label=True), Column(name="at peak", numeric=True),
+                                  Column(name="max", numeric=True)), rows=rows))
     modules = section.get("modules") or []
     if modules:
-        heavy = Table(title="Heaviest modules (saved for backward)")
-        longest = max((len(row["name"] or "(model)") for row in modules[:10]), default=0)
-        for column in ("module", "type", "params", "activations", "input", "forward", "backward"):
-            name_column = column in ("module", "type")
-            heavy.add_column(column, justify="left" if name_column else "right", no_wrap=not name_column,
-                             overflow="fold", min_width=min(longest, 48) if column == "module" else None)
         k = section.get("module_time_scale") or {}
+        caption = None
         if k.get("forward") and k["forward"] < 1:
-            heavy.caption = (f"forward and backward per ordinary step; profiled steps ran "
-                             f"{1 / k['forward']:.1f}x (forward) and {1 / max(k.get('backward') or 1, 1e-9):.1f}x "
-                             "(backward) slower")
-        for row in modules[:10]:
-            heavy.add_row(
-                row["name"] or "(model)",
-                row.get("type", "") + (" (checkpointed)" if row.get("checkpointed") else ""),
-                fmt_bytes(row["parameter_bytes"]),
-                fmt_bytes(row["activation_bytes"]),
-                fmt_bytes(row["input_bytes"]),
-                fmt_seconds(row.get("light_forward_s", row["forward_s"])),
-                fmt_seconds(row.get("light_backward_s", row["backward_s"])),
-            )
-        out.append(heavy)
+            caption = (f"forward and backward per ordinary step; profiled steps ran "
+                       f"{1 / k['forward']:.1f}x (forward) and {1 / max(k.get('backward') or 1, 1e-9):.1f}x "
+                       "(backward) slower")
+        out.append(Table(
+            title="Heaviest modules (saved for backward)", caption=caption,
+            columns=(Column(name="module", fold_at=48), Column(name="type"),
+                     *(Column(name=c, numeric=True) for c in ("params", "activations", "input", "forward", "backward"))),
+            rows=tuple((row["name"] or "(model)",
+                        row.get("type", "") + (" (checkpointed)" if row.get("checkpointed") else ""),
+                        fmt_bytes(row["parameter_bytes"]), fmt_bytes(row["activation_bytes"]),
+                        fmt_bytes(row["input_bytes"]), fmt_seconds(row.get("light_forward_s", row["forward_s"])),
+                        fmt_seconds(row.get("light_backward_s", row["backward_s"])))
+                       for row in modules[:10])))
     oom = section.get("oom")
     if oom:
-        lines = [
-            f"op {oom.get('op') or '?'} in module {oom.get('module') or '?'}",
-            f"requested {fmt_bytes(oom.get('requested_bytes'))} at step {oom.get('step')}",
+        items: list[tuple[str, Cell]] = [
+            ("op", f"{oom.get('op') or '?'} in module {oom.get('module') or '?'}"),
+            ("requested", f"{fmt_bytes(oom.get('requested_bytes'))} at step {oom.get('step')}"),
         ]
         cats = oom.get("categories") or {}
-        lines.append(", ".join(f"{c} {fmt_bytes(v)}" for c, v in cats.items() if v))
+        if any(cats.values()):
+            items.append(("held", ", ".join(f"{c} {fmt_bytes(v)}" for c, v in cats.items() if v)))
         for frame in (oom.get("frames") or [])[-3:]:
-            lines.append(f"  {frame['file']}:{frame['line']} in {frame['function']}: {frame['code']}")
+            items.append(("", f"  {frame['file']}:{frame['line']} in {frame['function']}: {frame['code']}"))
         if oom.get("snapshot_path"):
-            lines.append(f"snapshot: {oom['snapshot_path']} (open in https://pytorch.org/memory_viz)")
-        out.append(Panel("\n".join(lines), title="Out of memory", border_style="red"))
+            items.append(("snapshot", f"{oom['snapshot_path']} (open in https://pytorch.org/memory_viz)"))
+        out.append(Facts(title="Out of memory", items=tuple(items), border="red"))
     return out
+
+
+def render_memory_section(section: dict[str, Any]) -> list[Any]:
+    """Rich renderables of ``memory_blocks``."""
+    return [to_rich(block) for block in memory_blocks(section)]

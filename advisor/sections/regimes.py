@@ -13,7 +13,10 @@ import copy
 import statistics
 from typing import Any, Mapping
 
-from advisor.records.units import fmt_bytes, fmt_seconds
+from advisor.blocks import Block, Cell, Column, Table
+from advisor.records.units import MISSING, fmt_bytes, fmt_seconds
+from advisor.rich_text import to_rich
+from advisor.sections.comm import build_comm_section
 from advisor.sections.compute import build_ops_section
 from advisor.sections.memory import build_memory_section
 from advisor.sections.timebase import light_samples
@@ -81,6 +84,8 @@ def _summary(part: SessionState, label: str, first: int, last: int, spec: Mappin
         "top_modules": [{"name": m["name"], "activation_bytes": m["activation_bytes"],
                          "light_forward_s": m.get("light_forward_s")}
                         for m in memory["modules"][:TOP]],
+        # The comm section's rows over this regime's steps only: what the advice quotes after an apply.
+        "comm": build_comm_section(part) if part.collectives else [],
     }
 
 
@@ -104,24 +109,29 @@ def build_regimes_section(state: SessionState, spec: Mapping[str, Any] | None) -
     return out
 
 
-def render_regimes(regimes: list[dict[str, Any]]) -> list[Any]:
-    """One table row per regime, then each regime's heaviest ops and modules."""
-    from rich.table import Table
-
-
+def regimes_blocks(regimes: list[dict[str, Any]]) -> list[Block]:
+    """One table row per regime with its heaviest ops and modules (``advisor.blocks``)."""
     if not regimes:
         return []
-    table = Table(title="The job before and after each remedy (each measured on its own steps)")
-    for column in ("regime", "steps", "peak", "step time", "top ops (per ordinary step)", "heaviest modules"):
-        table.add_column(column, justify="right" if column in ("peak", "step time") else "left",
-                         overflow="fold", no_wrap=column in ("peak", "step time", "steps"))
+    rows = []
     for r in regimes:
-        ops = "\n".join(f"{o['name']} {fmt_seconds(o['time_s'])}" for o in r["top_ops"][:3]) or "—"
-        modules = "\n".join(f"{m['name'] or '(model)'} {fmt_bytes(m['activation_bytes'])}"
-                            for m in r["top_modules"][:3]) or "—"
-        step_time = fmt_seconds(r["step_time_s"])
+        ops = tuple(f"{o['name']} {fmt_seconds(o['time_s'])}" for o in r["top_ops"][:3]) or MISSING
+        modules = tuple(f"{m['name'] or '(model)'} {fmt_bytes(m['activation_bytes'])}"
+                        for m in r["top_modules"][:3]) or MISSING
+        step_time: Cell = fmt_seconds(r["step_time_s"])
         if r["step_time_s"] is None and r.get("profiled_step_time_s") is not None:
-            step_time = f"{fmt_seconds(r['profiled_step_time_s'])}\n(profiled steps)"
-        table.add_row(r["label"], f"{r['first_step']}-{r['last_step']}", fmt_bytes(r["peak_bytes"]),
-                      step_time, ops, modules)
-    return [table]
+            step_time = (fmt_seconds(r["profiled_step_time_s"]), "(profiled steps)")
+        rows.append((r["label"], f"{r['first_step']}-{r['last_step']}", fmt_bytes(r["peak_bytes"]), step_time, ops,
+                     modules))
+    return [Table(
+        title="The job before and after each remedy (each measured on its own steps)",
+        caption="step time: the median of the regime's ordinary steps",
+        columns=(Column(name="regime"), Column(name="steps", label=True), Column(name="peak", numeric=True),
+                 Column(name="step time", numeric=True), Column(name="top ops (per ordinary step)"),
+                 Column(name="heaviest modules")),
+        rows=tuple(rows))]
+
+
+def render_regimes(regimes: list[dict[str, Any]]) -> list[Any]:
+    """Rich renderables of ``regimes_blocks``."""
+    return [to_rich(block) for block in regimes_blocks(regimes)]

@@ -8,6 +8,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from advisor.rich_text import name_text
+
 
 class ConfirmApplyScreen(ModalScreen[bool]):
     """Dismisses with True on ``y``, False on ``n`` or Escape."""
@@ -29,9 +31,14 @@ class ConfirmApplyScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Static(f"[b]{self.title_text}[/b] changes the training's numerics: the losses will "
-                         "not match a run without it.\n\nApply it to the running job? "
-                         "[b]y[/b] apply, [b]n[/b] cancel", id="confirm-text")
+            text = name_text(self.title_text, "bold")  # a title holds module names: text, never markup
+            text.append(" changes the training's numerics: the losses will not match a run without it.\n\n"
+                        "Apply it to the running job? ", style="")
+            text.append("y", style="bold")
+            text.append(" apply, ")
+            text.append("n", style="bold")
+            text.append(" cancel")
+            yield Static(text, id="confirm-text")
 
     def action_answer(self, value: bool) -> None:
         self.dismiss(value)

@@ -18,6 +18,8 @@ from textual.screen import ModalScreen
 from textual.containers import Vertical
 from textual.widgets import DataTable, Footer, Static
 
+from advisor.rich_text import name_text
+
 Cell = str | Text
 
 
@@ -101,7 +103,9 @@ class FitTable(DataTable[Cell]):
         self._fill()
 
     def set_rows(self, rows: Sequence[Sequence[Cell]], keys: Sequence[str | None] | None = None) -> None:
-        self.full_rows = [list(r) for r in rows]
+        # A ``str`` cell in a DataTable is parsed as markup: a module named ``[/]`` would stop the
+        # view. Every plain string becomes text here, once, whoever built the row.
+        self.full_rows = [[c if isinstance(c, Text) else name_text(c) for c in r] for r in rows]
         for row in self.full_rows:
             if len(row) != len(self.columns_all):
                 raise ValueError(f"{self.id}: a row of {len(row)} cells for {len(self.columns_all)} columns")

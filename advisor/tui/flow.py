@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from rich.text import Text
 from textual.widgets import Static
 
+from advisor.rich_text import name_text
+
 Field = Text | str
 SEP = "   "
 
@@ -25,7 +27,7 @@ def pack(lines: Sequence[Sequence[Field]], width: int, *, sep: str = SEP, indent
             out.append("\n")
         used = 0
         for field in fields:
-            piece = field if isinstance(field, Text) else Text(field)
+            piece = field if isinstance(field, Text) else name_text(field)  # never markup, no control codes
             if not piece.plain:
                 continue
             size = piece.cell_len
@@ -51,7 +53,7 @@ def labelled(label: str, value: Field, *, style: str = "") -> Text:
     if isinstance(value, Text):
         text.append_text(value)
     else:
-        text.append(str(value), style=style)
+        text.append_text(name_text(value, style))
     return text
 
 

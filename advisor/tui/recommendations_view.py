@@ -11,8 +11,8 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Static
 
-from advisor.state import SessionState
 from advisor.records.units import fmt_quantity
+from advisor.state import SessionState
 from advisor.tui.fit_table import Column, FitTable
 from advisor.tui.format import MISSING, fmt_bytes, fmt_change, fmt_seconds
 

@@ -27,6 +27,7 @@ from advisor.recommend.remedies.offload import (
     why,
 )
 from advisor.records.advice import Prediction, Recommendation
+from advisor.records.units import fmt_rate, fmt_seconds
 
 
 def _names(value: Any, key: str, *, empty_ok: bool) -> None:
@@ -73,12 +74,12 @@ def propose(profile: Profile, budget: int, evidence: list[dict[str, object]]) ->
         return []
     offloaded = joint.blocks(chain, OFFLOAD)
     recomputed = joint.blocks(chain, RECOMPUTE)
-    versus = (f"checkpointing alone costs {alone.overhead_s * 1e3:.1f} ms" if alone.feasible
+    versus = (f"checkpointing alone costs {fmt_seconds(alone.overhead_s)}" if alone.feasible
               else f"checkpointing alone cannot fit (lowest peak {gib(alone.peak_bytes)})")
     ev = [f"measured peak {gib(measured_peak(profile))} against a budget of {gib(budget)}",
           f"plan: offload {len(offloaded)}, recompute {len(recomputed)} of {chain.n} blocks, "
-          f"+{joint.overhead_s * 1e3:.1f} ms per step; {versus}",
-          f"host link {bandwidth / 1e9:.1f} GB/s ({source})"] + why(chain, model, joint)
+          f"+{fmt_seconds(joint.overhead_s)} per step; {versus}",
+          f"host link {fmt_rate(bandwidth)} ({source})"] + why(chain, model, joint)
     step = profile.step_time_s
     params: dict[str, Any] = {"modules": offloaded}
     if recomputed:
@@ -87,7 +88,7 @@ def propose(profile: Profile, budget: int, evidence: list[dict[str, object]]) ->
         id=f"offload-{len(offloaded)}" + (f"-checkpoint-{len(recomputed)}" if recomputed else ""),
         remedy=SPEC.name,
         title=(f"Offload {len(offloaded)} block(s) to host memory" + (f", checkpoint {len(recomputed)}" if recomputed else "")
-               + f": peak {gib(joint.peak_bytes)}, +{joint.overhead_s * 1e3:.1f} ms/step"),
+               + f": peak {gib(joint.peak_bytes)}, +{fmt_seconds(joint.overhead_s)}/step"),
         params=params,
         predicted=Prediction(peak_memory_bytes=joint.peak_bytes, step_time_s=None if step is None else step + joint.overhead_s),
         baseline=Prediction(peak_memory_bytes=measured_peak(profile), step_time_s=step),

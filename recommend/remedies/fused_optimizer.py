@@ -19,6 +19,7 @@ from advisor.recommend.finding import Finding
 from advisor.recommend.profile import Profile
 from advisor.recommend.remedies import RemedySpec
 from advisor.records.advice import Prediction, Recommendation
+from advisor.records.units import fmt_bytes, fmt_seconds
 
 OPTIMIZER_SHARE = 0.25  # optimizer step above this share of the step time deserves advice
 SPEEDUP = 2.0  # assumed optimizer-step speed-up of fused over foreach kernels (not measured here)
@@ -48,9 +49,9 @@ def fused_rule(profile: Profile) -> Finding | None:
         # From the ops of the optimizer phase: the time between them (per-op dispatch and
         # launches, ``count`` of them) goes, the kernels' own time falls by the assumed factor.
         saved = opt - kernel_s / SPEEDUP
-        model = (f"{count:.0f} optimizer ops per step ({moved / 2**20:.1f} MiB, {kernel_s * 1e3:.1f} ms of kernels): "
-                 f"the {(opt - kernel_s) * 1e3:.1f} ms between them goes, kernels / {SPEEDUP:g} (assumed)")
-        detail = [f"{count:.0f} ops per step move {moved / 2**20:.1f} MiB in {kernel_s * 1e3:.1f} ms"]
+        model = (f"{count:.0f} optimizer ops per step ({fmt_bytes(moved)}, {fmt_seconds(kernel_s)} of kernels): "
+                 f"the {fmt_seconds(opt - kernel_s)} between them goes, kernels / {SPEEDUP:g} (assumed)")
+        detail = [f"{count:.0f} ops per step move {fmt_bytes(moved)} in {fmt_seconds(kernel_s)}"]
     else:
         saved = opt * (1.0 - 1.0 / SPEEDUP)
         model = f"optimizer step / {SPEEDUP:g} (assumed fused speed-up, verified by the apply)"
@@ -68,7 +69,7 @@ def fused_rule(profile: Profile) -> Finding | None:
         live=True,
         apply_class=SPEC.apply_class,
         prerequisites=["an optimizer with a fused implementation (Adam, AdamW, SGD, Adagrad)"],
-        evidence=[f"optimizer step {opt * 1e3:.1f} ms of a {step * 1e3:.1f} ms step"] + detail,
+        evidence=[f"optimizer step {fmt_seconds(opt)} of a {fmt_seconds(step)} step"] + detail,
         fits=True,
     )
     return Finding(bottleneck="launch_overhead", summary=f"the optimizer step takes {share:.0%} of the step",

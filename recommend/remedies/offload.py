@@ -57,6 +57,7 @@ from advisor.recommend.peak_model import (  # the choice names are peak_model's,
     solve_choices,
 )
 from advisor.records.advice import CurvePoint
+from advisor.records.units import fmt_seconds
 
 BACKWARD_FACTOR = 2.0  # backward of a block ~ twice its forward (two matmuls per forward one)
 LABEL_CAP = 4096  # Pareto labels per state on short chains; above it the answer is flagged not exact
@@ -423,16 +424,16 @@ def why(chain: Chain, model: Model, plan: JointPlan) -> list[str]:
             continue
         b = chain.blocks[i]
         copy = b.activation_bytes / model.bandwidth
-        recompute = f"recompute would cost {b.recompute_s * 1e3:.1f} ms"
+        recompute = f"recompute would cost {fmt_seconds(b.recompute_s)}"
         nxt_o = i + 1 < chain.n and plan.choices[i + 1] == OFFLOAD
         if c == OFFLOAD:
-            out.append(f"{b.name}: offload ({copy * 1e3:.1f} ms each way) hides behind "
-                       f"{hidden_behind(chain, i, nxt_o) * 1e3:.1f} ms of the next block's forward"
-                       f"{' and backward' if nxt_o else ''}, exposing {offload_cost(chain, model, i, nxt_o) * 1e3:.1f} ms; "
+            out.append(f"{b.name}: offload ({fmt_seconds(copy)} each way) hides behind "
+                       f"{fmt_seconds(hidden_behind(chain, i, nxt_o))} of the next block's forward"
+                       f"{' and backward' if nxt_o else ''}, exposing {fmt_seconds(offload_cost(chain, model, i, nxt_o))}; "
                        f"{recompute}")
         elif i + 1 < chain.n:
-            out.append(f"{b.name}: recompute costs {b.recompute_s * 1e3:.1f} ms; offload would expose at least "
-                       f"{offload_cost(chain, model, i, True) * 1e3:.1f} ms ({copy * 1e3:.1f} ms copies)")
+            out.append(f"{b.name}: recompute costs {fmt_seconds(b.recompute_s)}; offload would expose at least "
+                       f"{fmt_seconds(offload_cost(chain, model, i, True))} ({fmt_seconds(copy)} copies)")
         else:
-            out.append(f"{b.name}: recompute costs {b.recompute_s * 1e3:.1f} ms (the last block is never offloaded)")
+            out.append(f"{b.name}: recompute costs {fmt_seconds(b.recompute_s)} (the last block is never offloaded)")
     return out

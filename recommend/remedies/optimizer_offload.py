@@ -24,6 +24,7 @@ from advisor.recommend.profile import Profile
 from advisor.recommend.remedies import RemedySpec
 from advisor.recommend.remedies.offload import bandwidth_of, model_for, optimizer_cost
 from advisor.records.advice import Prediction, Recommendation
+from advisor.records.units import fmt_rate, fmt_seconds
 
 CPU_ADAM_BYTES_PER_S = 2e9  # state bytes a host Adam step updates per second (assumed, several cores)
 
@@ -75,7 +76,7 @@ def propose(profile: Profile, budget: int, evidence: list[dict[str, object]]) ->
         id="optimizer-offload",
         remedy=SPEC.name,
         title=f"Keep the optimizer state ({gib(state)}) in host memory between steps: peak {gib(peak)}, "
-              f"+{cost * 1e3:.1f} ms/step",
+              f"+{fmt_seconds(cost)}/step",
         params={"optimizers": None},
         predicted=Prediction(peak_memory_bytes=peak, step_time_s=None if step is None else step + cost),
         baseline=Prediction(peak_memory_bytes=measured_peak(profile), step_time_s=step),
@@ -86,8 +87,8 @@ def propose(profile: Profile, budget: int, evidence: list[dict[str, object]]) ->
         apply_class=SPEC.apply_class,
         prerequisites=["host memory for the optimizer state (pinned on CUDA)"],
         evidence=[f"model states are the largest category at the peak; optimizer state {gib(state)}",
-                  f"copies 2 x {gib(state)} per step over a {bandwidth / 1e9:.1f} GB/s host link ({source}): "
-                  f"{cost * 1e3:.1f} ms",
+                  f"copies 2 x {gib(state)} per step over a {fmt_rate(bandwidth)} host link ({source}): "
+                  f"{fmt_seconds(cost)}",
                   f"during step() the device holds parameters, gradients and state: {gib(model.step_peak_bytes)}"],
         fits=fits,
     )]
@@ -112,7 +113,7 @@ def cpu_step_plan(profile: Profile, budget: int) -> Recommendation | None:
         id="cpu-optimizer-step",
         remedy="cpu_offload",
         title=f"Run the optimizer step on the CPU (ZeRO-Offload style): peak {gib(peak)}, "
-              f"{'+' if added >= 0 else ''}{added * 1e3:.1f} ms/step (restart)",
+              f"{'+' if added >= 0 else ''}{fmt_seconds(added)}/step (restart)",
         params={"plan": "cpu_optimizer_step"},
         predicted=Prediction(peak_memory_bytes=peak, step_time_s=None if step is None else step + added),
         baseline=Prediction(peak_memory_bytes=measured_peak(profile), step_time_s=step),
@@ -124,7 +125,7 @@ def cpu_step_plan(profile: Profile, budget: int) -> Recommendation | None:
         apply_class="restart",
         prerequisites=["a host optimizer (e.g. DeepSpeed's CPU Adam) in the script: not applied live"],
         evidence=[f"no live plan fits the {gib(budget)} budget",
-                  f"host link {bandwidth / 1e9:.1f} GB/s ({source}); one published grid measured +32% to +69% "
+                  f"host link {fmt_rate(bandwidth)} ({source}); one published grid measured +32% to +69% "
                   "step time for CPU Adam (REFERENCE.md)"],
         fits=peak <= budget,
     )

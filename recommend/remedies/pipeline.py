@@ -42,6 +42,7 @@ from advisor.recommend.memory_model import find_chain, measured_peak
 from advisor.recommend.profile import Profile
 from advisor.recommend.remedies import RemedySpec
 from advisor.records.advice import Prediction, Recommendation
+from advisor.records.units import fmt_bytes, fmt_rate, fmt_seconds
 
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b")
 COST_MODEL = ("step = (m+p-1)/m * max stage (fwd+bwd+2*out/bw); stage peak = 2*params + optimizer + "
@@ -495,14 +496,14 @@ def propose(
     stages = [list(s) for s in best.stages]
     ev = [
         f"{len(blocks)} blocks in {p} stages {[len(s) for s in stages]}, {best.micro_batches} micro-batches, "
-        f"{best.schedule}: slowest stage {max(best.stage_time_s) * 1e3:.1f} ms, imbalance {best.imbalance:.2f}, "
+        f"{best.schedule}: slowest stage {fmt_seconds(max(best.stage_time_s))}, imbalance {best.imbalance:.2f}, "
         f"bubble {best.bubble_fraction:.0%}",
-        f"equal-layer split {[len(s) for s in naive.stages]}: slowest stage {max(naive.stage_time_s) * 1e3:.1f} ms, "
-        f"imbalance {naive.imbalance:.2f}, step {naive.step_time_s * 1e3:.1f} ms against "
-        f"{best.step_time_s * 1e3:.1f} ms, largest stage peak {naive.max_peak_bytes / 2**30:.2f} GiB",
-        f"peak per stage {[round(b / 2**30, 2) for b in best.peak_bytes]} GiB against "
-        + (f"{budget / 2**30:.2f} GiB per device" if budget else "no known device memory"),
-        f"point-to-point {best.p2p_bytes / 2**20:.1f} MiB per step over a link of {link / 1e9:.0f} GB/s"
+        f"equal-layer split {[len(s) for s in naive.stages]}: slowest stage {fmt_seconds(max(naive.stage_time_s))}, "
+        f"imbalance {naive.imbalance:.2f}, step {fmt_seconds(naive.step_time_s)} against "
+        f"{fmt_seconds(best.step_time_s)}, largest stage peak {fmt_bytes(naive.max_peak_bytes)}",
+        f"peak per stage {', '.join(fmt_bytes(b) for b in best.peak_bytes)} against "
+        + (f"{fmt_bytes(budget)} per device" if budget else "no known device memory"),
+        f"point-to-point {fmt_bytes(best.p2p_bytes)} per step over a link of {fmt_rate(link)}"
         + ("" if link_bytes_s else " (assumed: no link was measured)"),
     ]
     common: dict[str, Any] = dict(
@@ -519,7 +520,7 @@ def propose(
         params = {"stages": stages, "micro_batches": best.micro_batches, "schedule": best.schedule,
                   "ranks": p, "split_points": [s[0] for s in stages[1:]], "loop_change": loop_change(best)}
         title = (f"Pipeline over {p} ranks ({best.schedule}, {best.micro_batches} micro-batches): "
-                 f"peak {best.max_peak_bytes / 2**30:.2f} GiB per rank; every rank's loop changes (restart)")
+                 f"peak {fmt_bytes(best.max_peak_bytes)} per rank; every rank's loop changes (restart)")
         extra = dict(live=False, prerequisites=["change the training loop on every rank as loop_change shows",
                                                 "build the optimizer over the rank's stage parameters"],
                      evidence=ev + ["per-rank loop:\n" + params["loop_change"]])
@@ -528,8 +529,8 @@ def propose(
         params = {"stages": stages, "micro_batches": best.micro_batches,
                   "devices": [f"{device_type}:{i}" for i in range(p)]}
         title = (f"Pipeline the {len(blocks)} blocks over {p} devices in this process ({best.micro_batches} "
-                 f"micro-batches): peak {best.max_peak_bytes / 2**30:.2f} GiB per device, "
-                 f"step {predicted_step * 1e3:.1f} ms")
+                 f"micro-batches): peak {fmt_bytes(best.max_peak_bytes)} per device, "
+                 f"step {fmt_seconds(predicted_step)}")
         extra = dict(live=True, prerequisites=[
             "each block feeds the next; no BatchNorm in the blocks; the batch splits along its first dimension",
             "micro-batching reassociates sums (live-equivalent)"], evidence=ev)

@@ -43,6 +43,7 @@ from advisor.recommend.remedies.pipeline import (
     min_max_partition,
 )
 from advisor.records.advice import Prediction, Recommendation
+from advisor.records.units import fmt_seconds
 
 IMBALANCE = 1.10  # measured slowest / mean stage time from which a new split is considered
 MIN_GAIN = 0.05  # predicted step-time gain below which moving blocks is not worth a boundary
@@ -159,11 +160,11 @@ def propose_repartition(
         raise ValueError(f"devices must list one device per stage ({len(stages)}), not {list(devices)!r}")
     other = max(0.0, step_time_s - cur.step_time_s) if step_time_s is not None else 0.0
     sizes = lambda f: [len(s) for s in f.stages]  # noqa: E731
-    ev = [f"measured stage forward times {[round(t * 1e3, 2) for t in measured_stage_s]} ms: imbalance "
+    ev = [f"measured stage forward times {', '.join(fmt_seconds(t) for t in measured_stage_s)}: imbalance "
           f"{plan.measured_imbalance:.2f}",
           f"split {sizes(cur)} -> {sizes(new)}: slowest stage {max(cur.stage_time_s) * 1e3:.1f} -> "
-          f"{max(new.stage_time_s) * 1e3:.1f} ms, predicted step {cur.step_time_s * 1e3:.1f} -> "
-          f"{new.step_time_s * 1e3:.1f} ms ({plan.gain:.0%} faster)",
+          f"{fmt_seconds(max(new.stage_time_s))}, predicted step {fmt_seconds(cur.step_time_s)} -> "
+          f"{fmt_seconds(new.step_time_s)} ({plan.gain:.0%} faster)",
           "blocks calibrated per stage to the measured times (x" + ", x".join(f"{r:.2f}" for r in plan.scale) + ")"]
     moved = sum(1 for a, b in zip(_stage_of(cur), _stage_of(new)) if a != b)
     params: dict[str, Any] = {"stages": [list(s) for s in new.stages], "micro_batches": micro_batches}

@@ -39,6 +39,7 @@ from advisor.recommend.rules._figures import comm_steps, median_per_step
 from advisor.records.advice import Prediction, Recommendation
 from advisor.records.bandwidth import busbw
 from advisor.records.checkpoint_saves import partial_state
+from advisor.records.units import fmt_rate, fmt_seconds
 
 STAGES = (1, 2, 3)
 COST_MODELS = {
@@ -199,7 +200,7 @@ def propose(profile: Profile, budget: int, evidence: list[dict[str, object]]) ->
             evidence.append({"what": f"ZeRO-{stage}", "value": f"not proposed: {reason}"})
             continue
         costs.append(cost)
-        time = f"{cost.step_time_s * 1e3:.1f} ms" if cost.step_time_s is not None else "not predicted"
+        time = fmt_seconds(cost.step_time_s) if cost.step_time_s is not None else "not predicted"
         evidence.append({"what": f"ZeRO-{stage} predicted", "value": f"peak {gib(cost.peak_bytes)}, step {time}"
                          + ("" if cost.peak_bytes <= budget else " (over the budget)")})
     if not costs:
@@ -218,10 +219,10 @@ def _recommendation(profile: Profile, m: Measured, base: StageCost, cost: StageC
           f"gradients {gib(cost.gradient_bytes)}, optimizer state {gib(cost.optimizer_state_bytes)}; "
           f"{gib(m.peak_bytes - cost.peak_bytes)} less at the peak"]
     if cost.comm_s is not None and m.busbw:
-        ev.append(f"collectives {cost.comm_s * 1e3:.1f} ms per step ({STAGE_TRAFFIC[stage]:g}x DDP's traffic"
+        ev.append(f"collectives {fmt_seconds(cost.comm_s)} per step ({STAGE_TRAFFIC[stage]:g}x DDP's traffic"
                   + (", plus the owners' broadcast" if stage == 1 else "")
-                  + f", at the measured {m.busbw / 1e9:.2f} GB/s bus bandwidth), {cost.exposed_s * 1e3:.1f} ms "
-                  f"exposed against {(m.exposed_s or 0) * 1e3:.1f} ms today")
+                  + f", at the measured {fmt_rate(m.busbw)} bus bandwidth), {fmt_seconds(cost.exposed_s)} "
+                  f"exposed against {fmt_seconds(m.exposed_s or 0)} today")
     else:
         ev.append("step time not predicted: no all-reduce of this job was measured (comm probe off?)")
     host_synchronous = stage > 1 and n > 1 and profile.device_type == "cpu"

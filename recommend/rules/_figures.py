@@ -11,6 +11,7 @@ import statistics
 from typing import Iterable, Mapping, Sequence
 
 from advisor.records.samples import CollectiveStat, OpStat
+from advisor.records.units import fmt_seconds
 
 # aten packets whose time tensor cores shorten (matrix multiplies, convolutions, attention)
 MATMUL_OPS: frozenset[str] = frozenset({
@@ -76,4 +77,5 @@ def bus_bandwidth(collectives: Sequence[CollectiveStat]) -> float | None:
 
 
 def ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.1f} ms"
+    """A duration in evidence lines: one unit style everywhere (``fmt_seconds``: 3 significant figures)."""
+    return fmt_seconds(seconds)

@@ -40,7 +40,12 @@ def memory_rule(profile: Profile) -> Finding | None:
     if profile.oom and profile.oom.get("categories"):
         cats = {k: int(v) for k, v in profile.oom["categories"].items()}
     largest = max(cats, key=lambda k: cats[k]) if cats else None
-    evidence: list[dict[str, object]] = [{"what": "peak memory", "value": peak, "unit": "bytes"}]
+    # After an OOM the step never reached its peak: the figure planned against is the measured one
+    # plus the failed request and the model states a full step adds, so it is named apart from the
+    # memory section's measured peak (a "peak memory" of 33.8 MiB beside a measured 22.1 MiB).
+    what = "peak memory the failed step needed (measured, plus its failed request and model states)" if profile.oom \
+        else "peak memory"
+    evidence: list[dict[str, object]] = [{"what": what, "value": peak, "unit": "bytes"}]
     if budget:
         evidence.append({"what": "peak / budget", "value": round(peak / budget, 4), "threshold": MEMORY_PRESSURE})
     if profile.oom:

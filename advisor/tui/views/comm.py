@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from advisor.records.units import fmt_bytes, fmt_seconds
+from advisor.records.units import fmt_bytes, fmt_rate, fmt_seconds
 from advisor.tui.chart import Chart
 from advisor.tui.fit_table import Column, FitTable
 from advisor.tui.flow import Flow
@@ -43,7 +43,8 @@ def by_kind(rows: list[dict[str, Any]], rank: int) -> list[dict[str, Any]]:
 
 
 def bandwidth(value: float | None) -> str:
-    return "—" if not value else f"{fmt_bytes(value)}/s"
+    """Bytes/s as the report gives them (``fmt_rate``: decimal prefixes, as nccl-tests quotes them)."""
+    return "—" if not value else fmt_rate(value)
 
 
 def summary_lines(model: ViewModel) -> list[list[Any]]:

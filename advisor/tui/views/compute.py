@@ -10,6 +10,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from advisor.records.units import fmt_seconds
+from advisor.rich_text import name_text
 from advisor.sections.compute import fmt_roof, roof_footnote
 from advisor.tui.chart import Chart
 from advisor.tui.fit_table import Column, FitTable
@@ -55,7 +56,7 @@ OP_COLUMNS = [Column(key="op", label="op", flex=True, min_width=14), Column(key=
 def ops_table(ops: list[dict[str, Any]], limit: int = 10) -> Table:
     table = Table("op", "time", "bound", "roof", box=None, pad_edge=False)
     for op in ops[:limit]:
-        table.add_row(op["name"], fmt_seconds(op.get("time_s")), str(op.get("bound") or "—"), fmt_roof(op, "—"))
+        table.add_row(name_text(op["name"]), fmt_seconds(op.get("time_s")), str(op.get("bound") or "—"), fmt_roof(op, "—"))
     table.caption = roof_footnote(ops[:limit])
     return table
 

@@ -12,6 +12,7 @@ from textual.widgets import Static
 
 from advisor.records.samples import PHASES
 from advisor.records.units import fmt_bytes, fmt_seconds
+from advisor.rich_text import name_text
 from advisor.tui.chart import Chart
 from advisor.state import SessionState
 from advisor.tui.flow import Flow, labelled
@@ -92,7 +93,7 @@ class OverviewView(Vertical):
         yield StepsView(id="steps")  # the step table (updated from the state by the app, as before)
 
     def update_model(self, model: ViewModel) -> None:
-        self.query_one("#overview-diagnosis", Static).update(diagnosis_sentence(model))
+        self.query_one("#overview-diagnosis", Static).update(name_text(diagnosis_sentence(model)))
         self.query_one("#overview-facts", Flow).set_lines(facts_lines(model))
         steps = model.steps
         self.query_one("#overview-phases", Flow).set_lines([phases_line(model)] if steps else [])
