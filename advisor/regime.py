@@ -5,63 +5,62 @@ of remedies in force (kept, and not reverted since), when an apply or a revert
 must be refused, and the "current regime" (the steps run with the job's
 configuration as it is now), which advice describes.
 
-``SessionState.applied`` holds, in arrival order, every ``ApplyResult.to_dict()``
-(status kept, reverted or failed) and, for a user revert of a kept remedy, the
-``apply_reverted`` event's data with status "reverted" (no ``measured`` key).
+``SessionState.applied`` holds, in arrival order, every ``ApplyResult`` (status kept,
+reverted or failed) and, for a user revert of a kept remedy, its ``RevertResult``.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
+from advisor.records.advice import Recommendation
+from advisor.records.results import ApplyHistory, ApplyResult, RevertResult
 from advisor.state import SessionState
 
 
-def in_force(applied: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def in_force(applied: Sequence[ApplyHistory]) -> list[ApplyResult]:
     """The remedies in force now, oldest first: kept, and not reverted since (remedies stack)."""
-    stack: list[dict[str, Any]] = []
+    stack: list[ApplyResult] = []
     for result in applied:
-        status = result.get("status")
-        if status == "kept":
-            stack.append(dict(result))
-        elif status == "reverted":  # a user revert, or a result reverted after its window
-            rec_id = result.get("recommendation_id")
+        if isinstance(result, ApplyResult) and result.status == "kept":
+            stack.append(result)
+        elif result.status == "reverted":  # a user revert, or a result reverted after its window
             for i in range(len(stack) - 1, -1, -1):
-                if stack[i].get("recommendation_id") == rec_id:
+                if stack[i].recommendation_id == result.recommendation_id:
                     del stack[i]
                     break
     return stack
 
 
-def last_kept(applied: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+def last_kept(applied: Sequence[ApplyHistory]) -> ApplyResult | None:
     """The most recent remedy still in force (the one a revert undoes), or None."""
     stack = in_force(applied)
     return stack[-1] if stack else None
 
 
-def apply_refusal(state: SessionState, rec: Mapping[str, Any] | None, *, in_flight: bool = False) -> str | None:
+def apply_refusal(state: SessionState, rec: Recommendation | None, *, in_flight: bool = False) -> str | None:
     """Why ``rec`` cannot be applied now (one sentence for the user), or None.
 
     ``in_flight``: the caller knows of an apply or revert it sent that has not come back yet.
     """
     if rec is None:
         return "No recommendation to apply yet."
-    title = rec.get("title") or rec.get("remedy") or rec.get("id")
+    title = rec.title or rec.remedy or rec.id
     if state.finished:
         return "Training has ended: there is no running job to apply a remedy to."
-    if not rec.get("live"):
+    if not rec.live:
         return f"{title} cannot be applied to a running job: it needs a restart (see its evidence, Enter)."
     if in_flight or state.pending_apply:
         return "An apply is already in flight; wait for its result."
     return None
 
 
-def inexact_refusal(rec: Mapping[str, Any], *, allowed: bool) -> str | None:
+def inexact_refusal(rec: Recommendation, *, allowed: bool) -> str | None:
     """A live-opt-in remedy changes numerics: refused unless the user allowed it
     (``--allow-inexact`` headless, or the TUI's confirmation)."""
-    if rec.get("apply_class") == "live-opt-in" and not allowed:
-        return (f"{rec.get('id')} changes numerics (apply class live-opt-in); "
+    if rec.apply_class == "live-opt-in" and not allowed:
+        return (f"{rec.id} changes numerics (apply class live-opt-in); "
                 "pass --allow-inexact to `advisor attach`, or confirm it in the TUI")
     return None
 
@@ -77,7 +76,7 @@ def revert_refusal(state: SessionState, *, in_flight: bool = False) -> str | Non
     return None
 
 
-def regime_start(applied: Sequence[Mapping[str, Any]]) -> int | None:
+def regime_start(applied: Sequence[ApplyHistory]) -> int | None:
     """The first step run with the job's configuration as it is now; None if it never changed.
 
     A kept remedy changes it at its ``at_step``; a user revert at the revert's ``at_step``;
@@ -88,10 +87,10 @@ def regime_start(applied: Sequence[Mapping[str, Any]]) -> int | None:
     return max(changes) if changes else None
 
 
-def first_change(applied: Sequence[Mapping[str, Any]]) -> int | None:
+def first_change(applied: Sequence[ApplyHistory]) -> int | None:
     """The first step that ran under any remedy (kept or later reverted); None if none ever did."""
-    starts = [int(a["at_step"]) for a in applied
-              if a.get("status") in ("kept", "reverted") and not _is_user_revert(a) and a.get("at_step") is not None]
+    starts = [a.at_step for a in applied
+              if isinstance(a, ApplyResult) and a.status in ("kept", "reverted") and a.at_step is not None]
     return min(starts) if starts else None
 
 
@@ -133,17 +132,12 @@ def _measured(state: SessionState) -> bool:
     return bool(state.modules) and any(s.deep for samples in state.steps.values() for s in samples)
 
 
-def _is_user_revert(entry: Mapping[str, Any]) -> bool:
-    # An ApplyResult always carries "measured"; the apply_reverted event's data never does.
-    return entry.get("status") == "reverted" and "measured" not in entry
-
-
-def _changed_at(entry: Mapping[str, Any]) -> int | None:
-    status = entry.get("status")
-    at_step = entry.get("at_step")
-    if at_step is None or status not in ("kept", "reverted"):
+def _changed_at(entry: ApplyHistory) -> int | None:
+    if entry.at_step is None or entry.status not in ("kept", "reverted"):
         return None
-    if status == "reverted" and not _is_user_revert(entry):
-        window = ((entry.get("measured") or {}).get("after") or {}).get("steps") or []
-        return max(window) + 1 if window else int(at_step)
-    return int(at_step)
+    if isinstance(entry, RevertResult):  # a user's revert: the job changed where it was undone
+        return entry.at_step
+    if entry.status == "reverted":  # reverted after its window: changed back after the window
+        window = entry.after.steps
+        return max(window) + 1 if window else entry.at_step
+    return entry.at_step
