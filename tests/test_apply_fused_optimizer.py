@@ -131,13 +131,12 @@ def test_on_cuda_the_step_counters_move_to_the_device_and_back() -> None:
 def test_the_memory_bottlenecks_remedy_ranks_before_a_faster_optimizer() -> None:
     """Found on examples/gpt.py under load: the optimizer share passed 25% while memory was over
     budget, and `--apply auto` took the fused optimizer (faster predicted step) over checkpointing."""
+    from profiles import records_profile
     from test_recommend_advise import gpt_report
-
-    from advisor.recommend.profile import profile_from_report
 
     report = gpt_report(budget_share=0.95)
     for step in report["steps"]:
         step["phases"]["optimizer_s"] = 0.3  # 60% of the 0.5 s step
-    diagnosis, recs = advise(profile_from_report(report))
+    diagnosis, recs = advise(records_profile(**report))
     assert diagnosis.bottleneck == "memory"
     assert [r.remedy for r in recs] == ["activation_checkpointing", "fused_optimizer"]
