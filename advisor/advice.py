@@ -39,6 +39,18 @@ def recorded_budget(state: SessionState) -> int | None:
     return None
 
 
+def session_budget(state: SessionState, budget_bytes: int | None = None) -> int | None:
+    """The budget a report or a plan of ``state`` is judged against: ``budget_bytes``, else the
+    --memory-budget the session was recorded with, else the first run's device memory (the
+    documented default, README and docs/report-schema.md)."""
+    budget = budget_bytes or recorded_budget(state)
+    if budget:
+        return budget
+    run = state.runs.get(0) or (state.runs[min(state.runs)] if state.runs else None)
+    capacity = run.device.get("memory_capacity") if run is not None else None
+    return int(capacity) if capacity else None
+
+
 def advise_state(state: SessionState, *, budget_bytes: int | None = None
                  ) -> tuple[Diagnosis | None, list[Recommendation]]:
     """Diagnosis and ranked recommendations for the job as it runs now.

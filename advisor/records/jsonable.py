@@ -89,7 +89,8 @@ def decode(cls: type[T], data: Any, *, where: str = "") -> T:
     """The dataclass ``cls`` built from JSON ``data``, every field checked against its type hint.
 
     Missing fields take their defaults (a required one missing is an error); unknown keys are
-    ignored; a field typed as a record is decoded the same way (through its own ``from_dict``
+    ignored; a null where a plain ``float`` belongs is NaN (``to_json`` writes NaN and infinities
+    as null); a field typed as a record is decoded the same way (through its own ``from_dict``
     when it defines one: a record whose JSON shape is not its fields). ``ValueError`` names the
     path of the first wrong value, ``where`` first."""
     where = where or cls.__name__
@@ -140,6 +141,8 @@ def _value(hint: Any, value: Any, where: str) -> Any:
             return value
         raise ValueError(f"{where}: expected an integer, got {type(value).__name__}")
     if hint is float:
+        if value is None:  # ``to_json`` writes NaN and the infinities as null: read back as NaN
+            return math.nan
         if type(value) in (int, float) and math.isfinite(value):
             return float(value)
         raise ValueError(f"{where}: expected a finite number, got {str(value)[:40]}")

@@ -39,6 +39,7 @@ from advisor.recommend.rules._figures import comm_steps, median_per_step
 from advisor.records.advice import Evidence, Prediction, Recommendation
 from advisor.records.bandwidth import busbw
 from advisor.records.checkpoint_saves import partial_state
+from advisor.records.events import CheckpointSave
 
 STAGES = (1, 2, 3)
 COST_MODELS = {
@@ -65,24 +66,23 @@ CHECKPOINT_CAVEAT = ("while it is in force each rank's optimizer.state_dict() (a
                      "revert first")
 
 
-def _where(save: Mapping[str, Any]) -> str:
-    step, rank = save.get("step"), save.get("rank")
-    return f"first seen at step {step} on rank {rank}" if step is not None else f"seen on rank {rank}"
+def _where(save: CheckpointSave) -> str:
+    return f"first seen at step {save.step} on rank {save.rank}" if save.step is not None else f"seen on rank {save.rank}"
 
 
-def _api(save: Mapping[str, Any]) -> str:
-    return "torch.save" if save.get("api") == "torch.save" else f"torch.distributed.checkpoint ({save.get('api')})"
+def _api(save: CheckpointSave) -> str:
+    return "torch.save" if save.api == "torch.save" else f"torch.distributed.checkpoint ({save.api})"
 
 
-def checkpoint_refusal(saves: Sequence[Mapping[str, Any]], stage: int) -> str | None:
+def checkpoint_refusal(saves: Sequence[CheckpointSave], stage: int) -> str | None:
     """Why the script's own checkpoint saves (``Profile.checkpoint_saves``) rule out ZeRO-``stage``,
     or None (the rule: ``advisor/records/checkpoint_saves.py``)."""
     for save in saves:
-        state = partial_state(str(save.get("api")), save.get("saves") or (), stage)
+        state = partial_state(save.api, save.saves, stage)
         if state == "model":
             return (f"the script saves its model's state_dict() with torch.save ({_where(save)}): under ZeRO-2/3 "
                     "model.state_dict() holds each rank's DTensor shards, so that checkpoint would be partial")
-        if state == "optimizer" and save.get("api") == "torch.save":
+        if state == "optimizer" and save.api == "torch.save":
             return (f"the script saves its optimizer's state_dict() with torch.save ({_where(save)}): under ZeRO "
                     "each rank's optimizer.state_dict() holds only its own share of the state, so that checkpoint "
                     "would be partial")
@@ -93,12 +93,12 @@ def checkpoint_refusal(saves: Sequence[Mapping[str, Any]], stage: int) -> str | 
     return None
 
 
-def checkpoint_note(saves: Sequence[Mapping[str, Any]], stage: int) -> str | None:
+def checkpoint_note(saves: Sequence[CheckpointSave], stage: int) -> str | None:
     """What the recommendation of ZeRO-``stage`` says about the script's saves it allows."""
     seen = [s for s in saves if checkpoint_refusal([s], stage) is None]
     if not seen:
         return None
-    parts = sorted({f"{'/'.join(s.get('saves') or ())} with {_api(s)}" for s in seen})
+    parts = sorted({f"{'/'.join(s.saves)} with {_api(s)}" for s in seen})
     why = ("torch.distributed.checkpoint writes every rank's DTensor shard, so the checkpoint stays whole"
            if stage > 1 else "under ZeRO-1 the parameters stay whole on every rank")
     return f"the script saves its {'; '.join(parts)} ({_where(seen[0])}): {why}"
