@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from fakes import FakeContext
+from recommendations import wire
 
 from advisor.apply import registry
 from advisor.apply.executor import Executor
@@ -67,8 +68,7 @@ def test_applied_live_at_step_5_keeps_the_losses_and_revert_restores_foreach(mon
     model, opt = make()
     ctx = FakeContext([model], [opt])
     ex = Executor(ctx)
-    rec = {"id": "fused-optimizer", "remedy": "fused_optimizer", "params": {"optimizers": None},
-           "apply_class": "live-equivalent"}
+    rec = wire("fused-optimizer", "fused_optimizer", params={"optimizers": None}, apply_class="live-equivalent")
     losses, fused = train(model, opt, ex=ex, ctx=ctx, commands={
         0: {"type": "apply", "recommendation": rec, "at_step": AT, "measure_steps": 1},
         10: {"type": "revert"},
