@@ -11,43 +11,37 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Static
 
-from advisor.state import SessionState
+from advisor.records.advice import Diagnosis, Evidence, Recommendation
+from advisor.records.results import ApplyResult, ApplyStarted
 from advisor.records.units import fmt_quantity
+from advisor.state import SessionState
 from advisor.tui.format import fmt_bytes, fmt_change, fmt_seconds
 
-Recommendation = dict[str, Any]
 
-
-def diagnosis_text(diagnosis: dict[str, Any] | None, recommendations: list[Recommendation] | None = None) -> Text:
+def diagnosis_text(diagnosis: Diagnosis | None, recommendations: list[Recommendation] | None = None) -> Text:
     """The bottleneck, its one-line summary, the evidence under it, and the baseline remedies start from."""
     if not diagnosis:
         return Text("no diagnosis yet: it comes after the first measured steps", style="dim")
     text = Text()
     text.append("Bottleneck: ", style="bold")
-    text.append(str(diagnosis.get("bottleneck", "unknown")), style="bold yellow")
-    summary = diagnosis.get("summary")
-    if summary:
-        text.append(f"  {summary}")
-    for item in diagnosis.get("evidence") or []:
+    text.append(diagnosis.bottleneck, style="bold yellow")
+    if diagnosis.summary:
+        text.append(f"  {diagnosis.summary}")
+    for item in diagnosis.evidence:
         text.append("\n  • ")
         text.append(_evidence_line(item))
-    baseline = next((r.get("baseline") for r in recommendations or [] if r.get("baseline")), None)
-    if baseline:
+    if recommendations:
         # The table shows predictions only, to fit; this line is what they are compared with.
+        baseline = recommendations[0].baseline
         text.append("\nBaseline: ", style="bold")
-        text.append(
-            f"peak {fmt_bytes(baseline.get('peak_memory_bytes'))}, {fmt_seconds(baseline.get('step_time_s'))}/step"
-        )
+        text.append(f"peak {fmt_bytes(baseline.peak_memory_bytes)}, {fmt_seconds(baseline.step_time_s)}/step")
     return text
 
 
-def _evidence_line(item: dict[str, Any] | str) -> str:
-    if not isinstance(item, dict):
-        return str(item)
-    unit = item.get("unit")
-    line = f"{item.get('what', '?')}: {fmt_quantity(item.get('value', '?'), unit)}"
-    if item.get("threshold") is not None:
-        line += f" (threshold {fmt_quantity(item['threshold'], unit)})"
+def _evidence_line(item: Evidence) -> str:
+    line = f"{item.what}: {fmt_quantity(item.value, item.unit)}"
+    if item.threshold is not None:
+        line += f" (threshold {fmt_quantity(item.threshold, item.unit)})"
     return line
 
 
@@ -55,21 +49,21 @@ def status_by_recommendation(state: SessionState) -> dict[str, str]:
     """The latest outcome per recommendation id, and "applying…" for the one in flight."""
     out: dict[str, str] = {}
     for result in state.applied:
-        out[str(result.get("recommendation_id"))] = str(result.get("status", "?"))
+        out[str(result.recommendation_id)] = str(result.status)
     if state.pending_apply and not state.finished:
-        out[str(state.pending_apply.get("recommendation_id"))] = "applying…"
+        out[state.pending_apply.recommendation_id] = "applying…"
     return out
 
 
-def measuring(state: SessionState) -> dict[str, Any] | None:
-    """The ``apply_started`` data of an apply whose result has not arrived yet, or None."""
+def measuring(state: SessionState) -> ApplyStarted | None:
+    """The start of an apply whose result has not arrived yet, or None."""
     if state.finished:
         return None
     started = None
     for event in state.events:
-        if event.name == "apply_started":
-            started = event.data
-        elif event.name == "apply_result":
+        if event.name == ApplyStarted.NAME:
+            started = ApplyStarted.of(event)
+        elif event.name == ApplyResult.NAME:
             started = None
     return started
 
@@ -101,7 +95,7 @@ class RecommendationsView(Vertical):
         self.border_title = "Diagnosis and recommendations"
         self._recommendations: list[Recommendation] = []
         self._signature: object = None
-        self._shown: tuple[dict[str, Any] | None, list[Recommendation]] | None = None
+        self._shown: tuple[Diagnosis | None, list[Recommendation]] | None = None
 
     def compose(self) -> ComposeResult:
         yield Static(diagnosis_text(None), id="diagnosis")
@@ -149,7 +143,7 @@ class RecommendationsView(Vertical):
             self._shown = (diagnosis, list(recommendations))
         signature = (
             repr(diagnosis),
-            tuple(str(r.get("id")) for r in recommendations),
+            tuple(r.id for r in recommendations),
             tuple(sorted(statuses.items())),
             held is not None,
         )
@@ -158,7 +152,7 @@ class RecommendationsView(Vertical):
         self._signature = signature
         text = diagnosis_text(diagnosis, recommendations)
         if held is not None:
-            text.append(f"\nMeasuring {held.get('remedy', 'the remedy')} applied at step {held.get('at_step', '?')}: "
+            text.append(f"\nMeasuring {held.remedy} applied at step {held.at_step if held.at_step is not None else '?'}: "
                         "advice is held until its result is in.", style="italic cyan")
         self.query_one("#diagnosis", Static).update(text)
         table = self.query_one("#recs-table", DataTable)
@@ -166,11 +160,11 @@ class RecommendationsView(Vertical):
         self._recommendations = list(recommendations)
         table.clear()
         for rank, rec in enumerate(self._recommendations, start=1):
-            table.add_row(*_row(rank, rec, statuses.get(str(rec.get("id")))), key=str(rec.get("id")))
+            table.add_row(*_row(rank, rec, statuses.get(rec.id)), key=rec.id)
         # Keep the cursor on the same recommendation when the ranking or statuses change.
         if before is not None:
             for row, rec in enumerate(self._recommendations):
-                if rec.get("id") == before.get("id"):
+                if rec.id == before.id:
                     table.move_cursor(row=row)
                     break
 
@@ -182,22 +176,18 @@ class RecommendationsView(Vertical):
 
 
 def _row(rank: int, rec: Recommendation, status: str | None) -> list[str | Text]:
-    predicted = rec.get("predicted") or {}
-    baseline = rec.get("baseline") or {}
-    memory = _predicted(fmt_bytes, baseline.get("peak_memory_bytes"), predicted.get("peak_memory_bytes"))
-    time = _predicted(fmt_seconds, baseline.get("step_time_s"), predicted.get("step_time_s"))
-    confidence = rec.get("confidence")
-    conf = f"{confidence:.0%}" if isinstance(confidence, (int, float)) else str(confidence or "—")
-    # The apply class (live-exact, live-equivalent, live-opt-in, restart) where the advice gives it.
-    flags = str(rec.get("apply_class") or (("live" if rec.get("live") else "restart") + (" exact" if rec.get("exact") else "")))
+    predicted, baseline = rec.predicted, rec.baseline
+    memory = _predicted(fmt_bytes, baseline.peak_memory_bytes, predicted.peak_memory_bytes)
+    time = _predicted(fmt_seconds, baseline.step_time_s, predicted.step_time_s)
+    flags = str(rec.apply_class)  # live-exact, live-equivalent, live-opt-in or restart
     style = {"kept": "green", "failed": "bold red", "reverted": "yellow", "applying…": "cyan"}.get(status or "", "")
     return [
         str(rank),
-        str(rec.get("title") or rec.get("remedy") or rec.get("id")),
-        _colour_change(memory, baseline.get("peak_memory_bytes"), predicted.get("peak_memory_bytes")),
-        _colour_change(time, baseline.get("step_time_s"), predicted.get("step_time_s")),
-        conf,
-        Text(flags, style="" if rec.get("live") else "dim"),
+        rec.title or rec.remedy or rec.id,
+        _colour_change(memory, baseline.peak_memory_bytes, predicted.peak_memory_bytes),
+        _colour_change(time, baseline.step_time_s, predicted.step_time_s),
+        rec.confidence,
+        Text(flags, style="" if rec.live else "dim"),
         Text(status or "", style=style),
     ]
 

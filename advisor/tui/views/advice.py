@@ -3,7 +3,8 @@ trade-off curve as a chart, predicted against measured after each apply, and the
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Sequence
 
 from rich.table import Table
 from rich.text import Text
@@ -11,6 +12,8 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable
 
+from advisor.records.advice import CurvePoint, Recommendation
+from advisor.records.results import ApplyHistory, ApplyResult
 from advisor.records.units import fmt_bytes, fmt_seconds
 from advisor.tui.chart import Chart
 from advisor.tui.recommendations_view import RecommendationsView
@@ -20,28 +23,31 @@ from advisor.tui.view_model import ViewModel
 MIB = 1024 * 1024
 
 
-def curve_table(curve: list[dict[str, Any]]) -> Table:
+def _added_s(point: CurvePoint) -> float:
+    return point.overhead_s if math.isfinite(point.overhead_s) else 0.0  # no finite cost: nothing drawn
+
+
+def curve_table(curve: Sequence[CurvePoint]) -> Table:
     table = Table("budget", "peak", "added time", box=None, pad_edge=False)
-    for p in sorted(curve, key=lambda p: p.get("budget_bytes") or 0):
-        table.add_row(fmt_bytes(p.get("budget_bytes")), fmt_bytes(p.get("peak_memory_bytes")),
-                      "+" + fmt_seconds(p.get("overhead_s")))
+    for p in sorted(curve, key=lambda p: p.budget_bytes):
+        table.add_row(fmt_bytes(p.budget_bytes), fmt_bytes(p.peak_memory_bytes), "+" + fmt_seconds(_added_s(p)))
     return table
 
 
-def history_rows(applied: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+def history_rows(applied: list[ApplyHistory]) -> list[tuple[str, ...]]:
     """One row per apply or revert, oldest first: remedy, status, step, predicted and measured."""
     rows = []
     for r in applied:
-        predicted = r.get("predicted") or {}
-        measured = r.get("measured") or {}
-        after = measured.get("after") or {}
-        before = measured.get("before") or {}
-        rows.append((str(r.get("remedy") or r.get("recommendation_id")), str(r.get("status")),
-                     "" if r.get("at_step") is None else str(r["at_step"]),
-                     fmt_seconds(predicted.get("step_time_s")),
-                     f"{fmt_seconds(before.get('step_time_s'))} → {fmt_seconds(after.get('step_time_s'))}" if measured else "—",
-                     fmt_bytes(predicted.get("peak_memory_bytes")),
-                     f"{fmt_bytes(before.get('peak_memory_bytes'))} → {fmt_bytes(after.get('peak_memory_bytes'))}" if measured else "—"))
+        step = "" if r.at_step is None else str(r.at_step)
+        if not isinstance(r, ApplyResult):  # a user's revert: nothing predicted or measured
+            rows.append((r.remedy or str(r.recommendation_id), r.status, step, fmt_seconds(None), "—",
+                         fmt_bytes(None), "—"))
+            continue
+        before, after = r.before, r.after
+        rows.append((r.remedy or str(r.recommendation_id), r.status, step, fmt_seconds(r.predicted.step_time_s),
+                     f"{fmt_seconds(before.step_time_s)} → {fmt_seconds(after.step_time_s)}",
+                     fmt_bytes(r.predicted.peak_memory_bytes),
+                     f"{fmt_bytes(before.peak_memory_bytes)} → {fmt_bytes(after.peak_memory_bytes)}"))
     return rows
 
 
@@ -72,21 +78,21 @@ class AdviceView(Vertical):
             table.add_row(*row)
         self.show_curve(self.query_one(RecommendationsView).selected)
 
-    def show_curve(self, rec: dict[str, Any] | None) -> None:
+    def show_curve(self, rec: Recommendation | None) -> None:
         chart = self.query_one(Chart)
-        curve = (rec or {}).get("curve") or []
-        if not curve:
+        if rec is None or not rec.curve:
             chart.draw(None, Text("no trade-off curve for the selected remedy", style="dim"))
             return
-        points = sorted(curve, key=lambda p: p.get("budget_bytes") or 0)
+        points = sorted(rec.curve, key=lambda p: p.budget_bytes)
+        title = rec.title or rec.remedy
 
         def plot(plt: Any) -> None:
-            peaks = [(p.get("peak_memory_bytes") or 0) / MIB for p in points]
-            added = [(p.get("overhead_s") or 0) * 1e3 for p in points]
+            peaks = [p.peak_memory_bytes / MIB for p in points]
+            added = [_added_s(p) * 1e3 for p in points]
             plt.plot(peaks, added, marker="braille", color="cyan")
             plt.scatter(peaks, added, color="yellow")
             plt.xlabel("peak memory (MiB)")
-            plt.title(f"{rec.get('title') or rec.get('remedy')}: added step time (ms) by peak")  # type: ignore[union-attr]
+            plt.title(f"{title}: added step time (ms) by peak")
 
         chart.draw(plot, curve_table(points))
 

@@ -41,7 +41,7 @@ def facts_text(model: ViewModel) -> Text:
     text.append("   budget ", style="dim")
     text.append(fmt_bytes(model.budget_bytes) if model.budget_bytes else "none")
     text.append("\nremedies in force ", style="dim")
-    text.append(", ".join(str(r.get("remedy") or r.get("recommendation_id")) for r in model.in_force) or "none")
+    text.append(", ".join(r.remedy or str(r.recommendation_id) for r in model.in_force) or "none")
     state = "finished" if model.finished else ("running" if model.live else "recorded")
     text.append("   job ", style="dim")
     text.append(state if not model.finished else f"finished: {model.exit_reason or 'exit code ' + str(model.exit_code)}")
