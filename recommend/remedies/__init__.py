@@ -11,7 +11,8 @@ restart and says how: the environment a plan carries (``plan_env``) or the chang
 (``restart_change``).
 
 Modules without ``SPEC`` (a solver a remedy uses) are skipped. Discovery walks this package with
-``pkgutil``, so adding a remedy edits no shared file.
+``pkgutil``, so adding a remedy edits no shared file; a folder ``advisor/recommend/remedies`` under
+another ``sys.path`` entry adds predictors the same way (``advisor.records.plugins``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ from typing import Any, Callable, Mapping
 
 from advisor.recommend.finding import Propose
 from advisor.records.advice import APPLY_CLASSES, parse_apply_class, parse_remedy_name
+from advisor.records.plugins import with_plugins
 from advisor.records.remedy import PHASES, parse_phase, phase_rank
+
+__path__ = with_plugins(__path__, "advisor", "recommend", "remedies")
 
 __all__ = ["APPLY_CLASSES", "RemedySpec", "parse_apply_class", "specs", "spec", "check_params",
            "remedy_modules", "plan_order", "proposers", "PHASES"]
