@@ -17,7 +17,7 @@ from typing import Any
 
 from advisor.recommend.advise import advise
 from advisor.recommend.calibration import model_errors
-from advisor.recommend.profile import has_measurements, profile_from_records
+from advisor.recommend.profile import Profile, has_measurements, profile_from_records
 from advisor.records.advice import Diagnosis, Recommendation
 from advisor.records.commands import RELEASE, ApplyCommand, RevertCommand
 from advisor.records.events import Oom
@@ -59,17 +59,24 @@ def advise_state(state: SessionState, *, budget_bytes: int | None = None
     calibrate step-time predictions (``recommend/calibration.py``); ``budget_bytes`` overrides the
     budget the session was recorded with. ``(None, [])`` when nothing is measured yet.
     """
+    profile = profile_of_state(state, budget_bytes=budget_bytes)
+    if profile is None:
+        return None, []
+    # Calibration reads the whole session's applies, not only the current regime's.
+    return advise(profile, errors=model_errors(state.applied))
+
+
+def profile_of_state(state: SessionState, *, budget_bytes: int | None = None) -> Profile | None:
+    """The ``Profile`` of the current regime's records (None when nothing is measured yet)."""
     regime = current_regime(state)
     steps = [s for rank in sorted(regime.steps) for s in regime.steps[rank]]
     if not has_measurements(steps=steps, modules=regime.modules, events=regime.events):
-        return None, []
-    profile = profile_from_records(
+        return None
+    return profile_from_records(
         steps=steps, memory=regime.memory, modules=regime.modules, ops=regime.ops,
         collectives=regime.collectives, events=regime.events,
         runs=[regime.runs[r] for r in sorted(regime.runs)], models=regime.models,
         optimizers=regime.optimizers, budget_bytes=budget_bytes or recorded_budget(state))
-    # Calibration reads the whole session's applies, not only the current regime's.
-    return advise(profile, errors=model_errors(state.applied))
 
 
 class AdviceLoop:
