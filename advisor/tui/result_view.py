@@ -73,7 +73,7 @@ def _with_known_before(result: ApplyHistory, started: dict[tuple[str | None, int
     if not isinstance(result, ApplyResult) or begun is None or begun.before is None:
         return result
     known = {f.name: getattr(result.before, f.name) for f in fields(Measurement)
-             if getattr(result.before, f.name) is not None}
+             if getattr(result.before, f.name) not in (None, ())}  # what the result says it measured
     return replace(result, before=replace(begun.before, **known))
 
 
