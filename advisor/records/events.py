@@ -13,12 +13,13 @@ yet stay in ``data`` (the report's memory section shows an OOM's whole record).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import ClassVar
+from typing import ClassVar, Sequence
 
 from advisor.records.checkpoint_saves import CHECKPOINT_APIS, CHECKPOINT_SAVES
 from advisor.records.payload import P, Payload
 from advisor.records.results import ApplyResult, ApplyStarted, RevertResult
 from advisor.records.samples import Event
+
 
 @dataclass(frozen=True, kw_only=True)
 class WarningEvent(Payload):
@@ -209,6 +210,6 @@ def payload(event: Event) -> Payload | None:
     return None if cls is None else cls.of(event)
 
 
-def payloads(events: list[Event] | tuple[Event, ...], cls: type[P]) -> list[tuple[Event, P]]:
+def payloads(events: Sequence[Event], cls: type[P]) -> list[tuple[Event, P]]:
     """Each event named ``cls.NAME`` with its payload, in order."""
     return [(e, cls.of(e)) for e in events if e.name == cls.NAME]

@@ -21,6 +21,7 @@ from advisor.recommend.remedies import RemedySpec
 from advisor.recommend.remedies.offload import bandwidth_of, model_for, optimizer_cost
 from advisor.records.advice import Evidence, Prediction, Recommendation
 
+
 def validate(params: Mapping[str, Any]) -> None:
     """``optimizers``: absent or null (all captured optimizers), or a list of indexes."""
     value = params.get("optimizers")
@@ -30,6 +31,7 @@ def validate(params: Mapping[str, Any]) -> None:
             or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value):
         raise ValueError(f"optimizers must be null (all) or a list of indexes >= 0, not {value!r}")
 
+
 def model_states_dominate(profile: Profile) -> bool:
     """Parameters + gradients + optimizer state are more than any other category at the peak."""
     cats = peak_categories(profile)
@@ -37,10 +39,12 @@ def model_states_dominate(profile: Profile) -> bool:
     rest = {k: v for k, v in cats.items() if k not in ("parameter", "gradient", "optimizer_state", "offloaded_host")}
     return states > 0 and states > max(rest.values(), default=0)
 
+
 def predicted_peak(profile: Profile) -> int:
     """Peak with the state on the host between steps: max(peak - state, params + grads + state)."""
     model = model_for(profile)
     return max(measured_peak(profile) - model.optimizer_state_bytes, model.step_peak_bytes)
+
 
 def propose(profile: Profile, finding: Finding) -> Proposal:
     model = model_for(profile)
@@ -73,6 +77,7 @@ def propose(profile: Profile, finding: Finding) -> Proposal:
                   f"{cost * 1e3:.1f} ms",
                   f"during step() the device holds parameters, gradients and state: {gib(model.step_peak_bytes)}"],
     ),))
+
 
 SPEC = RemedySpec(
     name="optimizer_offload",

@@ -370,8 +370,6 @@ def brute_force(
     return best
 
 
-
-
 # ------------------------------------------------------------------ the recommendation ------
 APPLY_CLASS_LIVE = "live-equivalent"  # micro-batching reassociates sums; nothing else changes
 APPLY_CLASS_MULTI_RANK = "restart"  # every rank's loop must change: never applied live
