@@ -13,18 +13,21 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from advisor.recommend.advise import advise
 from advisor.recommend.calibration import model_errors
-from advisor.recommend.profile import has_measurements, profile_from_records
+from advisor.recommend.profile import Profile, has_measurements, profile_from_records
+from advisor.records.advice import Diagnosis, Recommendation, StepSpan
 from advisor.records.commands import RELEASE, ApplyCommand, RevertCommand
+from advisor.records.events import Oom
 from advisor.records.remedy import command_digest
 from advisor.records.results import ApplyResult, RevertResult
 from advisor.records.samples import Event, Record, StepSample
 from advisor.records.schedule import DEEP_STEPS, first_timed_light_step
 from advisor.regime import apply_refusal, current_regime, inexact_refusal, revert_refusal
-from advisor.state import SessionState
+from advisor.state import PendingApply, SessionState
 
 MEASURE_STEPS = 3  # steps measured after an apply before keep-or-revert
 
@@ -37,30 +40,52 @@ def recorded_budget(state: SessionState) -> int | None:
     return None
 
 
+def session_budget(state: SessionState, budget_bytes: int | None = None) -> int | None:
+    """The budget a report or a plan of ``state`` is judged against: ``budget_bytes``, else the
+    --memory-budget the session was recorded with, else the first run's device memory (the
+    documented default, README and docs/report-schema.md)."""
+    budget = budget_bytes or recorded_budget(state)
+    if budget:
+        return budget
+    run = state.runs.get(0) or (state.runs[min(state.runs)] if state.runs else None)
+    capacity = run.device.get("memory_capacity") if run is not None else None
+    return int(capacity) if capacity else None
+
+
 def advise_state(state: SessionState, *, budget_bytes: int | None = None
-                 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    """Diagnosis and ranked recommendations (report-shaped dicts) for the job as it runs now.
+                 ) -> tuple[Diagnosis | None, list[Recommendation]]:
+    """Diagnosis and ranked recommendations for the job as it runs now.
 
     Reads the current regime's records (advisor/regime.py), and every apply of the session to
     calibrate step-time predictions (``recommend/calibration.py``); ``budget_bytes`` overrides the
     budget the session was recorded with. ``(None, [])`` when nothing is measured yet.
     """
     regime = current_regime(state)
+    profile = _profile_of_regime(regime, state, budget_bytes)
+    if profile is None:
+        return None, []
+    # Calibration reads the whole session's applies, not only the current regime's.
+    diagnosis, recommendations = advise(profile, errors=model_errors(state.applied))
+    described = regime.rank0_steps()
+    if described:
+        diagnosis = replace(diagnosis, steps=StepSpan(first=described[0].index, last=described[-1].index))
+    return diagnosis, recommendations
+
+
+def profile_of_state(state: SessionState, *, budget_bytes: int | None = None) -> Profile | None:
+    """The ``Profile`` of the current regime's records (None when nothing is measured yet)."""
+    return _profile_of_regime(current_regime(state), state, budget_bytes)
+
+
+def _profile_of_regime(regime: Any, state: SessionState, budget_bytes: int | None) -> Profile | None:
     steps = [s for rank in sorted(regime.steps) for s in regime.steps[rank]]
     if not has_measurements(steps=steps, modules=regime.modules, events=regime.events):
-        return None, []
-    profile = profile_from_records(
+        return None
+    return profile_from_records(
         steps=steps, memory=regime.memory, modules=regime.modules, ops=regime.ops,
         collectives=regime.collectives, events=regime.events,
         runs=[regime.runs[r] for r in sorted(regime.runs)], models=regime.models,
         optimizers=regime.optimizers, budget_bytes=budget_bytes or recorded_budget(state))
-    # Calibration reads the whole session's applies, not only the current regime's.
-    diagnosis, recommendations = advise(profile, errors=model_errors(state.applied))
-    # The steps the advice describes (the lowest rank's, of the regime read): the report, the TUI
-    # and ``advisor check`` compare its figures with the section or regime showing those steps.
-    described = regime.rank0_steps()
-    where = {"steps": {"first": described[0].index, "last": described[-1].index}} if described else {}
-    return {**diagnosis.to_dict(), **where}, [r.to_dict() for r in recommendations]
 
 
 class AdviceLoop:
@@ -91,7 +116,7 @@ class AdviceLoop:
         # after the deep ones times the blocks the predictions read (``_ready``).
         waiting = self.apply_request is not None and not self._applied_auto
         if (isinstance(record, StepSample) and (record.deep or waiting)) or (
-                isinstance(record, Event) and record.name in ("oom", ApplyResult.EVENT, RevertResult.EVENT)):
+                isinstance(record, Event) and record.name in (Oom.NAME, ApplyResult.NAME, RevertResult.NAME)):
             with self._idle:
                 self._dirty = True
                 self._idle.notify_all()
@@ -137,7 +162,7 @@ class AdviceLoop:
         if state.finished or not state.recommendations or not self._ready(state):
             self._release_if_held()
             return
-        rec = self._choose(state.recommendations, self.apply_request, self.budget_bytes)
+        rec = self._choose(state.recommendations, self.apply_request)
         if rec is None:
             self._release_if_held()
             # A named recommendation may come with later advice (a rule needs light steps to
@@ -146,16 +171,16 @@ class AdviceLoop:
             if self.apply_request != "auto" and state.latest_step() >= due:
                 self._applied_auto = True
                 print(f"advisor: no live recommendation {self.apply_request!r}; valid: "
-                      f"{', '.join(r['id'] for r in state.recommendations) or 'none'}", file=sys.stderr)
+                      f"{', '.join(r.id for r in state.recommendations) or 'none'}", file=sys.stderr)
             elif self.apply_request == "auto" and state.latest_step() >= due and not self._said_unfit:
                 self._said_unfit = True  # said once; a later advice may still bring one that fits
-                unfit = [r["id"] for r in state.recommendations if r.get("live")]
+                unfit = [r.id for r in state.recommendations if r.live]
                 if unfit:
                     print(f"advisor: --apply auto: no live recommendation fits the memory budget "
                           f"({', '.join(unfit)} would not); nothing applied", file=sys.stderr)
             return
         self._applied_auto = True
-        error = self.apply(rec["id"], at_step=self.apply_at_step)
+        error = self.apply(rec.id, at_step=self.apply_at_step)
         if error:
             print(f"advisor: not applied: {error}", file=sys.stderr)
             self._release_if_held()
@@ -203,25 +228,16 @@ class AdviceLoop:
         return list(DEEP_STEPS if settings is None else settings.deep_steps)
 
     @staticmethod
-    def _choose(recs: list[dict[str, Any]], request: str, budget_bytes: int | None = None) -> dict[str, Any] | None:
+    def _choose(recs: list[Recommendation], request: str) -> Recommendation | None:
         """``auto``: the best live recommendation that fits the memory budget (the ranking puts
         those first); one that does not would only be reverted by the executor, over the budget,
-        after its measuring window (an optimizer-state offload at 50% of a GPT's peak was). With
-        the job over ``budget_bytes``, only one predicted to bring the peak under it: a remedy
-        that does not touch memory (gradient compression) "fits" only because it says nothing."""
-        live = [r for r in recs if r.get("live")]
+        after its measuring window (an optimizer-state offload at 50% of a GPT's peak was). A
+        remedy that predicts no peak does not fit a budget (``fits_budget``): gradient
+        compression once "fitted" an over-budget job because it said nothing of memory."""
+        live = [r for r in recs if r.live]
         if request != "auto":
-            return next((r for r in live if r["id"] == request), None)
-        for rec in live:
-            if rec.get("fits", True) is False:
-                continue
-            measured = (rec.get("baseline") or {}).get("peak_memory_bytes")
-            predicted = (rec.get("predicted") or {}).get("peak_memory_bytes")
-            over = budget_bytes is not None and measured is not None and measured > budget_bytes
-            if over and (predicted is None or predicted > budget_bytes):
-                continue
-            return rec
-        return None
+            return next((r for r in live if r.id == request), None)
+        return next((r for r in live if r.fits), None)
 
     # -- user actions (TUI, headless --apply) -------------------------------------------
     def apply(self, recommendation_id: str, *, at_step: int | None = None, confirmed: bool = False) -> str | None:
@@ -234,7 +250,7 @@ class AdviceLoop:
         if refusal:
             return refusal
         state = self.session.live.snapshot()
-        rec = next((r for r in state.recommendations if r["id"] == recommendation_id), None)
+        rec = next((r for r in state.recommendations if r.id == recommendation_id), None)
         if rec is None:
             return f"No recommendation {recommendation_id!r}."
         allow_inexact = bool(getattr(self.session, "options", None)
@@ -245,11 +261,11 @@ class AdviceLoop:
         # All ranks apply at the same boundary: one past the furthest rank, or the step asked for.
         target = max(at_step or 0, state.latest_step() + 2)
         command = ApplyCommand(recommendation=rec, at_step=target, measure_steps=MEASURE_STEPS, confirmed=confirmed,
-                               digest=command_digest(rec["remedy"], rec.get("params") or {}, target))
+                               digest=command_digest(rec.remedy, rec.params, target))
         if not self.session.send_command(command):
             return "no training process is connected"
-        self.session.live.update(pending_apply={"recommendation_id": recommendation_id,
-                                                "requested_at": time.time(), "at_step": target})
+        self.session.live.update(pending_apply=PendingApply(recommendation_id=recommendation_id,
+                                                            requested_at=time.time(), at_step=target))
         return None
 
     def revert(self) -> str | None:

@@ -269,7 +269,7 @@ def _report(session: Session, ns: argparse.Namespace, code: int, reason: str) ->
               file=sys.stderr, flush=True)
     print(f"advisor: {plain_text(reason)} (exit code {code}); session {session.id}", file=sys.stderr, flush=True)
     if ns.apply and ns.headless and not _applied(state, ns.apply):
-        ids = ", ".join(str(r.get("id")) for r in state.recommendations) or "none"
+        ids = ", ".join(r.id for r in state.recommendations) or "none"
         print(f"advisor: the requested --apply {ns.apply} never happened (recommendations in this run: {ids})",
               file=sys.stderr, flush=True)
         return code or 1
@@ -278,4 +278,4 @@ def _report(session: Session, ns: argparse.Namespace, code: int, reason: str) ->
 
 def _applied(state: Any, request: str) -> bool:
     """Whether the remedy asked for with --apply was applied (kept, reverted or failed: it ran)."""
-    return any(request == "auto" or a.get("recommendation_id") == request for a in state.applied)
+    return any(request == "auto" or a.recommendation_id == request for a in state.applied)

@@ -14,7 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from advisor.records.samples import MEMORY_CATEGORIES, PHASES
+from advisor.records.samples import MEMORY_CATEGORIES, PHASES, rank_of_interest
 from advisor.records.units import fmt_bytes, fmt_seconds, parse_size
 from advisor.state import SessionState
 
@@ -86,13 +86,9 @@ def metric_values(report: Mapping[str, Any]) -> dict[str, float | None]:
     }
 
 
-def _rank_of_interest(ranks: set[int]) -> int | None:
-    return None if not ranks else (0 if 0 in ranks else min(ranks))
-
-
 def _ops_per_step(state: SessionState) -> dict[tuple[str, str], dict[str, float]]:
     """(op name, phase) -> time and calls per step, averaged over the steps that recorded ops."""
-    rank = _rank_of_interest({o.rank for o in state.ops})
+    rank = rank_of_interest({o.rank for o in state.ops})
     ops = [o for o in state.ops if o.rank == rank]
     steps = len({o.step for o in ops}) or 1
     out: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: {"time_s": 0.0, "count": 0.0})
@@ -105,7 +101,7 @@ def _ops_per_step(state: SessionState) -> dict[tuple[str, str], dict[str, float]
 
 def _collectives_per_step(state: SessionState) -> dict[str, dict[str, float]]:
     """op -> calls, bytes, time and exposed time per step, on the rank of interest."""
-    rank = _rank_of_interest({c.rank for c in state.collectives})
+    rank = rank_of_interest({c.rank for c in state.collectives})
     calls = [c for c in state.collectives if c.rank == rank]
     steps = len(state.steps.get(rank, [])) if rank is not None else 0
     steps = steps or len({c.step for c in calls}) or 1

@@ -17,9 +17,8 @@ import math
 import typing
 from typing import Any, Callable, Mapping
 
-from advisor.records.checkpoint_saves import CHECKPOINT_APIS, CHECKPOINT_SAVES
+from advisor.records.events import payload
 from advisor.records.jsonable import INT_MAX as _INT_MAX, INT_MIN as _INT_MIN, type_problem as _check
-from advisor.records.results import STATUSES
 from advisor.records.samples import RECORD_TYPES, Record
 
 # Numeric fields that may be negative; every other count, size, time and index is >= 0.
@@ -140,36 +139,21 @@ def _ranks(value: Any) -> str | None:
     return next((f"rank {r} is negative" for r in value if r < 0), None)
 
 
-# The payload keys the controller reads from named events, and their types.
-_EVENT_FIELDS: dict[str, dict[str, Any]] = {
-    "warning": {"message": str},
-    "apply_result": {"remedy": str, "status": str, "at_step": int | None, "error": str | None,
-                     "reason": str, "params": dict[str, Any], "predicted": dict[str, Any],
-                     "measured": dict[str, dict[str, Any]], "recommendation_id": str | None},
-    "apply_started": {"remedy": str, "at_step": int | None},
-    "apply_reverted": {"remedy": str, "at_step": int | None},
-    "oom": {"requested_bytes": int | None, "op": str | None, "module": str | None},
-    "module_activations": {"inclusive_bytes": dict[str, int]},
-    "checkpoint_save": {"api": str, "saves": list[str], "sharded": bool, "step": int | None},
-}
+# Numeric payload fields that may be negative (an exit code: a signal's is).
+_SIGNED_PAYLOAD = {"code"}
 
 
 def _check_event(event: Any) -> None:
-    fields = _EVENT_FIELDS.get(event.name)
-    if not fields:
+    """The event's typed payload decodes (``advisor.records.events``: the records the readers take
+    by attribute) and its numbers are not negative."""
+    try:
+        decoded = payload(event)
+    except ValueError as exc:
+        raise RecordError(f"event {event.name}: {str(exc)[:300]}") from None
+    if decoded is None:
         return
-    for key, hint in fields.items():
-        if key in event.data:
-            problem = _check(event.data[key], hint, 1)
-            if problem is None:
-                problem = _range(key, event.data[key])
-            if problem is not None:
-                raise RecordError(f"event {event.name}.{key}: {problem}")
-    if event.name == "checkpoint_save":
-        if event.data.get("api") not in CHECKPOINT_APIS:
-            raise RecordError(f"event checkpoint_save.api: {str(event.data.get('api'))[:40]!r} is not one of "
-                              f"{list(CHECKPOINT_APIS)}")
-        if not set(event.data.get("saves") or ()) <= set(CHECKPOINT_SAVES):
-            raise RecordError(f"event checkpoint_save.saves: not a subset of {list(CHECKPOINT_SAVES)}")
-    if event.name == "apply_result" and event.data.get("status") not in STATUSES:
-        raise RecordError(f"event apply_result.status: {str(event.data.get('status'))[:40]!r} is not one of {list(STATUSES)}")
+    for f in dataclasses.fields(decoded):
+        value = getattr(decoded, f.name)
+        problem = None if f.name in _SIGNED_PAYLOAD else _range(f.name, value)
+        if problem is not None:
+            raise RecordError(f"event {event.name}.{f.name}: {problem}")

@@ -7,6 +7,9 @@ import threading
 import time
 from typing import TextIO
 
+from advisor.records import events
+from advisor.records.events import Oom, WarningEvent
+from advisor.records.results import ApplyResult, ApplyStarted
 from advisor.records.samples import Event, ExitInfo, Record, StepSample
 from advisor.records.units import fmt_bytes, fmt_seconds, plain_text
 
@@ -66,7 +69,8 @@ class ProgressPrinter:
                 if now - self._last >= self.min_interval or record.index < 3 or last_step:
                     self._last = now
                     print(f"advisor: {step_line(record)}", file=self.stream, flush=True)
-            elif isinstance(record, Event) and record.name in ("warning", "oom", "apply_result", "apply_started"):
+            elif isinstance(record, Event) and record.name in (WarningEvent.NAME, Oom.NAME, ApplyResult.NAME,
+                                                                ApplyStarted.NAME):
                 self._print_event(record)
             elif isinstance(record, ExitInfo) and record.code != 0:
                 print(plain_text(f"advisor: rank {record.rank} ended: {record.reason}"
@@ -74,18 +78,19 @@ class ProgressPrinter:
                       file=self.stream, flush=True)
 
     def _print_event(self, event: Event) -> None:
-        data = event.data
-        if event.name == "warning":
-            text = f"warning: {data.get('message', '')}"
-        elif event.name == "oom":
-            text = (f"out of memory in {data.get('op', '?')} (module {data.get('module') or '?'}), "
-                    f"requested {fmt_bytes(data.get('requested_bytes'))}")
-        elif event.name == "apply_started":
-            text = f"applied {data.get('remedy', '?')} at step {data.get('at_step', '?')}; measuring"
+        payload = events.payload(event)
+        if isinstance(payload, WarningEvent):
+            text = f"warning: {payload.message}"
+        elif isinstance(payload, Oom):
+            text = (f"out of memory in {payload.op or '?'} (module {payload.module or '?'}), "
+                    f"requested {fmt_bytes(payload.requested_bytes)}")
+        elif isinstance(payload, ApplyStarted):
+            text = f"applied {payload.remedy} at step {payload.at_step if payload.at_step is not None else '?'}; measuring"
+        elif isinstance(payload, ApplyResult):
+            text = (f"{payload.remedy}: {payload.status}" + (f" ({payload.error})" if payload.error else "")
+                    + (f" - {payload.reason}" if payload.reason else ""))
         else:
-            text = (f"{data.get('remedy', '?')}: {data.get('status', '?')}"
-                    + (f" ({data.get('error')})" if data.get("error") else "")
-                    + (f" - {data.get('reason')}" if data.get("reason") else ""))
+            return
         line = plain_text(f"advisor: {text}")  # the job's own words: no control sequence reaches the terminal
         if self._bar is not None:
             self._bar.console.print(line, markup=False)

@@ -5,68 +5,68 @@ of remedies in force (kept, and not reverted since), when an apply or a revert
 must be refused, and the "current regime" (the steps run with the job's
 configuration as it is now), which advice describes.
 
-``SessionState.applied`` holds, in arrival order, every ``ApplyResult.to_dict()``
-(status kept, reverted, failed or interrupted) and, for a user revert of a kept remedy, the
-``apply_reverted`` event's data with status "reverted" (no ``measured`` key). An "interrupted"
-remedy was in force when the job ended, undecided: it counts as in force, as a kept one does.
+``SessionState.applied`` holds, in arrival order, every ``ApplyResult`` (status kept,
+reverted, failed or interrupted) and, for a user revert of a kept remedy, its ``RevertResult``.
+An "interrupted" remedy was in force when the job ended, undecided: it counts as in force, as a
+kept one does.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
-from advisor.records.results import ApplyResult, Measurement
+from advisor.records.advice import Recommendation
+from advisor.records.events import payloads
+from advisor.records.results import ApplyHistory, ApplyResult, ApplyStarted, Measurement, RevertResult
 from advisor.records.samples import Event
 from advisor.state import SessionState
 
 IN_FORCE = ("kept", "interrupted")  # statuses of a remedy the job ran with from its at_step on
 
 
-def in_force(applied: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def in_force(applied: Sequence[ApplyHistory]) -> list[ApplyResult]:
     """The remedies in force now, oldest first: kept, and not reverted since (remedies stack)."""
-    stack: list[dict[str, Any]] = []
+    stack: list[ApplyResult] = []
     for result in applied:
-        status = result.get("status")
-        if status in IN_FORCE:
-            stack.append(dict(result))
-        elif status == "reverted":  # a user revert, or a result reverted after its window
-            rec_id = result.get("recommendation_id")
+        if isinstance(result, ApplyResult) and result.status in IN_FORCE:
+            stack.append(result)
+        elif result.status == "reverted":  # a user revert, or a result reverted after its window
             for i in range(len(stack) - 1, -1, -1):
-                if stack[i].get("recommendation_id") == rec_id:
+                if stack[i].recommendation_id == result.recommendation_id:
                     del stack[i]
                     break
     return stack
 
 
-def last_kept(applied: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+def last_kept(applied: Sequence[ApplyHistory]) -> ApplyResult | None:
     """The most recent remedy still in force (the one a revert undoes), or None."""
     stack = in_force(applied)
     return stack[-1] if stack else None
 
 
-def apply_refusal(state: SessionState, rec: Mapping[str, Any] | None, *, in_flight: bool = False) -> str | None:
+def apply_refusal(state: SessionState, rec: Recommendation | None, *, in_flight: bool = False) -> str | None:
     """Why ``rec`` cannot be applied now (one sentence for the user), or None.
 
     ``in_flight``: the caller knows of an apply or revert it sent that has not come back yet.
     """
     if rec is None:
         return "No recommendation to apply yet."
-    title = rec.get("title") or rec.get("remedy") or rec.get("id")
+    title = rec.title or rec.remedy or rec.id
     if state.finished:
         return "Training has ended: there is no running job to apply a remedy to."
-    if not rec.get("live"):
+    if not rec.live:
         return f"{title} cannot be applied to a running job: it needs a restart (see its evidence, Enter)."
     if in_flight or state.pending_apply:
         return "An apply is already in flight; wait for its result."
     return None
 
 
-def inexact_refusal(rec: Mapping[str, Any], *, allowed: bool) -> str | None:
+def inexact_refusal(rec: Recommendation, *, allowed: bool) -> str | None:
     """A live-opt-in remedy changes numerics: refused unless the user allowed it
     (``--allow-inexact`` headless, or the TUI's confirmation)."""
-    if rec.get("apply_class") == "live-opt-in" and not allowed:
-        return (f"{rec.get('id')} changes numerics (apply class live-opt-in); "
+    if rec.apply_class == "live-opt-in" and not allowed:
+        return (f"{rec.id} changes numerics (apply class live-opt-in); "
                 "pass --allow-inexact to `advisor attach`, or confirm it in the TUI")
     return None
 
@@ -82,7 +82,7 @@ def revert_refusal(state: SessionState, *, in_flight: bool = False) -> str | Non
     return None
 
 
-def regime_start(applied: Sequence[Mapping[str, Any]]) -> int | None:
+def regime_start(applied: Sequence[ApplyHistory]) -> int | None:
     """The first step run with the job's configuration as it is now; None if it never changed.
 
     A kept remedy changes it at its ``at_step``; a user revert at the revert's ``at_step``;
@@ -93,10 +93,10 @@ def regime_start(applied: Sequence[Mapping[str, Any]]) -> int | None:
     return max(changes) if changes else None
 
 
-def first_change(applied: Sequence[Mapping[str, Any]]) -> int | None:
+def first_change(applied: Sequence[ApplyHistory]) -> int | None:
     """The first step that ran under any remedy (kept or later reverted); None if none ever did."""
-    starts = [int(a["at_step"]) for a in applied
-              if a.get("status") in (*IN_FORCE, "reverted") and not _is_user_revert(a) and a.get("at_step") is not None]
+    starts = [a.at_step for a in applied
+              if isinstance(a, ApplyResult) and a.status in (*IN_FORCE, "reverted") and a.at_step is not None]
     return min(starts) if starts else None
 
 
@@ -138,20 +138,15 @@ def _measured(state: SessionState) -> bool:
     return bool(state.modules) and any(s.deep for samples in state.steps.values() for s in samples)
 
 
-def _is_user_revert(entry: Mapping[str, Any]) -> bool:
-    # An ApplyResult always carries "measured"; the apply_reverted event's data never does.
-    return entry.get("status") == "reverted" and "measured" not in entry
-
-
-def _changed_at(entry: Mapping[str, Any]) -> int | None:
-    status = entry.get("status")
-    at_step = entry.get("at_step")
-    if at_step is None or status not in (*IN_FORCE, "reverted"):
+def _changed_at(entry: ApplyHistory) -> int | None:
+    if entry.at_step is None or entry.status not in (*IN_FORCE, "reverted"):
         return None
-    if status == "reverted" and not _is_user_revert(entry):
-        window = ((entry.get("measured") or {}).get("after") or {}).get("steps") or []
-        return max(window) + 1 if window else int(at_step)
-    return int(at_step)
+    if isinstance(entry, RevertResult):  # a user's revert: the job changed where it was undone
+        return entry.at_step
+    if entry.status == "reverted":  # reverted after its window: changed back after the window
+        window = entry.after.steps
+        return max(window) + 1 if window else entry.at_step
+    return entry.at_step
 
 
 def interrupted_applies(state: SessionState) -> list[Event]:
@@ -160,13 +155,12 @@ def interrupted_applies(state: SessionState) -> list[Event]:
     the measurement window, so the agent's executor never closed it. Each carries what was
     measured: the rank's steps from ``at_step`` on (peak memory, mean time of its light steps
     after the first), and the "before" the rank sent when it applied."""
-    reported = {(e.rank, e.data.get("remedy"), e.data.get("at_step")) for e in state.events if e.name == "apply_result"}
+    reported = {(e.rank, r.remedy, r.at_step) for e, r in payloads(state.events, ApplyResult)}
     out = []
-    for event in state.events:
-        data = event.data
-        if event.name != "apply_started" or (event.rank, data.get("remedy"), data.get("at_step")) in reported:
+    for event, started in payloads(state.events, ApplyStarted):
+        if (event.rank, started.remedy, started.at_step) in reported:
             continue
-        at_step = data.get("at_step")
+        at_step = started.at_step
         after = [s for s in state.steps.get(event.rank, []) if at_step is not None and s.index >= at_step]
         timed = [s for s in after[1:] if not s.deep]
         peaks = [s for s in after if s.peak_memory_bytes is not None]
@@ -176,17 +170,10 @@ def interrupted_applies(state: SessionState) -> list[Event]:
             steps=tuple(s.index for s in after), time_steps=tuple(s.index for s in timed),
             peak_steps=tuple(s.index for s in peaks), step_kind="light" if timed else None)
         result = ApplyResult(
-            remedy=str(data.get("remedy")), recommendation_id=data.get("recommendation_id"),
-            params=data["params"] if isinstance(data.get("params"), dict) else {}, rank=event.rank, at_step=at_step,
-            before=_measurement(data.get("before")), after=measured, status="interrupted",
+            remedy=started.remedy, recommendation_id=started.recommendation_id, params=dict(started.params),
+            rank=event.rank, at_step=at_step, before=started.before or Measurement(), after=measured,
+            status="interrupted",
             reason=f"the training process ended without reporting on it (killed) {len(after)} step(s) into "
                    "its measurement window; the figures are the steps it sent")
-        out.append(Event(rank=event.rank, step=event.step, name=ApplyResult.EVENT, data=result.to_dict()))
+        out.append(result.event(rank=event.rank, step=event.step))
     return out
-
-
-def _measurement(data: Any) -> Measurement:
-    try:
-        return Measurement.from_dict(data if isinstance(data, dict) else None)
-    except (TypeError, ValueError):  # a wrong-typed "before" from the wire: measured nothing
-        return Measurement()

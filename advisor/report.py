@@ -12,7 +12,7 @@ import statistics
 import tempfile
 from typing import Any
 
-from advisor.advice import recorded_budget
+from advisor.advice import session_budget
 from advisor.job import job_section
 from advisor.sections import build_sections
 from advisor.state import SessionState
@@ -92,11 +92,8 @@ def summary_section(state: SessionState) -> dict[str, Any]:
 def build_report(state: SessionState, *, budget_bytes: int | None = None) -> dict[str, Any]:
     """The report; ``budget_bytes`` overrides the budget the session was recorded with, which
     defaults to the device's memory (``run.device.memory_capacity``) when that is known."""
-    budget_bytes = budget_bytes or recorded_budget(state)
+    budget_bytes = session_budget(state, budget_bytes)  # by default the device's memory
     run = run_section(state)
-    if not budget_bytes and run["device"].get("memory_capacity"):
-        # The documented default (README, docs/report-schema.md): the device's memory.
-        budget_bytes = int(run["device"]["memory_capacity"])
     report: dict[str, Any] = {
         "schema": SCHEMA,
         "session": {"id": state.session_id, "path": state.session_path},

@@ -26,6 +26,7 @@ from advisor.output_tail import OUTPUT_LOG, OutputFollower
 from advisor.paths import DB_NAME, new_session_dir, user_umask
 from advisor.records.commands import Command
 from advisor.records.plan import env_refusal
+from advisor.records.events import Job, PeerExit, PeerLost, WarningEvent, payload
 from advisor.records.samples import Event, Record, RunInfo
 from advisor.records.settings import AgentSettings, encode_settings
 from advisor.regime import interrupted_applies
@@ -123,9 +124,10 @@ class Session:
                 if self.job.get("world_size") != record.world_size:
                     self.job["world_size"] = record.world_size
                     changed = True
-            elif isinstance(record, Event) and record.name == "job" and isinstance(record.data.get("token"), str):
-                if self.job.get("token") != record.data["token"]:
-                    self.job["token"] = record.data["token"]
+            elif isinstance(record, Event) and record.name == Job.NAME:
+                token = Job.of(record).token
+                if self.job.get("token") != token:
+                    self.job["token"] = token
                     changed = True
         if changed:
             self._save_job()
@@ -139,7 +141,7 @@ class Session:
         if isinstance(record, (RunInfo, Event)):
             self._note_job(record)
         self.store.put(record, origin)
-        if isinstance(record, Event) and record.name in ("peer_lost", "peer_exit") and self.multinode:
+        if isinstance(record, Event) and record.name in (PeerLost.NAME, PeerExit.NAME) and self.multinode:
             self._peer_gone(record)
         if isinstance(record, RunInfo) and record.restart_count > self._restarts_seen:
             self._note_restart(record)
@@ -222,11 +224,11 @@ class Session:
             # would race the restart the user asked for. (The timer left set marks it as said.)
             message = (f"rank {rank} {what}{after}; torchrun restarts the workers "
                        f"(restart {self._restarts_seen + 1} of --max-restarts {limit})")
-            self._on_record(Event(rank=rank, name="warning", data={"message": message}))
+            self._on_record(WarningEvent(message=message).event(rank=rank))
             return
         message = (f"rank {rank} {what}{after}; {', '.join(others)} may be waiting for it in a collective: "
                    f"the job is stopped in {DEAD_RANK_GRACE_S:.0f} s unless it ends first")
-        self._on_record(Event(rank=rank, name="warning", data={"message": message}))
+        self._on_record(WarningEvent(message=message).event(rank=rank))
         self._dead_rank_timer = threading.Timer(DEAD_RANK_GRACE_S, self._stop_after_dead_rank)
         self._dead_rank_timer.daemon = True
         self._dead_rank_timer.start()
@@ -244,7 +246,7 @@ class Session:
                 self._dead_rank_timer = None
         message = (f"torchrun restarted the workers (restart {record.restart_count} of --max-restarts "
                    f"{self.options.multinode.restarts}): their steps count from 0 again")
-        self._on_record(Event(rank=record.rank, name="warning", data={"message": message, "source": "restart"}))
+        self._on_record(WarningEvent(message=message, source="restart").event(rank=record.rank))
 
     def _peer_gone(self, record: Event) -> None:
         """A rank on another node is gone (no heartbeat) or failed: say so now, and stop this node's
@@ -254,11 +256,10 @@ class Session:
             self._peers_gone.append(record)
             if self._dead_rank_timer is not None or self.poll() is not None:
                 first = False
-        message = f"{record.data.get('message') or 'a peer rank is gone'} (reported by rank {record.rank})"
+        message = f"{_peer_message(record) or 'a peer rank is gone'} (reported by rank {record.rank})"
         if first:
             message += f"; this node's ranks are stopped in {DEAD_RANK_GRACE_S:.0f} s unless they end first"
-        self._on_record(Event(rank=record.rank, step=record.step, name="warning",
-                              data={"message": message, "source": "multinode"}))
+        self._on_record(WarningEvent(message=message, source="multinode").event(rank=record.rank, step=record.step))
         if first:
             with self._gone_lock:
                 self._dead_rank_timer = threading.Timer(DEAD_RANK_GRACE_S, self._stop_after_dead_rank)
@@ -385,16 +386,16 @@ class Session:
             peers = list(self._peers_gone)
         lost = read_rendezvous_failure(self.dir) if self.multinode else None
         if peers and code != 0:  # the cause was on another node: name it first
-            reason = f"{peers[0].data.get('message')}; here: {reason}"
+            reason = f"{_peer_message(peers[0])}; here: {reason}"
         elif lost and code != 0:  # no verdict on a peer, but the launcher saw the other node go
             reason = f"{rendezvous_lost_reason(lost)}; here: {reason}"
         reason = stop_note(code, reason, note)
         for event in interrupted_applies(state):  # killed inside a window: said, not lost
             self._on_record(event)
         if self.store.error and self.store.lost:
-            self._on_record(Event(name="warning", data={"source": "store", "message": (
+            self._on_record(WarningEvent(source="store", message=(
                 f"{self.store.lost} record(s) could not be stored ({self.store.error}); this report has them, "
-                "the session folder does not")}))
+                "the session folder does not")).event())
         self._stop_output()  # the script's last lines (a traceback) are in the state before it ends
         self.live.update(finished=True, exit_code=code, exit_reason=reason, pending_apply=None)
         self.store.set_meta(finished=True, exit_code=code, exit_reason=reason)
@@ -432,3 +433,9 @@ def merge_plan_env(env: Mapping[str, str], plan_env: Mapping[str, str]) -> dict[
         names = {o.split(":", 1)[0] for o in out[key].split(",") if o}
         out[key] = ",".join([o for o in mine if o.split(":", 1)[0] not in names] + [out[key]])
     return out
+
+
+def _peer_message(event: Event) -> str:
+    """What a ``peer_lost`` or ``peer_exit`` event says."""
+    found = payload(event)
+    return found.message if isinstance(found, (PeerLost, PeerExit)) else ""

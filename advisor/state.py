@@ -12,6 +12,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from advisor.records.advice import Diagnosis, Recommendation
+from advisor.records.results import ApplyHistory, ApplyResult, RevertResult
 from advisor.records.samples import (
     CollectiveStat,
     Event,
@@ -37,6 +39,15 @@ MAX_LIVE_RECORDS = 200_000
 OUTPUT_KEEP = 1000
 
 
+@dataclass(frozen=True, kw_only=True)
+class PendingApply:
+    """An apply the controller sent whose result has not come back yet."""
+
+    recommendation_id: str
+    requested_at: float  # time.time() when it was sent
+    at_step: int | None = None  # the boundary it was sent for
+
+
 @dataclass
 class SessionState:
     """Everything the UI shows; plain data, cheap to copy."""
@@ -55,11 +66,12 @@ class SessionState:
     modules: list[ModuleStat] = field(default_factory=list)
     ops: list[OpStat] = field(default_factory=list)
     collectives: list[CollectiveStat] = field(default_factory=list)
-    # Filled by the controller from recommend/ (plain dicts in the report's shape).
-    diagnosis: dict[str, Any] | None = None
-    recommendations: list[dict[str, Any]] = field(default_factory=list)
-    applied: list[dict[str, Any]] = field(default_factory=list)
-    pending_apply: dict[str, Any] | None = None
+    # Filled by the controller from recommend/ (advisor.advice.advise_state).
+    diagnosis: Diagnosis | None = None
+    recommendations: list[Recommendation] = field(default_factory=list)
+    # The apply history in arrival order (advisor/regime.py reads it; advisor.records.results).
+    applied: list[ApplyHistory] = field(default_factory=list)
+    pending_apply: PendingApply | None = None
     job: dict[str, Any] | None = None  # the multi-node job this session belongs to (advisor/session.py)
     finished: bool = False
     exit_code: int | None = None
@@ -154,11 +166,11 @@ def _fold(state: SessionState, record: Record) -> None:
         _append_capped(state, "collective", state.collectives, record)
     elif isinstance(record, Event):
         _append_capped(state, "event", state.events, record)
-        if record.name == "apply_result":
-            state.applied.append(dict(record.data))
+        if record.name == ApplyResult.NAME:
+            state.applied.append(ApplyResult.of(record))
             state.pending_apply = None
-        elif record.name == "apply_reverted":  # a kept remedy reverted later, on the user's request
-            state.applied.append({**record.data, "status": "reverted"})
+        elif record.name == RevertResult.NAME:  # a kept remedy reverted later, on the user's request
+            state.applied.append(RevertResult.of(record))
 
 
 def _append_capped(state: SessionState, kind: str, records: list, record: Record) -> None:

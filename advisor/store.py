@@ -34,6 +34,7 @@ from typing import IO, Any, Callable, Iterator
 from advisor.errors import SessionError
 from advisor.exits import decide_exit
 from advisor.intake import RecordError, parse_record
+from advisor.records.advice import Diagnosis, Recommendation
 from advisor.records.samples import PHASES, Event, Record
 from advisor.regime import interrupted_applies
 from advisor.session_meta import check_meta
@@ -522,6 +523,21 @@ def _ranks_expected(meta: dict[str, Any], state: SessionState) -> int:
     return max(int(meta.get("nproc_per_node") or 1), state.world_size)
 
 
+def saved_advice(meta: dict[str, Any]) -> dict[str, Any]:
+    """The advice the controller saved at the end of the session (``Session.save_analysis``), as
+    typed records; {} when there is none or it does not decode (another version's shape): the
+    readers then advise afresh from the records, the one path (``advisor.advice.advise_state``)."""
+    try:
+        out: dict[str, Any] = {}
+        if isinstance(meta.get("diagnosis"), dict):
+            out["diagnosis"] = Diagnosis.from_dict(meta["diagnosis"])
+        if isinstance(meta.get("recommendations"), list):
+            out["recommendations"] = [Recommendation.from_dict(r) for r in meta["recommendations"]]
+        return out
+    except (ValueError, TypeError):
+        return {}
+
+
 def load_state(db_path: Path) -> SessionState:
     """Replay a stored session (and any spill files) into a ``SessionState``; reads, never writes."""
     meta = read_meta(db_path)
@@ -547,7 +563,7 @@ def load_state(db_path: Path) -> SessionState:
         warnings.append(store_error_warning(meta[STORE_ERROR]))
     for message in warnings:
         live.add(Event(name="warning", data={"message": message}))
-    extra = {k: meta[k] for k in ("diagnosis", "recommendations") if k in meta}
+    extra = saved_advice(meta)
     if isinstance(meta.get("job"), dict):  # a multi-node job's id and the ranks this node hosted
         extra["job"] = meta["job"]
     if extra:

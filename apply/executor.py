@@ -78,9 +78,12 @@ from advisor.apply.model_names import resolve_model_names
 from advisor.apply.step_align import StepAlign
 from advisor.apply.user_revert import vote_user_revert
 from advisor.apply.target import Target
+from advisor.records.advice import Recommendation
 from advisor.records.commands import ApplyCommand, Command, RevertCommand
-from advisor.records.results import ApplyResult, Measurement
-from advisor.records.samples import Event, StepSample
+from advisor.records.events import WarningEvent
+from advisor.records.payload import Payload
+from advisor.records.results import ApplyResult, ApplyStarted, Measurement, RevertResult
+from advisor.records.samples import StepSample
 from advisor.records.settings import TIME_MARGIN
 from advisor.records.units import fmt_bytes, fmt_seconds
 
@@ -459,24 +462,23 @@ class Executor:
                 self._reverts.append(command)  # done at its boundary (_due_reverts)
                 continue
             rec = command.recommendation
-            pred = rec.get("predicted") or {}
             refusal = self._opt_in_refusal(rec, command)
             if refusal:
-                self._emit(self.ctx.step, "apply_result", ApplyResult(
-                    remedy=rec["remedy"], recommendation_id=rec.get("id"), params=dict(rec.get("params") or {}),
+                self._emit(self.ctx.step, ApplyResult(
+                    remedy=rec.remedy, recommendation_id=rec.id, params=dict(rec.params),
                     rank=self.ctx.rank, status="failed", error=refusal,
                     reason="not applied: it changes numerics and was not allowed"), record=True)
                 continue
             self._queue.append(_Request(
-                remedy=rec["remedy"],
-                params=dict(rec.get("params") or {}),
-                recommendation_id=rec.get("id"),
-                predicted=Measurement(peak_memory_bytes=pred.get("peak_memory_bytes"),
-                                      step_time_s=pred.get("step_time_s")),
+                remedy=rec.remedy,
+                params=dict(rec.params),
+                recommendation_id=rec.id,
+                predicted=Measurement(peak_memory_bytes=rec.predicted.peak_memory_bytes,
+                                      step_time_s=rec.predicted.step_time_s),
                 at_step=command.at_step,
                 measure_steps=command.measure_steps,
                 digest=command.digest or "",
-                baseline_step_time_s=_positive((rec.get("baseline") or {}).get("step_time_s")),
+                baseline_step_time_s=_positive(rec.baseline.step_time_s),
             ))
 
     def _aligned(self, command: Command, index: int) -> Command | None:
@@ -488,11 +490,11 @@ class Executor:
         except TimeoutError as exc:
             logger.warning("Not enacting a %s command: %s", command.TYPE, exc)
             if isinstance(command, RevertCommand):
-                self._emit(self.ctx.step, "warning", {"source": "apply", "message": f"revert not done: {exc}"})
+                self._warn(f"revert not done: {exc}")
                 return None
             rec = command.recommendation
-            self._emit(self.ctx.step, "apply_result", ApplyResult(
-                remedy=rec["remedy"], recommendation_id=rec.get("id"), params=dict(rec.get("params") or {}),
+            self._emit(self.ctx.step, ApplyResult(
+                remedy=rec.remedy, recommendation_id=rec.id, params=dict(rec.params),
                 rank=self.ctx.rank, status="failed", error=str(exc),
                 reason="not applied: the ranks could not agree on a step to apply it at"), record=True)
             return None
@@ -516,12 +518,12 @@ class Executor:
                 return active.digest
         return None
 
-    def _opt_in_refusal(self, rec: Mapping[str, Any], command: ApplyCommand) -> str | None:
-        if rec.get("apply_class") != "live-opt-in":
+    def _opt_in_refusal(self, rec: Recommendation, command: ApplyCommand) -> str | None:
+        if rec.apply_class != "live-opt-in":
             return None
         if self.ctx.settings.allow_inexact or command.confirmed is True:
             return None
-        return (f"{rec.get('id') or rec['remedy']} changes numerics (apply class live-opt-in); "
+        return (f"{rec.id or rec.remedy} changes numerics (apply class live-opt-in); "
                 "pass --allow-inexact to `advisor attach`, or confirm it in the TUI")
 
     def _ready(self, request: _Request, step: int) -> bool:
@@ -573,23 +575,21 @@ class Executor:
             verdict = self.agreement.vote(revert=error is not None, digest=request.digest)
             if verdict.revert and error is None and handle is not None:
                 handle.revert()  # another rank failed: nothing ran with it, so nothing to measure
-                self._emit(step, "apply_result", result.with_(
+                self._emit(step, result.with_(
                     status="reverted", reason=verdict.reason or "reverted on every rank"), record=True)
                 return
         if error is None and handle is not None and callable(getattr(handle, "commit", None)):
             handle.commit()  # every rank keeps it: drop what only an immediate revert needed
         if error is not None:
             logger.warning("Applying %s failed, training goes on unchanged: %s", request.remedy, error)
-            self._emit(step, "apply_result", result.with_(
+            self._emit(step, result.with_(
                 status="failed", at_step=None, error=f"{type(error).__name__}: {error}",
                 reason="applying raised; nothing was changed"), record=True)
             return
         assert handle is not None
-        self._emit(step, "apply_started", {
-            "remedy": request.remedy, "recommendation_id": request.recommendation_id,
-            "params": result.params, "at_step": step, "measure_steps": request.measure_steps,
-            "before": before.to_dict(), "digest": request.digest,
-        })
+        self._emit(step, ApplyStarted(
+            remedy=request.remedy, recommendation_id=request.recommendation_id, params=result.params,
+            at_step=step, measure_steps=request.measure_steps, before=before, digest=request.digest))
         self._active = _Active(results=[result], handles=[handle], applied_at=step,
                                measure_steps=request.measure_steps, digest=request.digest,
                                baseline_step_time_s=request.baseline_step_time_s, before=before_samples,
@@ -660,7 +660,7 @@ class Executor:
         result = ApplyResult(remedy=request.remedy, recommendation_id=request.recommendation_id,
                              params=dict(request.params), rank=self.ctx.rank, predicted=request.predicted, status="reverted",
                              reason="cancelled on request before it was applied")
-        self._emit(self.ctx.step, "apply_result", result, record=True)
+        self._emit(self.ctx.step, result, record=True)
 
     def _user_revert(self, *, note: str | None = None) -> None:
         step = self.ctx.step
@@ -679,24 +679,25 @@ class Executor:
             for handle in reversed(active.handles):
                 handle.revert()
             for r in active.results:
-                self._emit(step, "apply_reverted", {"remedy": r.remedy, "recommendation_id": r.recommendation_id,
-                                                    "at_step": step, "reason": "reverted on request" + suffix})
+                self._emit(step, RevertResult(remedy=r.remedy, recommendation_id=r.recommendation_id,
+                                                                at_step=step, reason="reverted on request" + suffix))
         else:
-            self._emit(step, "warning", {"source": "apply", "message": "revert requested; nothing is applied"
-                                         + suffix})
+            self._warn("revert requested; nothing is applied" + suffix, step=step)
 
     def _emit_results(self, active: _Active, *, status: str, reason: str, error: str | None = None) -> None:
         for r in active.results:
-            self._emit(self.ctx.step, "apply_result", r.with_(status=status, reason=reason, error=error),
+            self._emit(self.ctx.step, r.with_(status=status, reason=reason, error=error),
                        record=True)
 
-    def _emit(self, step: int, name: str, data: Any, *, record: bool = False) -> None:
+    def _emit(self, step: int, payload: Payload, *, record: bool = False) -> None:
         if record:
-            self.results.append(data)
-            data = data.to_dict()
-        self.ctx.emit(Event(rank=self.ctx.rank, step=step, name=name, data=data))
+            assert isinstance(payload, ApplyResult)
+            self.results.append(payload)
+        self.ctx.emit(payload.event(rank=self.ctx.rank, step=step))
+
+    def _warn(self, message: str, *, step: int | None = None) -> None:
+        self.ctx.emit(WarningEvent(message=message, source="apply").event(rank=self.ctx.rank, step=step))
 
     def _internal_error(self, where: str, exc: Exception) -> None:
         logger.exception("advisor apply executor failed in %s", where)
-        self.ctx.emit(Event(rank=self.ctx.rank, step=None, name="warning",
-                            data={"source": "apply", "message": f"executor error in {where}: {exc}"}))
+        self._warn(f"executor error in {where}: {exc}")

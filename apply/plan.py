@@ -22,11 +22,10 @@ from advisor.apply.executor import DEFAULT_MEASURE_STEPS, Executor
 from advisor.apply.agreement import Agreement, Verdict
 from advisor.apply.orchestrator import Outcome, apply_in_order
 from advisor.apply.target import Target
-from advisor.records.results import ApplyResult
+from advisor.records.results import ApplyResult, ApplyStarted
 from advisor.records.context import AgentContext
 from advisor.records.plan import Plan, PlanEntry, PlanError, read_plan
 from advisor.records.remedy import command_digest
-from advisor.records.samples import Event
 
 __all__ = ["Plan", "PlanEntry", "PlanError", "load_plan", "apply_plan_before_first_step", "install_plan_hook"]
 
@@ -83,19 +82,18 @@ def apply_plan_before_first_step(
             failed = base.with_(status="failed", at_step=None, error=f"{type(exc).__name__}: {exc}",
                                 reason="applying raised; nothing was changed")
             logger.warning("Plan entry %s failed: %s", entry.remedy, exc)
-            ctx.emit(Event(rank=ctx.rank, step=at_step, name="apply_result", data=failed.to_dict()))
+            ctx.emit(failed.event(rank=ctx.rank, step=at_step))
             results.append(failed)
             continue
         if verdict.revert:  # applied here, failed on another rank: every rank runs the same job
             outcome.handle.revert()
             reverted = base.with_(status="reverted", reason=verdict.reason or "reverted on every rank")
-            ctx.emit(Event(rank=ctx.rank, step=at_step, name="apply_result", data=reverted.to_dict()))
+            ctx.emit(reverted.event(rank=ctx.rank, step=at_step))
             results.append(reverted)
             continue
         handles.append(outcome.handle)
-        ctx.emit(Event(rank=ctx.rank, step=at_step, name="apply_started",
-                       data={"remedy": entry.remedy, "recommendation_id": entry.recommendation_id,
-                             "params": base.params, "at_step": at_step, "from_plan": True}))
+        ctx.emit(ApplyStarted(remedy=entry.remedy, recommendation_id=entry.recommendation_id, params=base.params,
+                              at_step=at_step, from_plan=True).event(rank=ctx.rank, step=at_step))
         applied.append(base)
         results.append(base)
     if applied:
@@ -103,7 +101,7 @@ def apply_plan_before_first_step(
             executor.adopt(applied, handles, at_step=at_step, measure_steps=measure_steps)
         else:
             for result in applied:
-                ctx.emit(Event(rank=ctx.rank, step=at_step, name="apply_result", data=result.to_dict()))
+                ctx.emit(result.event(rank=ctx.rank, step=at_step))
     return results
 
 

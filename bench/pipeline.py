@@ -28,7 +28,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from advisor.apply.remedies.pipeline import apply_pipeline  # noqa: E402
-from advisor.recommend.remedies.pipeline import (  # noqa: E402
+from advisor.recommend.remedies.pipeline_planner import (  # noqa: E402
     PipeBlock,
     brute_force,
     evaluate,

@@ -36,8 +36,8 @@ solver at 90% of it, the headroom the live advisor plans against first, so the
 live choice can differ from the plan at B). Then
 whether the S losses equal the bare run's exactly (checkpointing must not change
 numerics): the losses in the report's steps, and the script's printed lines.
-A budget that cannot be met (nothing applied, or only "not_built" remedies) is
-printed as such.
+A budget that cannot be met (nothing applied) is printed as such, with what the diagnosis
+says would help.
 
 Every process runs with ``OMP_NUM_THREADS=1`` (``--threads``; see bench/overhead.py: on a
 shared 2-core machine two OpenMP threads make step times swing 40x).
@@ -63,10 +63,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from advisor.recommend.remedies.checkpoint_solver import Plan, chen_sqrt_n, solve_checkpointing  # noqa: E402
+from advisor.advice import profile_of_state  # noqa: E402
+from advisor.paths import DB_NAME  # noqa: E402
 from advisor.recommend.memory_model import chain_from_profile  # noqa: E402
-from advisor.recommend.profile import profile_from_report  # noqa: E402
+from advisor.recommend.remedies.checkpoint_solver import Plan, chen_sqrt_n, solve_checkpointing  # noqa: E402
 from advisor.recommend.rules.memory import MEMORY_PRESSURE  # noqa: E402
+from advisor.store import load_state  # noqa: E402
 
 SCRIPT = ROOT / "examples" / "gpt.py"
 SUITE: list[tuple[str, str, str]] = [  # (label, script, its arguments)
@@ -123,8 +125,12 @@ def plan_line(label: str, plan: Plan | None) -> str:
 
 
 def offline(report0: dict[str, Any], budget: int) -> None:
-    """Solver against Chen's sqrt(n), both on the unconstrained run's profile."""
-    profile = profile_from_report(report0, budget_bytes=budget)
+    """Solver against Chen's sqrt(n), both on the unconstrained run's profile (its session's
+    records, as the advisor reads them)."""
+    profile = profile_of_state(load_state(Path(report0["session"]["path"]) / DB_NAME), budget_bytes=budget)
+    if profile is None:
+        print("  offline: the unconstrained run measured nothing")
+        return
     solver = solve_checkpointing(profile, budget)
     chain = chain_from_profile(profile)
     chen = chen_sqrt_n(chain, budget) if chain is not None else None
@@ -157,12 +163,14 @@ def live(report: dict[str, Any], budget: int) -> dict[str, Any] | None:
     None when nothing was applied."""
     applied = report.get("applied") or []
     recs = report.get("recommendations") or []
-    not_built = [r for r in recs if r.get("remedy") == "not_built"]
     if not applied:
         print("  live: NOTHING APPLIED: the budget cannot be met by a remedy the advisor can apply")
         for r in recs:
             print(f"    recommendation {r.get('id')}: {r.get('remedy')} - {r.get('title')} "
                   f"(fits={r.get('fits')}, predicted peak {mib((r.get('predicted') or {}).get('peak_memory_bytes'))})")
+        for item in (report.get("diagnosis") or {}).get("evidence") or []:
+            if item.get("what") in ("no remedy fits the budget", "would help"):
+                print(f"    {item['what']}: {item.get('value')}")
         return None
     a = applied[0]
     predicted, measured = a.get("predicted") or {}, a.get("measured") or {}
@@ -184,8 +192,6 @@ def live(report: dict[str, Any], budget: int) -> dict[str, Any] | None:
           f"predicted {ms(predicted.get('step_time_s'))}  after {ms(after.get('step_time_s'))} "
           f"(steps {sorted(window)}{', all deep-sampled' if after_deep and window else ''})  "
           f"light steps after the window {ms(statistics.median(later)) if later else '?'} ({len(later)} steps)")
-    if not_built:
-        print(f"    also recommended but not built: {[r.get('title') for r in not_built]}")
     # The prediction is for an ordinary (light) step: compare it with light steps only. A window
     # timed on deep steps (probes on, 2-6x slower) is replaced by the light steps after it.
     p_time = predicted.get("step_time_s")

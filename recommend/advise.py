@@ -2,18 +2,18 @@
 
 The controller calls ``advise(profile_from_records(...))`` through
 ``advisor.advice.advise_state``, the one path the live loop, ``advisor report``
-and ``advisor plan`` share, and stores the ``to_dict()`` forms in ``SessionState``.
+and ``advisor plan`` share, and keeps the typed records in ``SessionState``.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from advisor.recommend.calibration import RemedyErrors, calibrate
 from advisor.recommend.profile import Profile
 from advisor.recommend.rules import RULES, Finding, Rule
-from advisor.records.advice import Diagnosis, Recommendation
+from advisor.records.advice import Diagnosis, Evidence, Recommendation
 
 
 def advise(profile: Profile, rules: Sequence[Rule] | None = None,
@@ -38,8 +38,8 @@ def advise(profile: Profile, rules: Sequence[Rule] | None = None,
     top = findings[0]
     evidence = list(top.evidence)
     for other in findings[1:]:
-        evidence.append({"what": f"also: {other.bottleneck}", "value": other.summary})
-    diagnosis = Diagnosis(bottleneck=top.bottleneck, summary=top.summary, evidence=evidence)
+        evidence.append(Evidence(what=f"also: {other.bottleneck}", value=other.summary))
+    diagnosis = Diagnosis(bottleneck=top.bottleneck, summary=top.summary, evidence=tuple(evidence))
     recs: dict[str, tuple[int, Recommendation]] = {}
     for order, finding in enumerate(findings):
         for rec in finding.recommendations:
@@ -60,7 +60,7 @@ def _rank(order: int, rec: Recommendation) -> tuple[int, int, float, float]:
     )
 
 
-def _headroom(profile: Profile) -> list[dict[str, Any]]:
+def _headroom(profile: Profile) -> tuple[Evidence, ...]:
     if not profile.budget_bytes:
-        return [{"what": "memory budget", "value": "unknown (no device capacity or --memory-budget)"}]
-    return [{"what": "peak / budget", "value": round(profile.peak_bytes / profile.budget_bytes, 4), "threshold": 0.9}]
+        return (Evidence(what="memory budget", value="unknown (no device capacity or --memory-budget)"),)
+    return (Evidence(what="peak / budget", value=round(profile.peak_bytes / profile.budget_bytes, 4), threshold=0.9),)

@@ -24,8 +24,9 @@ against it, so a correction never feeds on itself. Ranking uses the calibrated v
 Peak errors are recorded beside the step-time errors but correct nothing (the peak model is
 a simulation of the measured step, and the budget check must see what it says).
 
-Inputs are the report's ``applied`` entries (``ApplyResult.to_dict()``), so the live advice
-loop, ``advisor report`` and ``advisor plan`` compute the same figures from the same records.
+Inputs are the session's apply history (``SessionState.applied``: ``ApplyResult``s and the
+user's ``RevertResult``s), so the live advice loop, ``advisor report`` and ``advisor plan``
+compute the same figures from the same records.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any, Iterable, Mapping
 
 from advisor.records.advice import Calibration, Recommendation
 from advisor.records.jsonable import to_json
+from advisor.records.results import ApplyHistory, ApplyResult
 
 TRUSTED_APPLIES = 3  # below this many applies the interval keeps the uncorrected prediction
 
@@ -104,39 +106,37 @@ def _relative(predicted: float | None, measured: float | None) -> float | None:
     return (predicted - measured) / measured
 
 
-def _median(values: list[float]) -> float | None:
+def _median(values: list[float] | list[int]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def model_errors(applied: Iterable[Mapping[str, Any]]) -> dict[str, RemedyErrors]:
+def model_errors(applied: Iterable[ApplyHistory]) -> dict[str, RemedyErrors]:
     """Per remedy kind, its applies' errors in session order (failed applies and user reverts left out).
 
     The ranks of one apply (same remedy, same ``at_step``) make one entry: the median of
     their figures, so a wide job does not count one apply world-size times.
     """
-    groups: dict[tuple[str, Any], list[Mapping[str, Any]]] = {}
+    groups: dict[tuple[str, int | None], list[ApplyResult]] = {}
     for entry in applied:
-        if entry.get("status") not in ("kept", "reverted") or "measured" not in entry:
-            continue  # failed: nothing ran; no "measured": a user's revert of a kept remedy
-        groups.setdefault((entry.get("remedy"), entry.get("at_step")), []).append(entry)
+        if not isinstance(entry, ApplyResult) or entry.status not in ("kept", "reverted"):
+            continue  # failed: nothing ran; a RevertResult: a user's revert of a kept remedy
+        groups.setdefault((entry.remedy, entry.at_step), []).append(entry)
     out: dict[str, list[ApplyError]] = {}
     for (remedy, at_step), entries in groups.items():
-        predicted = [e.get("predicted") or {} for e in entries]
-        after = [((e.get("measured") or {}).get("after") or {}) for e in entries]
-        p_time = _median([p["step_time_s"] for p in predicted if p.get("step_time_s") is not None])
+        p_time = _median([e.predicted.step_time_s for e in entries if e.predicted.step_time_s is not None])
         # Predictions are for ordinary (light) steps: a window timed on deep steps (the probes
         # running, 2-6x slower) says nothing about the model's error, so it is left out.
-        m_time = _median([a["step_time_s"] for a in after
-                          if a.get("step_time_s") is not None and (a.get("step_kind") or "light") == "light"])
-        p_peak = _median([p["peak_memory_bytes"] for p in predicted if p.get("peak_memory_bytes") is not None])
-        m_peak = _median([a["peak_memory_bytes"] for a in after if a.get("peak_memory_bytes") is not None])
+        m_time = _median([e.after.step_time_s for e in entries
+                          if e.after.step_time_s is not None and (e.after.step_kind or "light") == "light"])
+        p_peak = _median([e.predicted.peak_memory_bytes for e in entries if e.predicted.peak_memory_bytes is not None])
+        m_peak = _median([e.after.peak_memory_bytes for e in entries if e.after.peak_memory_bytes is not None])
         error = ApplyError(
-            at_step=at_step, ranks=tuple(sorted(int(e.get("rank", 0)) for e in entries)),
+            at_step=at_step, ranks=tuple(sorted(e.rank for e in entries)),
             predicted_step_time_s=p_time, measured_step_time_s=m_time, step_time_error=_relative(p_time, m_time),
             predicted_peak_bytes=None if p_peak is None else int(p_peak),
             measured_peak_bytes=None if m_peak is None else int(m_peak), peak_error=_relative(p_peak, m_peak))
         if error.step_time_error is not None or error.peak_error is not None:
-            out.setdefault(str(remedy), []).append(error)
+            out.setdefault(remedy, []).append(error)
     return {remedy: RemedyErrors(remedy=remedy, applies=tuple(errors)) for remedy, errors in out.items()}
 
 

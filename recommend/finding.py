@@ -1,11 +1,21 @@
-"""What a rule concludes: a bottleneck with its evidence and candidate remedies."""
+"""What a rule concludes, and how every rule gets its remedies: one way, ``proposed``.
+
+A rule (``recommend/rules/<name>.py``, ``RULE``) diagnoses: it returns a ``Finding`` named after
+itself (``rule``), with its evidence and severity and no recommendations. ``proposed`` then asks
+every remedy whose spec ``addresses`` that rule (``recommend/remedies/<name>.py``, ``SPEC.propose``)
+for a ``Proposal``: recommendations, evidence of why it proposes nothing or what it tried, and the
+lowest peak a memory remedy could reach when no plan fit. Remedies marked ``fallback`` are asked
+last, and only when nothing proposed before them fits the finding's budget; they see those
+recommendations on the finding. So a new remedy for an existing diagnosis is one module: no rule
+names its remedies.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
-from advisor.records.advice import Recommendation
+from advisor.records.advice import Evidence, Recommendation
 from advisor.records.units import fmt_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -14,35 +24,87 @@ if TYPE_CHECKING:  # pragma: no cover
 
 @dataclass(frozen=True, kw_only=True)
 class Finding:
-    """What one rule concluded. ``severity`` orders findings: the highest names the bottleneck."""
+    """What one rule concluded. ``severity`` orders findings: the highest names the bottleneck.
 
+    ``budget_bytes``: the memory budget the rule judged against (the memory rule's may come from
+    an OOM when no budget is known); ``no_remedy``: what a remedy would need, said in the evidence
+    when none is proposed; ``needs_remedy``: the finding is dropped when none is (a split that is
+    imbalanced but has no better one is not worth a diagnosis)."""
+
+    rule: str
     bottleneck: str
     summary: str
     severity: float
-    evidence: list[dict[str, object]] = field(default_factory=list)
-    recommendations: list[Recommendation] = field(default_factory=list)
+    evidence: tuple[Evidence, ...] = ()
+    budget_bytes: int | None = None
+    no_remedy: str | None = None
+    needs_remedy: bool = False
+    recommendations: tuple[Recommendation, ...] = ()
+    lowest_peak_bytes: int | None = None  # the lowest peak a memory remedy reached with no plan fitting
 
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "bottleneck": self.bottleneck,
-            "summary": self.summary,
-            "severity": self.severity,
-            "evidence": list(self.evidence),
-            "recommendations": [r.to_dict() for r in self.recommendations],
-        }
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "evidence", tuple(self.evidence))
+        object.__setattr__(self, "recommendations", tuple(self.recommendations))
+
+    @property
+    def fits(self) -> bool:
+        """Whether a recommendation proposed so far fits the budget."""
+        return any(r.fits for r in self.recommendations)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Proposal:
+    """A remedy's answer to a finding."""
+
+    recommendations: tuple[Recommendation, ...] = ()
+    evidence: tuple[Evidence, ...] = ()
+    lowest_peak_bytes: int | None = None  # memory: no plan fits the budget; the lowest peak one reaches
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "recommendations", tuple(self.recommendations))
+        object.__setattr__(self, "evidence", tuple(self.evidence))
 
 
 Rule = Callable[["Profile"], "Finding | None"]
+Propose = Callable[["Profile", Finding], Proposal]
+
+
+def proposed(profile: "Profile", finding: Finding, proposers: list[tuple[Propose, bool]]) -> Finding | None:
+    """``finding`` with what ``proposers`` (each ``(propose, fallback)``, in order) propose for it;
+    None when it ``needs_remedy`` and got none."""
+    for wave in (False, True):
+        if wave and finding.fits:
+            break
+        for propose, fallback in proposers:
+            if fallback == wave:
+                finding = _with(finding, propose(profile, finding))
+    if not finding.recommendations:
+        if finding.needs_remedy:
+            return None
+        if finding.no_remedy:
+            finding = replace(finding, evidence=finding.evidence + (Evidence(what="no remedy", value=finding.no_remedy),))
+    return finding
+
+
+def _with(finding: Finding, proposal: Proposal) -> Finding:
+    lowest = [p for p in (finding.lowest_peak_bytes, proposal.lowest_peak_bytes) if p is not None]
+    return replace(finding, recommendations=finding.recommendations + proposal.recommendations,
+                   evidence=finding.evidence + proposal.evidence, lowest_peak_bytes=min(lowest) if lowest else None)
 
 
 def gib(n: int | float) -> str:
     return fmt_bytes(n)  # the one unit style of every surface (advisor.records.units)
 
 
+def peak_categories(profile: "Profile") -> dict[str, int]:
+    """Bytes by memory category at the peak (at the failed request after an OOM)."""
+    if profile.oom is not None and profile.oom.categories:
+        return dict(profile.oom.categories)
+    return dict(profile.categories_at_peak or profile.categories_max)
+
+
 def largest_category(profile: "Profile") -> str | None:
     """The memory category holding the most bytes at the peak (at the failed request after an
     OOM); None when nothing was measured. Memory remedies use it to judge their own case."""
-    cats = dict(profile.categories_at_peak or profile.categories_max)
-    if profile.oom and profile.oom.get("categories"):
-        cats = {k: int(v) for k, v in profile.oom["categories"].items()}
+    cats = peak_categories(profile)
     return max(cats, key=lambda k: cats[k]) if cats else None

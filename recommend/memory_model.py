@@ -182,11 +182,11 @@ def _calibration(profile: Profile) -> tuple[int, int]:
     activation = profile.activation_at_peak if measured else live_activation_total(profile)
     fixed = max(0, profile.peak_bytes - activation) if profile.peak_bytes else 0
     oom = profile.oom
-    if oom:
-        cats = {k: int(v) for k, v in (oom.get("categories") or {}).items()}
+    if oom is not None:
+        cats = dict(oom.categories)
         at_failure = cats.get("activation", 0)
         fixed = max(fixed, sum(cats.values()) - at_failure)
-        activation = max(activation, at_failure + int(oom.get("requested_bytes") or 0), live_activation_total(profile))
+        activation = max(activation, at_failure + (oom.requested_bytes or 0), live_activation_total(profile))
     return fixed, activation
 
 

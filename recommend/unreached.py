@@ -11,7 +11,10 @@ submodules' rows, renamed). Torch-free.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any, Mapping, Sequence
+
+from advisor.records.samples import ModuleStat
 
 _MEMBER = re.compile(r"^(.*)\.(\d+)$")
 
@@ -20,14 +23,14 @@ def _within(name: str, root: str) -> bool:
     return name == root or name.startswith(root + ".")
 
 
-def extrapolate(rows: Sequence[Mapping[str, Any]], structure: Sequence[Mapping[str, Any]],
-                failing_module: str | None) -> tuple[list[dict[str, Any]], list[str]]:
-    """(module rows with the unreached and the partial members filled in, the members filled).
+def extrapolate(rows: Sequence[ModuleStat], structure: Sequence[Mapping[str, Any]],
+                failing_module: str | None) -> tuple[list[ModuleStat], list[str]]:
+    """(module stats with the unreached and the partial members filled in, the members filled).
 
-    ``rows``: the measured modules (``ModuleStat`` dicts); ``structure``: the model's modules
-    ({"name", "type", ...}); ``failing_module``: where the forward ran out (its chain member ran
+    ``rows``: the measured modules; ``structure``: the model's modules (``ModelInfo.modules``:
+    {"name", "type", ...}); ``failing_module``: where the forward ran out (its chain member ran
     in part and is replaced too). Members of a chain of mixed types are left alone."""
-    measured = {str(r["name"]): dict(r) for r in rows}
+    measured = {r.name: r for r in rows}
     groups: dict[str, dict[int, str]] = {}
     types: dict[str, str] = {}
     for module in structure:
@@ -37,7 +40,7 @@ def extrapolate(rows: Sequence[Mapping[str, Any]], structure: Sequence[Mapping[s
         if match:
             groups.setdefault(match[1], {})[int(match[2])] = name
     filled: list[str] = []
-    added: list[dict[str, Any]] = []
+    added: list[ModuleStat] = []
     for members in groups.values():
         if len(members) < 2 or len({types[n] for n in members.values()}) != 1:
             continue
@@ -50,9 +53,9 @@ def extrapolate(rows: Sequence[Mapping[str, Any]], structure: Sequence[Mapping[s
         subtree = [r for n, r in measured.items() if _within(n, template)]
         for target in missing:
             for row in subtree:
-                added.append({**row, "name": target + str(row["name"])[len(template):]})
+                added.append(replace(row, name=target + row.name[len(template):]))
             filled.append(target)
     if not filled:
-        return [dict(r) for r in rows], []
-    kept = [dict(r) for r in rows if not any(_within(str(r["name"]), f) for f in filled)]
+        return list(rows), []
+    kept = [r for r in rows if not any(_within(r.name, f) for f in filled)]
     return kept + added, filled

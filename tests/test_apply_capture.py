@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from recommendations import wire
 
 from advisor.agent.agent import Agent
 from advisor.agent.hooks import install
@@ -23,7 +24,7 @@ def test_the_target_holds_the_scripts_optimizer_scheduler_and_models_and_a_remed
         for step in range(6):
             if step == 1:
                 ex.submit({"type": "apply", "at_step": 2, "measure_steps": 1,
-                           "recommendation": {"id": "f", "remedy": "fused_optimizer", "params": {}}})
+                           "recommendation": wire("f", "fused_optimizer")})
             model(torch.ones(3, 4)).sum().backward()
             opt.step()
             opt.zero_grad()

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from fakes import FakeContext
+from recommendations import wire
 
 from advisor.apply.executor import Executor
 from advisor.apply.remedies.compile_blocks import apply_compile_blocks
@@ -64,10 +65,8 @@ def train(gpt, cfg, model, opt, *, ex=None, ctx=None, commands=None) -> list[flo
 
 @pytest.mark.slow
 @pytest.mark.parametrize("rec", [
-    {"id": "compile-blocks", "remedy": "compile_blocks", "params": {"modules": ["blocks.0", "blocks.1"]},
-     "apply_class": "live-equivalent"},
-    {"id": "fused-optimizer", "remedy": "fused_optimizer", "params": {"optimizers": None},
-     "apply_class": "live-equivalent"},
+    wire("compile-blocks", "compile_blocks", params={"modules": ["blocks.0", "blocks.1"]}, apply_class="live-equivalent"),
+    wire("fused-optimizer", "fused_optimizer", params={"optimizers": None}, apply_class="live-equivalent"),
 ], ids=["compile", "fused"])
 def test_applied_live_at_step_5_on_the_gpt_example(rec) -> None:
     gpt = gpt_module()

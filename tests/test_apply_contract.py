@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from fakes import FakeContext
+from recommendations import recommendation, wire
 
 from advisor.apply import registry
 from advisor.apply.executor import Executor, pair
@@ -74,7 +75,7 @@ def test_a_plan_applies_in_phase_order_and_reports_in_its_own() -> None:
 def _rec(**kw) -> Recommendation:
     base = dict(id="x", remedy="activation_checkpointing", title="t", params={},
                 predicted=Prediction(peak_memory_bytes=None, step_time_s=None),
-                baseline=Prediction(peak_memory_bytes=None, step_time_s=None),
+                baseline=Prediction(peak_memory_bytes=None, step_time_s=None), budget_bytes=None,
                 cost_model="m", confidence="low", exact=True, live=True)
     return Recommendation(**{**base, **kw})
 
@@ -106,8 +107,7 @@ def test_live_opt_in_needs_allow_inexact_or_a_confirmation(allow_inexact, extra,
         ctx = FakeContext([model], settings=AgentSettings(allow_inexact=allow_inexact))
         ex = Executor(ctx)
         ex.submit({"type": "apply", "at_step": 1, "measure_steps": 1, **extra,
-                   "recommendation": {"id": "s", "remedy": "t_scale", "params": {"factor": 2.0},
-                                      "apply_class": "live-opt-in"}})
+                   "recommendation": wire("s", "t_scale", params={"factor": 2.0}, apply_class="live-opt-in")})
         for i in range(3):
             ctx.step = i
             ex.on_boundary(i)
@@ -157,8 +157,7 @@ def test_headless_refuses_live_opt_in_without_allow_inexact() -> None:
     def loop(allow: bool) -> tuple[AdviceLoop, list[dict]]:
         sent: list[dict] = []
         live = LiveState()
-        live.update(recommendations=[{"id": "bf16", "remedy": "t", "params": {}, "live": True,
-                                      "apply_class": "live-opt-in"}])
+        live.update(recommendations=[recommendation("bf16", "t", apply_class="live-opt-in")])
         session = SimpleNamespace(live=live, options=SimpleNamespace(settings=AgentSettings(allow_inexact=allow)),
                                   send_command=lambda c: sent.append(c) or True)
         return AdviceLoop(session, budget_bytes=None), sent
@@ -207,8 +206,7 @@ def test_an_apply_waits_for_the_light_step_after_the_deep_ones_unless_that_misse
     for index in range(8):
         live.add(StepSample(index=index, time_s=0.1, deep=index in (1, 2, 3)))
         if index == 1:  # the first advice comes with the first deep step's measurements
-            live.update(recommendations=[{"id": "r", "remedy": "t", "params": {}, "live": True,
-                                          "apply_class": "live-exact"}])
+            live.update(recommendations=[recommendation("r", "t")])
         if index <= advised_through:
             loop._advised_step = index  # what a refresh on this step's record records
         loop._maybe_auto_apply()
@@ -236,12 +234,10 @@ def test_an_apply_is_never_chosen_from_advice_made_before_the_first_deep_step(at
     for index in range(8):
         live.add(StepSample(index=index, time_s=0.1, deep=index in (1, 2, 3)))
         if index == 0:  # advice from step 0 alone: what a light step's refresh makes while an apply waits
-            live.update(recommendations=[{"id": "early", "remedy": "fused_optimizer", "params": {}, "live": True,
-                                          "apply_class": "live-exact"}])
+            live.update(recommendations=[recommendation("early", "fused_optimizer")])
             loop._advised_step = 0
         if index == 3:  # the deep steps' advice arrives late, with the job at step 3
-            live.update(recommendations=[{"id": "deep", "remedy": "activation_checkpointing", "params": {},
-                                          "live": True, "apply_class": "live-exact"}])
+            live.update(recommendations=[recommendation("deep", "activation_checkpointing")])
             loop._advised_step = 3
         loop._maybe_auto_apply()
     assert chosen == [(chosen_at, "deep")]
@@ -265,8 +261,7 @@ def test_a_named_remedy_keeps_the_step_asked_for_though_the_advice_predates_the_
     chosen = []
     loop.apply = lambda rec_id, at_step=None: chosen.append((live.snapshot().latest_step(), rec_id))  # type: ignore[method-assign]
     live.add(StepSample(index=0, time_s=0.1))
-    live.update(recommendations=[{"id": "grad-compression", "remedy": "grad_compression", "params": {}, "live": True,
-                                  "apply_class": "live-opt-in"}])
+    live.update(recommendations=[recommendation("grad-compression", "grad_compression", apply_class="live-opt-in")])
     loop._advised_step = 0
     loop._maybe_auto_apply()
     assert chosen == [(0, "grad-compression")]
@@ -286,8 +281,7 @@ def test_the_controller_releases_ranks_held_for_an_apply_it_will_not_make_there(
     loop = AdviceLoop(SimpleNamespace(live=live, options=None, send_command=lambda c: sent.append(c) or 1),
                       budget_bytes=None, apply="missing", apply_at_step=5)
     loop.close()
-    live.update(recommendations=[{"id": "other", "remedy": "t", "params": {}, "live": True,
-                                  "apply_class": "live-exact"}])
+    live.update(recommendations=[recommendation("other", "t")])
     for index in range(5):
         live.add(StepSample(index=index, time_s=0.1, deep=index in (1, 2, 3)))
         loop._advised_step = index
@@ -361,15 +355,15 @@ def test_auto_takes_the_best_live_recommendation_that_fits_and_none_when_none_fi
     the budget, after its window (an optimizer-state offload at 50% of a GPT's peak was)."""
     from advisor.advice import AdviceLoop
 
-    recs = [{"id": "offline", "live": False, "fits": True}, {"id": "over", "live": True, "fits": False},
-            {"id": "fits", "live": True, "fits": True}]
-    assert AdviceLoop._choose(recs, "auto")["id"] == "fits"
+    recs = [recommendation("offline", live=False, peak=10, budget_bytes=12),
+            recommendation("over", peak=13, budget_bytes=12), recommendation("fits", peak=11, budget_bytes=12)]
+    assert AdviceLoop._choose(recs, "auto").id == "fits"
     assert AdviceLoop._choose(recs[:2], "auto") is None
-    assert AdviceLoop._choose(recs[:2], "over")["id"] == "over"  # a named one is the user's choice
-    assert AdviceLoop._choose([{"id": "compute", "live": True}], "auto")["id"] == "compute"  # no budget said
-    # Over a budget, a remedy that says nothing of memory does not count as fitting it.
-    over = {"baseline": {"peak_memory_bytes": 16}}
-    comm = {"id": "comm", "live": True, "fits": True, "predicted": {"peak_memory_bytes": None}, **over}
-    shard = {"id": "shard", "live": True, "fits": True, "predicted": {"peak_memory_bytes": 11}, **over}
-    assert AdviceLoop._choose([comm, shard], "auto", 12)["id"] == "shard"
-    assert AdviceLoop._choose([comm], "auto", 12) is None and AdviceLoop._choose([comm], "auto", 20)["id"] == "comm"
+    assert AdviceLoop._choose(recs[:2], "over").id == "over"  # a named one is the user's choice
+    assert AdviceLoop._choose([recommendation("compute")], "auto").id == "compute"  # no budget said
+    # Under a budget, a remedy that says nothing of memory does not fit it (it once "fitted" an
+    # over-budget job); one that leaves memory as it is says so with the measured peak.
+    silent = recommendation("comm", peak=None, budget_bytes=20)
+    same = recommendation("comm-same", peak=16, budget_bytes=20)
+    assert AdviceLoop._choose([silent, same], "auto").id == "comm-same"
+    assert AdviceLoop._choose([silent], "auto") is None and not silent.fits

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from recommendations import wire
 import threading
 
 import pytest
@@ -17,8 +18,7 @@ from advisor.records.results import ApplyResult, Measurement
 from advisor.records.samples import Event, StepSample
 from advisor.records.settings import AgentSettings
 
-REC = {"id": "r1", "remedy": "activation_checkpointing", "params": {"modules": ["blocks.0", "blocks.2"]},
-       "predicted": {"peak_memory_bytes": 1000, "step_time_s": 0.11}}
+REC = wire("r1", params={"modules": ["blocks.0", "blocks.2"]}, peak=1000, step_time_s=0.11)
 
 
 @pytest.fixture(autouse=True)
@@ -154,7 +154,7 @@ def test_failure_after_a_partial_change_is_rolled_back_and_training_goes_on() ->
 
     registry.register("faulty_checkpointing", faulty)
     try:
-        rec = dict(REC, remedy="faulty_checkpointing")
+        rec = dict(REC, remedy="faulty_checkpointing")  # the wire form: any remedy name the applier side knows
         ex.submit({"type": "apply", "recommendation": rec, "at_step": 3})
         losses, flags = drive(ctx, ex, model, opt, 8)
     finally:
@@ -176,8 +176,7 @@ def test_registry_override_failing_after_partial_change() -> None:
 
     registry.register("broken", broken)
     try:
-        ex.submit({"type": "apply", "recommendation": {"id": "b", "remedy": "broken",
-                                                       "params": {"modules": []}}, "at_step": 1})
+        ex.submit({"type": "apply", "recommendation": wire("b", "broken", params={"modules": []}), "at_step": 1})
         losses, _ = drive(ctx, ex, model, opt, 3)
     finally:
         registry.unregister("broken")
@@ -198,9 +197,11 @@ def test_bad_module_name_fails_with_valid_names() -> None:
 def test_malformed_commands_rejected_on_submit() -> None:
     _, _, _, ex = setup()
     with pytest.raises(ValueError, match="activation_checkpointing"):
-        ex.submit({"type": "apply", "recommendation": {"remedy": "nope", "params": {}}})
+        ex.submit({"type": "apply", "recommendation": wire("n", "nope")})
     with pytest.raises(ValueError, match="missing"):
-        ex.submit({"type": "apply", "recommendation": {"remedy": "activation_checkpointing", "params": {}}})
+        ex.submit({"type": "apply", "recommendation": wire("a", "activation_checkpointing")})
+    with pytest.raises(ValueError, match=r"recommendation\.remedy: missing"):
+        ex.submit({"type": "apply", "recommendation": {"id": "a", "params": {}}})
     with pytest.raises(ValueError, match="valid"):
         ex.submit({"type": "frobnicate"})
     with pytest.raises(ValueError, match="measure_steps"):
@@ -341,8 +342,7 @@ def test_a_remedy_with_a_step_period_is_timed_over_whole_periods() -> None:
     try:
         for phase in (0, 1):
             _, _, ctx, ex = setup()
-            rec = {"id": "p", "remedy": "paired", "params": {},
-                   "predicted": {"step_time_s": 0.08}, "baseline_step_time_s": 0.16}
+            rec = wire("p", "paired", step_time_s=0.08, baseline_step_time_s=0.16)
             ex.submit({"type": "apply", "recommendation": rec, "at_step": 6, "measure_steps": 3})
             drive_synthetic(ctx, ex, 20, lambda i, deep: (0.16 if i < 6 else (0.155 if (i + phase) % 2 else 0.005))
                             * (5 if deep else 1))
@@ -411,8 +411,7 @@ def test_on_a_device_the_windows_are_timed_on_its_timeline_not_the_hosts() -> No
             device: dict[int, float] = {}
             if on_device:
                 ctx.device_step_times = lambda: dict(device)
-            rec = {"id": "k", "remedy": "slower_kernels", "params": {},
-                   "predicted": {"step_time_s": 0.11, "peak_memory_bytes": 100}, "baseline_step_time_s": 0.10}
+            rec = wire("k", "slower_kernels", step_time_s=0.11, peak=100, baseline_step_time_s=0.10)
             ex.submit({"type": "apply", "recommendation": rec, "at_step": 4, "measure_steps": 2})
             drive_synthetic(ctx, ex, 12, _slower_kernels_from(4, device))
             [result] = events(ctx, "apply_result")
@@ -455,8 +454,7 @@ def test_a_revert_asked_for_during_the_window_reports_it_on_the_devices_timeline
         _, _, ctx, ex = setup()
         device: dict[int, float] = {}
         ctx.device_step_times = lambda: dict(device)
-        rec = {"id": "k", "remedy": "slower_kernels", "params": {},
-               "predicted": {"step_time_s": 0.11, "peak_memory_bytes": 100}, "baseline_step_time_s": 0.10}
+        rec = wire("k", "slower_kernels", step_time_s=0.11, peak=100, baseline_step_time_s=0.10)
         ex.submit({"type": "apply", "recommendation": rec, "at_step": 4, "measure_steps": 2})
         # deep steps 4-6, light 7: the window still wants step 8 when the revert comes
         drive_synthetic(ctx, ex, 10, _slower_kernels_from(4, device),

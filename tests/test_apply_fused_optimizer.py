@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from fakes import FakeContext
+from recommendations import wire
 
 from advisor.apply import registry
 from advisor.apply.executor import Executor
@@ -67,8 +68,7 @@ def test_applied_live_at_step_5_keeps_the_losses_and_revert_restores_foreach(mon
     model, opt = make()
     ctx = FakeContext([model], [opt])
     ex = Executor(ctx)
-    rec = {"id": "fused-optimizer", "remedy": "fused_optimizer", "params": {"optimizers": None},
-           "apply_class": "live-equivalent"}
+    rec = wire("fused-optimizer", "fused_optimizer", params={"optimizers": None}, apply_class="live-equivalent")
     losses, fused = train(model, opt, ex=ex, ctx=ctx, commands={
         0: {"type": "apply", "recommendation": rec, "at_step": AT, "measure_steps": 1},
         10: {"type": "revert"},
@@ -131,13 +131,12 @@ def test_on_cuda_the_step_counters_move_to_the_device_and_back() -> None:
 def test_the_memory_bottlenecks_remedy_ranks_before_a_faster_optimizer() -> None:
     """Found on examples/gpt.py under load: the optimizer share passed 25% while memory was over
     budget, and `--apply auto` took the fused optimizer (faster predicted step) over checkpointing."""
+    from profiles import records_profile
     from test_recommend_advise import gpt_report
-
-    from advisor.recommend.profile import profile_from_report
 
     report = gpt_report(budget_share=0.95)
     for step in report["steps"]:
         step["phases"]["optimizer_s"] = 0.3  # 60% of the 0.5 s step
-    diagnosis, recs = advise(profile_from_report(report))
+    diagnosis, recs = advise(records_profile(**report))
     assert diagnosis.bottleneck == "memory"
     assert [r.remedy for r in recs] == ["activation_checkpointing", "fused_optimizer"]

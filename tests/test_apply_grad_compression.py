@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from fakes import FakeContext
+from recommendations import recommendation
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from advisor.agent.capture import Capture
@@ -185,8 +186,7 @@ def test_the_tuis_confirmation_is_enough_consent_without_allow_inexact(group, ca
         def target(self) -> Target:
             return Target(wrapped_models=[ddp], wrappers=[ddp])
 
-    rec = {"id": "grad-compression", "remedy": "grad_compression", "params": {"dtype": "bf16"},
-           "apply_class": "live-opt-in"}
+    rec = recommendation("grad-compression", "grad_compression", params={"dtype": "bf16"}, apply_class="live-opt-in")
     outcomes: list[str] = []
     for confirmed in (False, True):
         ctx = Ctx([ddp], settings=AgentSettings())  # attached without --allow-inexact

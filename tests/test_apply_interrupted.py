@@ -29,8 +29,9 @@ def _records() -> list:
     return [RunInfo(script="t.py", argv=[]), *steps[:4], started, *steps[4:]]
 
 
-def _check(applied: list[dict]) -> None:
-    [entry] = applied
+def _check(applied: list) -> None:
+    """``applied`` as the state holds it (typed) or as the report writes it (dicts)."""
+    [entry] = [a if isinstance(a, dict) else a.as_history() for a in applied]
     assert entry["status"] == "interrupted" and entry["at_step"] == 4
     assert entry["recommendation_id"] == "checkpoint-blocks-2" and "killed" in entry["reason"]
     after = entry["measured"]["after"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from recommendations import recommendation
 from torch import nn
 
 from advisor.agent.agent import Agent
@@ -48,8 +49,7 @@ def test_a_prefixed_name_is_applied_to_that_models_module() -> None:
         ex = agent.executor = Executor(agent.context)
         for step in range(5):
             if step == 1:
-                ex.submit(ApplyCommand(recommendation={"id": "ckpt", "remedy": "activation_checkpointing",
-                                                       "params": {"modules": ["netD.main.2"]}},
+                ex.submit(ApplyCommand(recommendation=recommendation("ckpt", params={"modules": ["netD.main.2"]}),
                                        at_step=2, measure_steps=1))
             optD.zero_grad()
             netD(torch.randn(3, 6)).mean().backward()

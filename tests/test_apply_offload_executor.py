@@ -10,12 +10,11 @@ from test_apply_executor import baseline, drive, events, setup
 
 from advisor.apply.remedies import activation_offload
 from advisor.records import host_memory
+from recommendations import wire
 
-OFFLOAD = {"id": "o1", "remedy": "activation_offload",
-           "params": {"modules": ["blocks.0", "blocks.2"], "checkpoint": ["blocks.1"], "min_bytes": 0},
-           "predicted": {"peak_memory_bytes": 1000, "step_time_s": 0.1}}
-OPTIMIZER = {"id": "o2", "remedy": "optimizer_offload", "params": {"optimizers": None},
-             "predicted": {"peak_memory_bytes": 1000, "step_time_s": 0.1}}
+OFFLOAD = wire("o1", "activation_offload", params={"modules": ["blocks.0", "blocks.2"], "checkpoint": ["blocks.1"],
+                                                   "min_bytes": 0}, peak=1000, step_time_s=0.1)
+OPTIMIZER = wire("o2", "optimizer_offload", params={"optimizers": None}, peak=1000, step_time_s=0.1)
 
 
 @pytest.mark.parametrize("rec", [OFFLOAD, OPTIMIZER], ids=["activation", "optimizer"])

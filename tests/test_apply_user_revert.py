@@ -11,6 +11,7 @@ import pytest
 import torch
 from fakes import FakeContext
 from ranks import free_port, spawn_ranks
+from recommendations import recommendation
 
 from advisor.apply import registry
 from advisor.apply.executor import Executor
@@ -68,7 +69,7 @@ def test_a_revert_with_a_step_waits_for_its_boundary() -> None:
     try:
         ctx = FakeContext([torch.nn.Linear(2, 2)])
         ex = Executor(ctx)
-        ex.submit(ApplyCommand(recommendation={"id": "m", "remedy": "t_mark", "params": {"factor": 2.0}},
+        ex.submit(ApplyCommand(recommendation=recommendation("m", "t_mark", params={"factor": 2.0}),
                                at_step=1, measure_steps=1))
         for i in range(5):
             _step(ex, ctx, i)

@@ -12,23 +12,24 @@ from advisor.recommend.calibration import TRUSTED_APPLIES, calibrate, model_erro
 from advisor.recommend.finding import Finding
 from advisor.recommend.profile import Profile
 from advisor.records.advice import Prediction, Recommendation
+from advisor.records.results import ApplyResult, Measurement, RevertResult
 from advisor.report import build_report
 from recorded import load_state
 
 
 def _applied(remedy: str, at_step: int, predicted: float | None, measured: float | None, *, rank: int = 0,
-             status: str = "kept", peak: tuple[int, int] | None = None) -> dict:
+             status: str = "kept", peak: tuple[int, int] | None = None, kind: str | None = None) -> ApplyResult:
     p_peak, m_peak = peak or (None, None)
-    return {"remedy": remedy, "recommendation_id": f"{remedy}-x", "params": {}, "rank": rank, "at_step": at_step,
-            "predicted": {"peak_memory_bytes": p_peak, "step_time_s": predicted},
-            "measured": {"before": {"step_time_s": 1.0}, "after": {"step_time_s": measured, "peak_memory_bytes": m_peak}},
-            "status": status, "error": None, "reason": ""}
+    return ApplyResult(remedy=remedy, recommendation_id=f"{remedy}-x", rank=rank, at_step=at_step,
+                       predicted=Measurement(peak_memory_bytes=p_peak, step_time_s=predicted),
+                       before=Measurement(step_time_s=1.0),
+                       after=Measurement(step_time_s=measured, peak_memory_bytes=m_peak, step_kind=kind), status=status)
 
 
 def _rec(remedy: str, step_time: float | None, rid: str | None = None) -> Recommendation:
     return Recommendation(id=rid or remedy, remedy=remedy, title=remedy, params={},
                           predicted=Prediction(peak_memory_bytes=100, step_time_s=step_time),
-                          baseline=Prediction(peak_memory_bytes=200, step_time_s=1.0),
+                          baseline=Prediction(peak_memory_bytes=200, step_time_s=1.0), budget_bytes=None,
                           cost_model="test", confidence="medium", exact=True, live=True)
 
 
@@ -38,7 +39,7 @@ def test_errors_per_remedy_one_per_apply_failed_and_user_reverts_left_out():
         _applied("activation_checkpointing", 5, 1.2, 1.5, rank=1),  # same apply on rank 1: median of ranks
         _applied("fused_optimizer", 9, 0.9, 1.0, status="reverted"),  # reverted after its window: measured
         _applied("zero", 12, 1.0, None, status="failed"),
-        {"remedy": "fused_optimizer", "at_step": 20, "status": "reverted", "predicted": {"step_time_s": 5.0}},
+        RevertResult(remedy="fused_optimizer", recommendation_id="fused_optimizer-x", at_step=20),  # a user's revert
         _applied("activation_checkpointing", 30, 2.0, 1.6),
     ]
     errors = model_errors(applied)
@@ -59,10 +60,8 @@ def test_errors_per_remedy_one_per_apply_failed_and_user_reverts_left_out():
 
 def test_a_window_timed_on_deep_steps_gives_no_step_time_error():
     """Predictions are for ordinary steps; a deep-timed window (probes on) is not a measurement of them."""
-    deep = _applied("activation_checkpointing", 5, 1.0, 1.6, peak=(100, 100))
-    deep["measured"]["after"]["step_kind"] = "deep"
-    light = _applied("activation_checkpointing", 9, 1.2, 1.0)
-    light["measured"]["after"]["step_kind"] = "light"
+    deep = _applied("activation_checkpointing", 5, 1.0, 1.6, peak=(100, 100), kind="deep")
+    light = _applied("activation_checkpointing", 9, 1.2, 1.0, kind="light")
     errors = model_errors([deep, light])["activation_checkpointing"]
     assert [a.step_time_error for a in errors.applies] == [None, pytest.approx(0.2)]
     assert errors.applies[0].peak_error == 0.0  # the deep window's peak still counts
@@ -101,7 +100,8 @@ def test_ranking_uses_the_calibrated_step_time():
     recs = [_rec("activation_checkpointing", 1.0), _rec("cpu_offload", 1.1)]
 
     def rule(profile):
-        return Finding(bottleneck="memory", summary="over budget", severity=1.0, recommendations=list(recs))
+        return Finding(rule="memory", bottleneck="memory", summary="over budget", severity=1.0,
+                       recommendations=list(recs))
 
     profile = Profile(peak_bytes=200, budget_bytes=150)
     _, plain = advise(profile, rules=[rule])
@@ -119,19 +119,19 @@ def test_a_recorded_session_re_advised_after_an_apply_carries_the_model_error():
     state = load_state("gpt")
     budget = int(0.7 * build_report(state)["memory"]["peak_bytes"])
     _, before = advise_state(state, budget_bytes=budget)
-    (rec,) = [r for r in before if r["remedy"] == "activation_checkpointing"]
-    assert rec["calibration"] is None
-    model = rec["predicted"]["step_time_s"]
+    (rec,) = [r for r in before if r.remedy == "activation_checkpointing"]
+    assert rec.calibration is None
+    model = rec.predicted.step_time_s
     state.applied = [_applied("activation_checkpointing", 4, model, model / 1.1, status="reverted")]
     _, after = advise_state(state, budget_bytes=budget)
-    (again,) = [r for r in after if r["remedy"] == "activation_checkpointing"]
-    assert again["predicted"]["step_time_s"] == model
-    cal = again["calibration"]
-    assert cal["model_error"] == pytest.approx(0.1) and cal["applies"] == 1
-    assert cal["step_time_s"] == pytest.approx(model / 1.1)
-    assert (cal["low_s"], cal["high_s"]) == (pytest.approx(model / 1.1), model)
+    (again,) = [r for r in after if r.remedy == "activation_checkpointing"]
+    assert again.predicted.step_time_s == model
+    cal = again.calibration
+    assert cal.model_error == pytest.approx(0.1) and cal.applies == 1
+    assert cal.step_time_s == pytest.approx(model / 1.1)
+    assert (cal.low_s, cal.high_s) == (pytest.approx(model / 1.1), model)
     report = build_report(state, budget_bytes=budget)
     (row,) = report["calibration"]
     assert row["remedy"] == "activation_checkpointing" and row["step_time_error"] == pytest.approx(0.1)
-    assert calibration_line(again).endswith("model error +10.0% over 1 apply")
-    assert applied_time_line(state.applied[0]).endswith("model error +10.0%")
+    assert calibration_line(again.to_dict()).endswith("model error +10.0% over 1 apply")  # the report's rows
+    assert applied_time_line(state.applied[0].as_history()).endswith("model error +10.0%")

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -139,19 +140,19 @@ def test_tui_applies_on_a_live_job_and_survives_an_injected_failure(monkeypatch,
             await wait(pilot, lambda: session.live.snapshot().latest_step() >= 5)
             await wait(pilot, lambda: advice.wait_idle(0))
             rec = session.live.snapshot().recommendations[0]
-            assert rec["remedy"] == "activation_checkpointing"
+            assert rec.remedy == "activation_checkpointing"
             # First: a failure injected inside apply. The job must keep training.
-            failing = {**rec, "remedy": "failing_checkpointing"}
+            failing = replace(rec, remedy="failing_checkpointing")
             session.live.update(recommendations=[failing])
             await wait(pilot, lambda: app.recs_view.selected is not None)  # the app has polled it
             await pilot.press("a")
             await wait(pilot, lambda: session.live.snapshot().applied)
             failed = session.live.snapshot().applied[-1]
-            assert failed["status"] == "failed" and failed["error"]
+            assert failed.status == "failed" and failed.error
             from advisor.tui.result_view import ResultView
 
             results = app.query_one("#results", ResultView)
-            await wait(pilot, lambda: failed["error"][:20] in results.plain)
+            await wait(pilot, lambda: failed.error[:20] in results.plain)
             steps_before = session.live.snapshot().latest_step()
             await wait(pilot, lambda: session.live.snapshot().latest_step() >= steps_before + 2)
             # Then the real apply, with one key, and its measured result.
@@ -159,8 +160,8 @@ def test_tui_applies_on_a_live_job_and_survives_an_injected_failure(monkeypatch,
             await pilot.press("a")
             await wait(pilot, lambda: len(session.live.snapshot().applied) >= 2)
             result = session.live.snapshot().applied[-1]
-            assert result["status"] == "kept", result
-            assert result["measured"]["after"]["peak_memory_bytes"] <= budget
+            assert result.status == "kept", result
+            assert result.after.peak_memory_bytes <= budget
             await pilot.press("q", "l")  # quit, leaving the job running (the test stops it below)
 
     try:

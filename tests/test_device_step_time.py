@@ -12,7 +12,7 @@ import torch
 
 from advisor.agent.agent import Agent
 from advisor.agent.hooks import install
-from advisor.recommend.profile import profile_from_memory
+from advisor.recommend.profile import profile_from_records
 from advisor.records.samples import StepSample
 from advisor.records.settings import AgentSettings
 
@@ -86,10 +86,10 @@ def test_the_agent_pairs_an_event_where_each_step_began_with_one_at_its_boundary
 def test_the_baseline_step_time_is_the_device_time_where_there_is_one() -> None:
     steps = [StepSample(index=i, time_s=0.02, deep=i in (1, 2, 3), device_time_s=0.13 if i else None)
              for i in range(6)]
-    profile = profile_from_memory({"peak_bytes": 1}, steps)
+    profile = profile_from_records(steps=steps)
     assert profile.step_time_s == pytest.approx(0.13)
     host_only = [StepSample(index=i, time_s=0.02) for i in range(3)]
-    assert profile_from_memory({"peak_bytes": 1}, host_only).step_time_s == pytest.approx(0.02)
+    assert profile_from_records(steps=host_only).step_time_s == pytest.approx(0.02)
 
 
 @pytest.mark.gpu

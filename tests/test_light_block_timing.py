@@ -7,6 +7,7 @@ import itertools
 
 import pytest
 import torch
+from profiles import records_profile
 from torch.utils.checkpoint import checkpoint
 
 from advisor.agent import block_timer
@@ -14,7 +15,7 @@ from advisor.agent.agent import Agent
 from advisor.agent.hooks import install
 from advisor.intake import RecordError, parse_record
 from advisor.recommend.memory_model import chain_from_profile, recompute_seconds
-from advisor.recommend.profile import ModuleProfile, Profile, profile_from_memory
+from advisor.recommend.profile import ModuleProfile, Profile
 from advisor.records.samples import StepSample
 from advisor.records.settings import AgentSettings
 
@@ -183,10 +184,9 @@ def _steps(light: list[dict[str, float]]) -> list[dict]:
 
 def test_profile_takes_the_median_of_light_steps_and_the_chain_uses_it() -> None:
     modules = [_module("", 0.2), _module("blocks.0", 0.05), _module("blocks.1", 0.05)]
-    memory = {"peak_bytes": 10_000, "modules": modules}
     light = [{"blocks.0": 0.010, "blocks.1": 0.020}, {"blocks.0": 0.012, "blocks.1": 0.030},
              {"blocks.0": 0.020}]
-    profile = profile_from_memory(memory, _steps(light))
+    profile = records_profile(peak_bytes=10_000, modules=modules, steps=_steps(light))
     # Step 0 (warm-up) is left out; blocks.1 was timed on two steps only.
     assert profile.light_forward_s == {"blocks.0": 0.012, "blocks.1": 0.025}
     assert profile.time_scale == pytest.approx(0.5)  # light forward 0.1 / probed root 0.2
@@ -194,7 +194,7 @@ def test_profile_takes_the_median_of_light_steps_and_the_chain_uses_it() -> None
     assert chain is not None
     assert [b.forward_s for b in chain.blocks] == [0.012, 0.025]
     # Without light timings (an older agent's records) the deep step's module time is scaled.
-    bare = profile_from_memory(memory, [s for s in _steps([{}]) if s["index"] != 0])
+    bare = records_profile(peak_bytes=10_000, modules=modules, steps=[s for s in _steps([{}]) if s["index"] != 0])
     assert bare.light_forward_s == {}
     assert [b.forward_s for b in chain_from_profile(bare).blocks] == [pytest.approx(0.025)] * 2
 
@@ -215,7 +215,7 @@ def test_the_chain_costs_a_checkpoint_by_the_recompute_span_and_keeps_the_forwar
     modules = [_module("", 0.2), _module("blocks.0", 0.05), _module("blocks.1", 0.05)]
     steps = _steps([{"blocks.0": 0.010, "blocks.1": 0.020}])
     steps[-1]["module_recompute_s"] = {"blocks.0": 0.008}
-    chain = chain_from_profile(profile_from_memory({"peak_bytes": 10_000, "modules": modules}, steps))
+    chain = chain_from_profile(records_profile(peak_bytes=10_000, modules=modules, steps=steps))
     assert [(b.forward_s, b.recompute_s) for b in chain.blocks] == [(0.010, 0.008), (0.020, 0.020)]
     assert recompute_s(chain, {0, 1}) == pytest.approx(0.028)
 

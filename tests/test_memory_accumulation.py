@@ -9,6 +9,7 @@ peak with and without checkpointing, checkpointing lowering it.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -20,11 +21,11 @@ from advisor.apply.remedies.activation_checkpointing import apply_activation_che
 from advisor.probes.memory import MemoryProbe
 from advisor.recommend.memory_model import (accumulates, chain_from_profile, live_activation_total, measured_peak,
                                              predicted_peak)
-from advisor.recommend.profile import ModuleProfile, Profile, profile_from_memory
-from advisor.recommend.rules.memory import memory_rule
+from advisor.recommend.profile import ModuleProfile, Profile, profile_from_records
+from advisor.recommend.rules import run
+from advisor.recommend.rules.memory import SMALLER_MICRO_BATCH
+from advisor.records.events import Oom
 from advisor.records.samples import ModuleStat
-from advisor.sections.memory import build_memory_section
-from advisor.state import SessionState
 
 MICRO_BATCHES = 4
 TOLERANCE = 0.20  # predicted over tracked peak: the model is conservative by design (+11% with one
@@ -102,18 +103,13 @@ def accumulation_run(*, checkpoint: list[str] | None = None, micro_batches: int 
 
 
 def profile_of(ctx: FakeContext, *, per_call: bool = True) -> Profile:
-    """The recommender's profile from the report's memory section; ``per_call=False`` strips the
-    per-call figures, which reads the session as the advisor did before they existed."""
-    state = SessionState()
-    state.memory = ctx.of_kind("memory")  # type: ignore[assignment]
-    state.modules = ctx.of_kind("module")  # type: ignore[assignment]
-    state.events = ctx.of_kind("event")  # type: ignore[assignment]
-    memory = build_memory_section(state, budget_bytes=None)
+    """The recommender's profile of the probe's records; ``per_call=False`` clears the per-call
+    figures, which reads the session as the advisor did before they existed."""
+    modules = ctx.of_kind("module")
     if not per_call:
-        for row in memory["modules"]:
-            for key in ("calls", "live_calls", "call_activation_bytes", "call_input_bytes", "call_output_bytes"):
-                row.pop(key, None)
-    return profile_from_memory(memory)
+        modules = [replace(m, calls=0, live_calls=0, call_activation_bytes=0, call_input_bytes=0, call_output_bytes=0)
+                   for m in modules]
+    return profile_from_records(steps=[], memory=ctx.of_kind("memory"), modules=modules, events=ctx.of_kind("event"))
 
 
 @pytest.fixture(scope="module")
@@ -162,15 +158,16 @@ def test_a_script_that_accumulates_is_not_told_to_accumulate(plain) -> None:
     # A budget that nothing built can reach: the rule lists the remedies it cannot apply.
     tight = Profile(**{**{f: getattr(profile, f) for f in profile.__dataclass_fields__},
                        "budget_bytes": tracked // 4})
-    finding = memory_rule(tight)
+    finding = run("memory", tight)
     assert finding is not None
-    not_built = [r for r in finding.recommendations if r.remedy == "not_built"]
-    assert not_built and "micro_batch" not in not_built[0].params["remedies"]
-    assert "accumulation" not in not_built[0].title
+    helps = next(e.value for e in finding.evidence if e.what == "would help")
+    assert "ZeRO" in str(helps) and SMALLER_MICRO_BATCH not in str(helps)
     single = profile_of(accumulation_run(micro_batches=1)[0])
     assert not accumulates(single)
     lone = Profile(**{**{f: getattr(single, f) for f in single.__dataclass_fields__}, "budget_bytes": tracked // 4})
-    assert "micro_batch" in next(r for r in memory_rule(lone).recommendations if r.remedy == "not_built").params["remedies"]
+    lone_finding = run("memory", lone)
+    assert lone_finding is not None
+    assert SMALLER_MICRO_BATCH in str(next(e.value for e in lone_finding.evidence if e.what == "would help"))
 
 
 class Unrolled(nn.Module):
@@ -233,8 +230,8 @@ def test_after_an_oom_the_activations_alive_together_calibrate_not_the_steps_sum
                       call_activation_bytes=mib, call_input_bytes=mib // 8, call_output_bytes=mib // 8)
         for i in range(2)
     )
-    oom = {"op": "aten.mm", "requested_bytes": mib // 2,
-           "categories": {"parameter": 8 * mib, "gradient": 8 * mib, "activation": mib // 4}}
+    oom = Oom(op="aten.mm", requested_bytes=mib // 2,
+              categories={"parameter": 8 * mib, "gradient": 8 * mib, "activation": mib // 4})
     profile = Profile(peak_bytes=0, modules=modules, oom=oom)
     assert live_activation_total(profile) == 2 * mib
     # Model states at the failure plus the two blocks' live activations (above live + request).

@@ -22,6 +22,7 @@ from advisor.errors import UsageError
 from advisor.job import load_job
 from advisor.multinode import MultiNode, from_namespace
 from advisor.paths import DB_NAME, new_session_dir
+from advisor.records.results import ApplyResult
 from advisor.records.samples import Event, ExitInfo, RunInfo, StepSample
 from advisor.report import build_report
 from advisor.session import AttachOptions, Session
@@ -220,7 +221,7 @@ def _node_session(job_id: str, ranks: list[int], *, token: str = "t1", decides: 
         store.put(RunInfo(script="/x/ddp.py", argv=[], rank=rank, local_rank=0, world_size=world))
         for index in range(3):
             store.put(StepSample(index=index, rank=rank, time_s=0.1 + rank, loss=1.0 / (index + 1)))
-        store.put(Event(rank=rank, step=2, name="apply_result", data={"rank": rank, "status": "kept", "at_step": 1}))
+        store.put(ApplyResult(remedy="zero", rank=rank, status="kept", at_step=1).event(rank=rank, step=2))
         store.put(ExitInfo(rank=rank, code=0, reason="completed", steps=3))
     store.close()
     return folder

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from advisor.apply.remedies.pipeline import PipelineHandle, apply_pipeline
-from advisor.recommend.remedies.pipeline import PipeBlock, evaluate
+from advisor.recommend.remedies.pipeline_planner import PipeBlock, evaluate
 from pipeline_models import Target, load_gpt, train_gpt
 
 pytestmark = [

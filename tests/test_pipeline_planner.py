@@ -9,16 +9,14 @@ import random
 import pytest
 
 from advisor.recommend.profile import ModuleProfile, Profile
-from advisor.recommend.remedies.pipeline import (
-    PARAMS,
+from advisor.recommend.remedies.pipeline import PARAMS, propose_split, validate
+from advisor.recommend.remedies.pipeline_planner import (
     PipeBlock,
     brute_force,
     equal_split,
     evaluate,
     min_max_partition,
     plan_pipeline,
-    propose,
-    validate,
 )
 
 GiB = 2**30
@@ -141,8 +139,7 @@ def _profile(budget: int) -> Profile:
 
 
 def test_propose_live_split_for_one_process_that_does_not_fit_one_device() -> None:
-    evidence: list[dict[str, object]] = []
-    recs = propose(_profile(16 * GiB), None, evidence, devices=2)
+    recs = propose_split(_profile(16 * GiB), None, devices=2).recommendations
     assert len(recs) == 1
     rec = recs[0]
     assert rec.remedy == "pipeline" and rec.live and not rec.exact
@@ -158,7 +155,7 @@ def test_propose_live_split_for_one_process_that_does_not_fit_one_device() -> No
 
 
 def test_propose_restart_for_multi_rank_with_split_points_and_loop() -> None:
-    recs = propose(_profile(16 * GiB), None, [], devices=1, world_size=2)
+    recs = propose_split(_profile(16 * GiB), None, devices=1, world_size=2).recommendations
     assert len(recs) == 1 and not recs[0].live
     params = recs[0].params
     assert params["split_points"] == [params["stages"][1][0]]
@@ -168,11 +165,10 @@ def test_propose_restart_for_multi_rank_with_split_points_and_loop() -> None:
 
 
 def test_propose_nothing_with_one_device_or_when_it_fits_and_is_slower() -> None:
-    evidence: list[dict[str, object]] = []
-    assert propose(_profile(16 * GiB), None, evidence, devices=1) == []
-    assert "not proposed" in str(evidence[-1]["value"])
+    one = propose_split(_profile(16 * GiB), None, devices=1)
+    assert one.recommendations == () and "not proposed" in str(one.evidence[-1].value)
     # Fits one device and the split, with its bubble and the slow assumed link, is not faster.
-    assert propose(_profile(64 * GiB), None, evidence, devices=2, link_bytes_s=1e6) == []
+    assert propose_split(_profile(64 * GiB), None, devices=2, link_bytes_s=1e6).recommendations == ()
 
 
 @pytest.mark.parametrize("params, message", [

@@ -13,7 +13,7 @@ from torch import nn
 
 from advisor.apply.remedies import pipeline as pipeline_mod
 from advisor.apply.remedies.pipeline import PipelineHandle, RepartitionHandle, apply_pipeline
-from advisor.recommend.remedies.pipeline import PipeBlock, brute_force, evaluate
+from advisor.recommend.remedies.pipeline_planner import PipeBlock, brute_force, evaluate
 from advisor.recommend.remedies.pipeline_repartition import (
     IMBALANCE,
     bounds_of,
@@ -158,10 +158,9 @@ def test_repartition_on_measured_times_matches_brute_force() -> None:
 def test_an_imbalanced_pipeline_is_rebalanced_with_its_predicted_gain() -> None:
     blocks = _blocks([1.0] * 6)
     stages = [["blocks.0", "blocks.1", "blocks.2"], ["blocks.3", "blocks.4", "blocks.5"]]
-    evidence: list[dict[str, object]] = []
     # Stage 0 measured at twice its blocks' sum: its blocks are heavier than planned, so it holds fewer.
-    (rec,) = propose_repartition(blocks, stages, [6.0, 3.0], evidence, micro_batches=4, devices=["cuda:0", "cuda:1"],
-                                 bandwidth_bytes_s=1e12)
+    (rec,) = propose_repartition(blocks, stages, [6.0, 3.0], micro_batches=4, devices=["cuda:0", "cuda:1"],
+                                 bandwidth_bytes_s=1e12).recommendations
     assert rec.apply_class == "live-equivalent" and rec.live and rec.remedy == "pipeline"
     assert rec.params["stages"] == [["blocks.0", "blocks.1"], ["blocks.2", "blocks.3", "blocks.4", "blocks.5"]]
     fitted = calibrate(blocks, (0, 3, 6), [6.0, 3.0])
@@ -172,18 +171,18 @@ def test_an_imbalanced_pipeline_is_rebalanced_with_its_predicted_gain() -> None:
     assert rec.baseline.step_time_s is None and "17% faster" in rec.title
     assert old.step_time_s / new.step_time_s == pytest.approx(18 / 15)
     # A multi-rank job gets the restart form with the new split points and loop.
-    (multi,) = propose_repartition(blocks, stages, [6.0, 3.0], [], micro_batches=4, world_size=2,
-                                   bandwidth_bytes_s=1e12)
+    (multi,) = propose_repartition(blocks, stages, [6.0, 3.0], micro_batches=4, world_size=2,
+                                   bandwidth_bytes_s=1e12).recommendations
     assert multi.apply_class == "restart" and multi.params["split_points"] == ["blocks.2"]
     assert "schedule.step" in multi.params["loop_change"]
 
 
 def test_a_balanced_pipeline_is_left_alone() -> None:
-    evidence: list[dict[str, object]] = []
     stages = [["blocks.0", "blocks.1"], ["blocks.2", "blocks.3"]]
-    assert propose_repartition(_blocks([1.0] * 4), stages, [2.0, 2.1], evidence, micro_batches=4,
-                               devices=["cuda:0", "cuda:1"]) == []
-    assert evidence[0]["threshold"] == IMBALANCE and evidence[0]["value"] < IMBALANCE
+    proposal = propose_repartition(_blocks([1.0] * 4), stages, [2.0, 2.1], micro_batches=4,
+                                   devices=["cuda:0", "cuda:1"])
+    assert proposal.recommendations == ()
+    assert proposal.evidence[0].threshold == IMBALANCE and proposal.evidence[0].value < IMBALANCE
 
 
 def test_the_rule_rebalances_a_reported_split_and_ignores_a_reverted_one() -> None:
@@ -196,18 +195,19 @@ def test_the_rule_rebalances_a_reported_split_and_ignores_a_reverted_one() -> No
 
     from advisor.recommend.advise import advise
     from advisor.recommend.profile import profile_from_records
+    from advisor.records.events import PipelineStages
     from advisor.records.samples import Event
 
     split = {"stages": [["blocks.0", "blocks.1", "blocks.2"], ["blocks.3"]], "devices": ["cuda:0", "cuda:1"],
              "micro_batches": 4, "mode": "pipeline", "stage_times_s": [0.3, 0.1]}
     live = profile_from_records(steps=[], memory=[], modules=[], ops=[], collectives=[],
                                 events=[Event(name="pipeline_stages", data=split)], runs=[], models=[], optimizers=[])
-    assert live.pipeline == split
+    assert live.pipeline == PipelineStages.from_dict(split)
     gone = profile_from_records(steps=[], memory=[], modules=[], ops=[], collectives=[], runs=[], models=[],
                                 optimizers=[], events=[Event(name="pipeline_stages", data=split),
                                                        Event(name="pipeline_stages", data={**split, "mode": "reverted"})])
     assert gone.pipeline is None
-    profile = replace(profile_of(recorded.load_state("gpt")), pipeline=split)
+    profile = replace(profile_of(recorded.load_state("gpt")), pipeline=PipelineStages.from_dict(split))
     _, recs = advise(profile)
     rec = next(r for r in recs if r.id.startswith("pipeline-repartition"))
     assert rec.live and rec.params["devices"] == split["devices"] and rec.params["micro_batches"] == 4

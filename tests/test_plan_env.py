@@ -79,7 +79,7 @@ def test_attach_plan_sets_the_environment_of_the_training_process(tmp_path, monk
     ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "names a file or a library"), ("HOME", "not an allocator or library setting"),
 ])
 def test_env_outside_the_allowlist_is_refused_with_the_reason(name, why) -> None:
-    with pytest.raises(PlanError, match=f"env '{name}' refused: .*{why}.*may set only .*PYTORCH_CUDA_ALLOC_CONF, NCCL_\*"):
+    with pytest.raises(PlanError, match=rf"env '{name}' refused: .*{why}.*may set only .*PYTORCH_CUDA_ALLOC_CONF, NCCL_\*"):
         parse_plan({"version": PLAN_VERSION, "remedies": [], "env": {name: "x"}})
 
 

@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+from recommendations import recommendation
+
 from advisor.planning import _nothing_to_plan, memory_trouble
+from advisor.records.advice import Diagnosis
+from advisor.records.results import ApplyResult
 from advisor.records.samples import MEMORY_CATEGORIES, Event, MemorySample, RunInfo
 from advisor.state import LiveState
 
 
-def _state(peak: int, budget: int | None, *, oom: bool = False, kept: bool = False):
+def _state(peak: int | None, budget: int | None, *, oom: bool = False, kept: bool = False, device: str = "cpu"):
     live = LiveState()
-    live.add(RunInfo(script="s.py", argv=[], config={"memory_budget_bytes": budget} if budget else {}))
-    cats = {c: 0 for c in MEMORY_CATEGORIES} | {"activation": peak}
-    live.add(MemorySample(step=1, time=0.0, event="op", categories=cats, total_bytes=peak))
+    live.add(RunInfo(script="s.py", argv=[], config={"memory_budget_bytes": budget} if budget else {},
+                     device={"type": device}))
+    if peak is not None:
+        cats = {c: 0 for c in MEMORY_CATEGORIES} | {"activation": peak}
+        live.add(MemorySample(step=1, time=0.0, event="op", categories=cats, total_bytes=peak))
     if oom:
         live.add(Event(step=2, name="oom", data={"op": "aten.mm"}))
     if kept:
-        live.add(Event(step=6, name="apply_result", data={"remedy": "activation_checkpointing", "status": "kept",
-                                                          "at_step": 5}))
+        live.add(ApplyResult(remedy="activation_checkpointing", status="kept", at_step=5).event(step=6))
     return live.snapshot()
 
 
@@ -29,23 +34,22 @@ def test_memory_trouble() -> None:
 
 
 def test_nothing_to_plan_says_why() -> None:
-    no_data = _nothing_to_plan({"memory": {"peak_bytes": None}})
+    no_data = _nothing_to_plan(_state(None, None), None, None)
     assert "no memory measurements" in str(no_data) and "--probes" in (no_data.hint or "")
-    fits = _nothing_to_plan({"memory": {"peak_bytes": 10 << 20, "budget_bytes": 20 << 20}, "applied": []})
+    fits = _nothing_to_plan(_state(10 << 20, 20 << 20), None, 20 << 20)
     assert "the job fits (peak 10.0 MiB of a 20.0 MiB budget)" in str(fits)
     assert "--memory-budget below 10.0 MiB" in (fits.hint or "")
-    kept = _nothing_to_plan({"memory": {"peak_bytes": 10 << 20, "budget_bytes": 20 << 20},
-                             "applied": [{"remedy": "activation_checkpointing", "status": "kept"}]})
+    kept = _nothing_to_plan(_state(10 << 20, 20 << 20, kept=True), None, 20 << 20)
     assert "already makes it fit" in str(kept) and "no SESSION" in (kept.hint or "")
 
 
 def test_an_oom_whose_recorded_peak_is_under_the_budget_is_not_called_a_fit() -> None:
     """The recorded peak stops short of the failed request: a job that ran out of memory with
     a peak of 17.6 MiB under an 18.0 MiB budget was told "the job fits"."""
-    error = _nothing_to_plan({"memory": {"peak_bytes": 17 << 20, "budget_bytes": 18 << 20, "oom": {"op": "aten.mm"}},
-                              "applied": [], "diagnosis": {"summary": "out of memory in blocks.3.mlp.fc"}})
+    error = _nothing_to_plan(_state(17 << 20, 18 << 20, oom=True),
+                             Diagnosis(bottleneck="memory", summary="out of memory in blocks.3.mlp.fc"), 18 << 20)
     assert "fits (" not in str(error)
-    assert "out of memory in blocks.3.mlp.fc" in str(error) and "no built remedy fits the 18.0 MiB budget" in str(error)
+    assert "out of memory in blocks.3.mlp.fc" in str(error) and "no remedy fits the 18.0 MiB budget" in str(error)
 
 
 def test_a_memory_plan_for_a_cuda_job_carries_expandable_segments_and_keeps_the_users_options() -> None:
@@ -55,10 +59,10 @@ def test_a_memory_plan_for_a_cuda_job_carries_expandable_segments_and_keeps_the_
     from advisor.planning import _capped_cuda, plan_for
     from advisor.session import merge_plan_env
 
-    rec = {"id": "checkpoint-blocks-8", "remedy": "activation_checkpointing", "params": {"modules": ["blocks.0"]}}
-    cuda = {"run": {"device": {"type": "cuda"}}}
-    assert _capped_cuda(cuda, rec) and not _capped_cuda({"run": {"device": {"type": "cpu"}}}, rec)
-    assert not _capped_cuda(cuda, {"id": "f", "remedy": "fused_optimizer"})
+    rec = recommendation("checkpoint-blocks-8", params={"modules": ["blocks.0"]})
+    cuda = _state(10, None, device="cuda")
+    assert _capped_cuda(cuda, rec) and not _capped_cuda(_state(10, None), rec)
+    assert not _capped_cuda(cuda, recommendation("f", "fused_optimizer"))
     plan = plan_for(rec, capped_cuda=True)
     assert plan.env == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
     assert plan_for(rec).env == {}

@@ -12,14 +12,15 @@ import pytest
 from advisor.recommend.advise import advise
 from advisor.recommend.remedies.checkpoint_solver import brute_force
 from advisor.recommend.memory_model import chain_from_profile, predicted_peak
-from advisor.recommend.profile import profile_from_report
+from profiles import records_profile
 
 MIB = 2**20
 
 
 def gpt_report(*, layers: int = 8, budget_share: float | None = 0.95, oom: dict | None = None,
                block_act: int = 60 * MIB, params: int = 40 * MIB, data_s: float = 0.001) -> dict[str, Any]:
-    """A report whose activations sit in numbered blocks, with realistic attribution and sizes."""
+    """A session whose activations sit in numbered blocks, with realistic attribution and sizes
+    (``records_profile``'s keywords)."""
     boundary = 4 * MIB
     modules: list[dict[str, Any]] = [
         {"name": "", "type": "GPT", "depth": 0, "activation_bytes": 0, "input_bytes": 1024, "output_bytes": 4,
@@ -47,20 +48,19 @@ def gpt_report(*, layers: int = 8, budget_share: float | None = 0.95, oom: dict 
     steps = [{"index": i, "rank": 0, "time_s": 0.5, "loss": 1.0, "deep": False,
               "phases": {"data_s": data_s, "forward_s": 0.15, "backward_s": 0.3, "optimizer_s": 0.04, "other_s": 0.0}}
              for i in range(6)]
-    return {"memory": {"budget_bytes": budget, "peak_bytes": peak, "categories_at_peak": cats,
-                       "categories_max": cats, "timeline": [], "modules": modules, "oom": oom},
+    return {"budget_bytes": budget, "peak_bytes": peak, "categories_at_peak": cats, "modules": modules, "oom": oom,
             "steps": steps}
 
 
 def test_memory_pressure_gives_a_fitting_checkpointing_plan() -> None:
     report = gpt_report(budget_share=0.95)
-    profile = profile_from_report(report)
+    profile = records_profile(**report)
     diagnosis, recs = advise(profile)
     assert diagnosis.bottleneck == "memory"
     assert recs and recs[0].remedy == "activation_checkpointing" and recs[0].fits
     rec = recs[0]
-    budget = report["memory"]["budget_bytes"]
-    assert rec.predicted.peak_memory_bytes <= 0.9 * budget < report["memory"]["peak_bytes"]
+    budget = report["budget_bytes"]
+    assert rec.predicted.peak_memory_bytes <= 0.9 * budget < report["peak_bytes"]
     modules = rec.params["modules"]
     assert modules and all(m.startswith("blocks.") and m.count(".") == 1 for m in modules)
     assert rec.id == f"checkpoint-blocks-{len(modules)}" and rec.exact and rec.live
@@ -79,71 +79,73 @@ def test_memory_pressure_gives_a_fitting_checkpointing_plan() -> None:
 
 
 def test_no_recommendation_with_headroom() -> None:
-    diagnosis, recs = advise(profile_from_report(gpt_report(budget_share=0.5)))
+    diagnosis, recs = advise(records_profile(**gpt_report(budget_share=0.5)))
     assert diagnosis.bottleneck == "none" and recs == []
-    assert diagnosis.evidence[0]["value"] == pytest.approx(0.5, abs=1e-3)
+    assert diagnosis.evidence[0].value == pytest.approx(0.5, abs=1e-3)
 
 
 def test_calibrated_model_reproduces_the_measured_peak() -> None:
     report = gpt_report()
-    profile = profile_from_report(report)
+    profile = records_profile(**report)
     chain = chain_from_profile(profile)
     assert chain is not None
-    assert predicted_peak(chain, set()) == report["memory"]["peak_bytes"]
+    assert predicted_peak(chain, set()) == report["peak_bytes"]
     assert chain.other_activation_bytes == 4 * MIB + 8 * MIB + 2 * MIB  # embed + head + unowned
 
 
 def _states_heavy_report(budget_ratio: float) -> dict:
     # Activations not owned by any block (and model states) exceed the budget: no checkpointing plan fits.
     report = gpt_report(budget_share=0.95, params=3000 * MIB)
-    report["memory"]["categories_at_peak"]["activation"] = report["memory"]["categories_at_peak"]["optimizer_state"] + 1
-    report["memory"]["peak_bytes"] = sum(report["memory"]["categories_at_peak"].values())
-    report["memory"]["budget_bytes"] = int(report["memory"]["peak_bytes"] * budget_ratio)  # a --memory-budget below the peak
+    report["categories_at_peak"]["activation"] = report["categories_at_peak"]["optimizer_state"] + 1
+    report["peak_bytes"] = sum(report["categories_at_peak"].values())
+    report["budget_bytes"] = int(report["peak_bytes"] * budget_ratio)  # a --memory-budget below the peak
     return report
 
 
 def test_infeasible_checkpointing_budget_offloads_the_optimizer_state() -> None:
-    diagnosis, recs = advise(profile_from_report(_states_heavy_report(1 / 1.05)))
+    diagnosis, recs = advise(records_profile(**_states_heavy_report(1 / 1.05)))
     assert diagnosis.bottleneck == "memory"
     assert recs[0].remedy == "optimizer_offload" and recs[0].fits and recs[0].apply_class == "live-exact"
-    assert recs[0].predicted.peak_memory_bytes <= int(diagnosis.evidence[0]["value"] / 1.05)
-    assert any("lowest peak" in str(e["what"]) for e in diagnosis.evidence)
+    assert recs[0].predicted.peak_memory_bytes <= int(diagnosis.evidence[0].value / 1.05)
+    assert any("lowest peak" in e.what for e in diagnosis.evidence)
 
 
-def test_nothing_live_fits_gives_the_cpu_step_plan_and_remedies_not_built() -> None:
-    diagnosis, recs = advise(profile_from_report(_states_heavy_report(0.5)))
+def test_nothing_live_fits_gives_the_cpu_step_plan_and_says_what_would_help() -> None:
+    diagnosis, recs = advise(records_profile(**_states_heavy_report(0.5)))
     assert diagnosis.bottleneck == "memory"
     assert not any(r.fits for r in recs if r.live)
     cpu = [r for r in recs if r.remedy == "cpu_offload"]
     assert cpu and cpu[0].apply_class == "restart" and not cpu[0].live
-    assert recs[-1].remedy == "not_built" and not recs[-1].fits
-    assert "ZeRO" in recs[-1].title and "micro-batch" in recs[-1].title and "CPU offload" not in recs[-1].title
+    said = {e.what: e.value for e in diagnosis.evidence}
+    assert "no set of checkpointed or offloaded modules fits" in str(said["no remedy fits the budget"])
+    assert said["lowest peak a remedy reaches"] > 0
+    assert "ZeRO" in str(said["would help"]) and "micro-batch" in str(said["would help"])
 
 
 def test_model_states_dominating_gives_no_checkpointing() -> None:
-    diagnosis, recs = advise(profile_from_report(gpt_report(params=2000 * MIB)))
+    diagnosis, recs = advise(records_profile(**gpt_report(params=2000 * MIB)))
     assert diagnosis.bottleneck == "memory"
     assert all(r.remedy != "activation_checkpointing" for r in recs)
 
 
 def test_oom_is_a_memory_diagnosis_with_low_confidence_plan() -> None:
     report = gpt_report(budget_share=1.0)
-    cats = dict(report["memory"]["categories_at_peak"])
-    report["memory"]["oom"] = {"op": "aten.mm", "module": "blocks.7.mlp", "requested_bytes": 8 * MIB, "categories": cats}
-    report["memory"]["budget_bytes"] = int(report["memory"]["peak_bytes"] * 1.02)
-    diagnosis, recs = advise(profile_from_report(report))
+    cats = dict(report["categories_at_peak"])
+    report["oom"] = {"op": "aten.mm", "module": "blocks.7.mlp", "requested_bytes": 8 * MIB, "categories": cats}
+    report["budget_bytes"] = int(report["peak_bytes"] * 1.02)
+    diagnosis, recs = advise(records_profile(**report))
     assert diagnosis.bottleneck == "memory" and "out of memory" in diagnosis.summary
     assert recs[0].remedy == "activation_checkpointing" and recs[0].confidence == "low"
-    assert recs[0].predicted.peak_memory_bytes <= report["memory"]["budget_bytes"]
+    assert recs[0].predicted.peak_memory_bytes <= report["budget_bytes"]
 
 
 def test_input_rule_is_reported_when_memory_is_fine() -> None:
-    diagnosis, recs = advise(profile_from_report(gpt_report(budget_share=0.5, data_s=0.1)))
+    diagnosis, recs = advise(records_profile(**gpt_report(budget_share=0.5, data_s=0.1)))
     assert diagnosis.bottleneck == "input" and recs == []
 
 
 def test_advice_serialises_to_report_shaped_dicts() -> None:
-    diagnosis, recs = advise(profile_from_report(gpt_report()))
+    diagnosis, recs = advise(records_profile(**gpt_report()))
     out = {"diagnosis": diagnosis.to_dict(), "recommendations": [r.to_dict() for r in recs]}
     assert set(out["diagnosis"]) == {"bottleneck", "summary", "evidence"}
     assert out["recommendations"][0]["predicted"]["peak_memory_bytes"] > 0
@@ -172,14 +174,13 @@ def test_model_without_a_block_chain_gets_the_greedy_tree_plan() -> None:
     ]
     cats = {"parameter": 100 * mib, "activation": 520 * mib, "temporary": 10 * mib}
     peak = sum(cats.values())
-    report = {"memory": {"budget_bytes": int(peak / 0.95), "peak_bytes": peak, "categories_at_peak": cats,
-                         "modules": modules, "oom": None}, "steps": []}
-    diagnosis, recs = advise(profile_from_report(report))
+    report = {"budget_bytes": int(peak / 0.95), "peak_bytes": peak, "categories_at_peak": cats, "modules": modules}
+    diagnosis, recs = advise(records_profile(**report))
     assert diagnosis.bottleneck == "memory"
     rec = recs[0]
     assert rec.remedy == "activation_checkpointing" and rec.confidence == "medium" and rec.curve is None
     # Best bytes saved per second first (encoder, then decoder); one module alone cannot help because
     # its recomputation comes back in backward, so both are needed.
     assert rec.params["modules"] == ["encoder", "decoder"]
-    assert rec.predicted.peak_memory_bytes <= 0.9 * report["memory"]["budget_bytes"]
+    assert rec.predicted.peak_memory_bytes <= 0.9 * report["budget_bytes"]
     assert rec.predicted.step_time_s is None  # no steps recorded: the time is unknown, not invented

@@ -1,6 +1,7 @@
 """Typed controller commands (advisor/records/commands.py) keep the wire's dict shape."""
 
 import pytest
+from recommendations import recommendation
 
 from advisor.records.commands import ApplyCommand, RevertCommand, command_from_dict
 from advisor.records.jsonable import to_json
@@ -8,14 +9,26 @@ from advisor.records.results import ApplyResult, ApplyStarted, Measurement, Reve
 
 
 def test_apply_command_round_trips_and_ignores_unknown_keys():
-    wire = {"type": "apply", "recommendation": {"id": "a", "params": {"modules": ["x"]}}, "at_step": 7,
+    rec = recommendation("a", params={"modules": ["x"]})
+    wire = {"type": "apply", "recommendation": rec.to_dict(), "at_step": 7,
             "measure_steps": 3, "confirmed": False, "digest": "abc"}
     command = command_from_dict({**wire, "shard_hint": "newer controllers may add this"})
-    assert command == ApplyCommand(recommendation=wire["recommendation"], at_step=7, measure_steps=3, digest="abc")
+    assert command == ApplyCommand(recommendation=rec, at_step=7, measure_steps=3, digest="abc")
+    assert command.recommendation.params == {"modules": ["x"]}  # typed: the executor reads attributes
     assert command.to_dict() == wire
-    # an older controller's command (no confirmation, no digest) still reads
+    # an older controller's command (no confirmation, no digest; null measure_steps) still reads
     old = {k: v for k, v in wire.items() if k not in ("confirmed", "digest")}
-    assert command_from_dict(old) == ApplyCommand(recommendation=wire["recommendation"], at_step=7, measure_steps=3)
+    assert command_from_dict(old) == ApplyCommand(recommendation=rec, at_step=7, measure_steps=3)
+    assert command_from_dict({**old, "measure_steps": None}).measure_steps == 3
+
+
+def test_a_malformed_apply_command_names_the_field():
+    wire = {"type": "apply", "recommendation": recommendation("a").to_dict(), "at_step": "7"}
+    with pytest.raises(ValueError, match=r"apply command\.at_step: expected an integer"):
+        command_from_dict(wire)
+    wire = {"type": "apply", "recommendation": {**recommendation("a").to_dict(), "params": ["x"]}}
+    with pytest.raises(ValueError, match=r"apply command\.recommendation\.params: expected an object"):
+        command_from_dict(wire)
 
 
 def test_revert_command_and_unknown_types():

@@ -6,17 +6,17 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from profiles import records_profile
 from test_recommend_advise import MIB, gpt_report
 
 from advisor.recommend.advise import advise
 from advisor.recommend.memory_model import chain_from_profile
-from advisor.recommend.profile import profile_from_report
 from advisor.recommend.remedies import check_params
 from advisor.recommend.remedies.offload import KEEP, RECOMPUTE, model_for, solve
 
 
 def test_fast_link_offload_beats_checkpointing_and_says_why() -> None:
-    profile = replace(profile_from_report(gpt_report(budget_share=0.95)), host_link_bandwidth=50e9)
+    profile = replace(records_profile(**gpt_report(budget_share=0.95)), host_link_bandwidth=50e9)
     diagnosis, recs = advise(profile)
     assert diagnosis.bottleneck == "memory"
     offload = [r for r in recs if r.remedy == "activation_offload"]
@@ -34,14 +34,14 @@ def test_fast_link_offload_beats_checkpointing_and_says_why() -> None:
 
 def test_slow_or_unmeasured_link_leaves_it_to_checkpointing() -> None:
     for link in (None, 1e8):
-        profile = replace(profile_from_report(gpt_report(budget_share=0.95)), host_link_bandwidth=link)
+        profile = replace(records_profile(**gpt_report(budget_share=0.95)), host_link_bandwidth=link)
         _, recs = advise(profile)
         assert recs[0].remedy == "activation_checkpointing"
         assert not any(r.remedy == "activation_offload" for r in recs)
 
 
 def test_model_states_dominating_offloads_the_optimizer_state() -> None:
-    profile = profile_from_report(gpt_report(params=2000 * MIB))
+    profile = records_profile(**gpt_report(params=2000 * MIB))
     _, recs = advise(profile)
     assert recs[0].remedy == "optimizer_offload" and recs[0].fits
     state = profile.categories_at_peak["optimizer_state"]

@@ -58,7 +58,7 @@ loop.finish()
 loop.close()
 assert loop.last_error is None, loop.last_error
 assert not any(m == "torch" or m.startswith("torch.") for m in sys.modules)
-print(",".join(r["id"] for r in Session.live.snapshot().recommendations))
+print(",".join(r.id for r in Session.live.snapshot().recommendations))
 '''
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from advisor.records.results import ApplyResult
 from advisor.records.samples import MEMORY_CATEGORIES, Event, MemorySample, ModuleStat, OpStat, StepSample
 from advisor.report import build_report
 from advisor.sections.regimes import build_regimes_section
@@ -68,8 +69,8 @@ def test_no_apply_no_regimes_and_the_report_carries_them() -> None:
 
 def test_module_rows_stay_and_say_they_are_checkpointed() -> None:
     live = _session(revert=False)
-    live.update(applied=[{"remedy": "activation_checkpointing", "status": "kept", "at_step": 6,
-                          "params": {"modules": ["blocks.0"]}}])
+    live.update(applied=[ApplyResult(remedy="activation_checkpointing", status="kept", at_step=6,
+                                     params={"modules": ["blocks.0"]})])
     rows = build_report(live.snapshot())["memory"]["modules"]
     assert [(r["name"], r["checkpointed"]) for r in rows] == [("blocks.0", True)]
     reverted = _session(revert=True).snapshot()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from advisor.records.results import ApplyResult, Measurement, RevertResult
 from advisor.records.samples import ModelInfo, OptimizerInfo, RunInfo
 from advisor.sections.zero import build_zero_section
@@ -17,10 +19,10 @@ def state(wrapper: str | None = "DistributedDataParallel", optimizer: str = "Ada
     return s
 
 
-def result(rank: int, stage: int, status: str, at_step: int, peak: int = 100) -> dict:
+def result(rank: int, stage: int, status: str, at_step: int, peak: int = 100) -> ApplyResult:
     return ApplyResult(remedy="zero", recommendation_id=f"zero-{stage}", params={"stage": stage}, rank=rank,
                        at_step=at_step, status=status, predicted=Measurement(peak_memory_bytes=peak),
-                       after=Measurement(peak_memory_bytes=peak + 7, step_time_s=0.5)).to_dict()
+                       after=Measurement(peak_memory_bytes=peak + 7, step_time_s=0.5))
 
 
 def stages(s: SessionState) -> list[int | None]:
@@ -50,7 +52,7 @@ def test_a_reverted_apply_leaves_the_stage_and_a_user_revert_restores_the_one_be
     assert stages(s) == [0, 0]
     s.applied += [result(0, 3, "kept", 5), result(1, 3, "kept", 5), result(0, 2, "kept", 9), result(1, 2, "kept", 9)]
     assert stages(s) == [2, 2]
-    revert = {**RevertResult(remedy="zero", recommendation_id="zero-2", at_step=12).to_dict(), "status": "reverted"}
+    revert = RevertResult(remedy="zero", recommendation_id="zero-2", at_step=12)
     s.applied.append(revert)  # rank 0's event (the events name no rank)
     assert stages(s) == [3, 2]
     s.applied.append(revert)  # rank 1's
@@ -59,5 +61,5 @@ def test_a_reverted_apply_leaves_the_stage_and_a_user_revert_restores_the_one_be
 
 def test_other_remedies_do_not_change_the_stage() -> None:
     s = state()
-    s.applied.append({**result(0, 3, "kept", 5), "remedy": "activation_checkpointing"})
+    s.applied.append(replace(result(0, 3, "kept", 5), remedy="activation_checkpointing"))
     assert stages(s) == [0, 0]

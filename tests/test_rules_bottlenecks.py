@@ -3,21 +3,24 @@ stays silent without it, and predicts the stated figure."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from functools import partial
+
 import pytest
 
 from advisor.recommend.advise import advise
-from advisor.recommend.profile import ModuleProfile, Profile
-from advisor.recommend.rules.communication import communication_rule
-from advisor.recommend.rules.compute import compute_rule
-from advisor.recommend.rules.fragmentation import fragmentation_rule
-from advisor.recommend.rules.host_overhead import host_overhead_rule
-from advisor.recommend.rules.input import input_rule
-from advisor.recommend.rules.straggler import straggler_rule
+from advisor.recommend.profile import ModuleProfile, Profile, RankPhases
+from advisor.recommend.rules import run
+from advisor.records.events import DataLoaderSettings, DeviceSpec, Oom
 from advisor.records.samples import CollectiveStat, OpStat
 
 GIB = 2**30
-H100 = {"type": "cuda", "name": "H100", "memory_bandwidth": 3.0e12,
-        "peak_flops": {"fp32": 60e12, "tf32": 480e12, "bf16": 960e12}}
+H100 = DeviceSpec(type="cuda", name="H100", memory_bandwidth=3.0e12,
+                  peak_flops={"fp32": 60e12, "tf32": 480e12, "bf16": 960e12})
+CPU = DeviceSpec(type="cpu")
+# Each rule with its remedies' proposals, as advise() runs it.
+communication_rule, compute_rule, fragmentation_rule, host_overhead_rule, input_rule, straggler_rule = (
+    partial(run, name) for name in ("communication", "compute", "fragmentation", "host_overhead", "input", "straggler"))
 
 
 def mm(step: int, *, flops: float, bytes: float, time_s: float, dtype: str = "float32",
@@ -31,7 +34,7 @@ def compute_profile(**kw) -> Profile:
     # One matmul per step: 48 TFLOP in 1 s is 80% of the 60 TFLOP/s fp32 roof (intensity 4800,
     # far above the ridge of 20), on two deep steps; the step takes 1.25 s.
     ops = tuple(mm(s, flops=48e12, bytes=1e10, time_s=1.0) for s in (2, 3))
-    return Profile(peak_bytes=0, step_time_s=1.25, ops=ops, device=dict(H100), **kw)
+    return Profile(peak_bytes=0, step_time_s=1.25, ops=ops, device=H100, **kw)
 
 
 def test_compute_fires_and_predicts_each_precision_from_the_roofline() -> None:
@@ -49,27 +52,27 @@ def test_compute_fires_and_predicts_each_precision_from_the_roofline() -> None:
 def test_compute_prediction_is_capped_by_the_memory_roof() -> None:
     # Intensity 100 FLOP/byte: fp32 roof 60 TFLOP/s (ridge 20); tf32 roof min(480, 100 x 3) = 300
     ops = tuple(mm(s, flops=48e12, bytes=48e10, time_s=1.0) for s in (2, 3))
-    finding = compute_rule(Profile(peak_bytes=0, step_time_s=1.25, ops=ops, device=dict(H100)))
+    finding = compute_rule(Profile(peak_bytes=0, step_time_s=1.25, ops=ops, device=H100))
     tf32 = next(r for r in finding.recommendations if r.remedy == "tf32_matmul")
     assert tf32.predicted.step_time_s == pytest.approx(1.25 - (1 - 60 / 300))
 
 
 @pytest.mark.parametrize("change", [
-    {"device": {**H100, "type": "cpu"}},  # no tensor cores to move to
-    {"device": {**H100, "peak_flops": {"fp32": 60e12, "tf32": 90e12}}},  # "tensor cores" under 2x fp32
+    {"device": replace(H100, type="cpu")},  # no tensor cores to move to
+    {"device": replace(H100, peak_flops={"fp32": 60e12, "tf32": 90e12})},  # "tensor cores" under 2x fp32
     {"step_time_s": 4.0},  # matmuls 25% of the step: not dominant
 ])
 def test_compute_silent_without_its_evidence(change) -> None:
-    base = {"peak_bytes": 0, "step_time_s": 1.25, "device": dict(H100),
+    base = {"peak_bytes": 0, "step_time_s": 1.25, "device": H100,
             "ops": tuple(mm(s, flops=48e12, bytes=1e10, time_s=1.0) for s in (2, 3))}
     assert compute_rule(Profile(**{**base, **change})) is None
 
 
 def test_compute_silent_far_below_the_roof_and_on_bf16_ops() -> None:
     slow = tuple(mm(s, flops=12e12, bytes=1e10, time_s=1.0) for s in (2, 3))  # 20 of 60 TFLOP/s
-    assert compute_rule(Profile(peak_bytes=0, step_time_s=1.25, ops=slow, device=dict(H100))) is None
+    assert compute_rule(Profile(peak_bytes=0, step_time_s=1.25, ops=slow, device=H100)) is None
     bf16 = tuple(mm(s, flops=48e12, bytes=1e10, time_s=1.0, dtype="bfloat16") for s in (2, 3))
-    assert compute_rule(Profile(peak_bytes=0, step_time_s=1.25, ops=bf16, device=dict(H100))) is None
+    assert compute_rule(Profile(peak_bytes=0, step_time_s=1.25, ops=bf16, device=H100)) is None
 
 
 # --- host overhead ------------------------------------------------------------------------------
@@ -89,7 +92,7 @@ def test_host_overhead_fires_on_a_small_op_share_and_compiles_the_repeated_block
     # Deep steps 2 and 3 take 0.5 s (0.1 s of it data wait) and their ops 0.1 s: 25% coverage.
     ops = tuple(mm(s, flops=1e6, bytes=1e6, time_s=0.1) for s in (2, 3))
     profile = Profile(peak_bytes=0, step_time_s=0.11, phases={"data_s": 0.01}, ops=ops, modules=blocks(),
-                      device={"type": "cpu"}, step_times=DEEP)
+                      device=CPU, step_times=DEEP)
     finding = host_overhead_rule(profile)
     assert finding is not None and finding.bottleneck == "launch_overhead"
     (rec,) = finding.recommendations  # CPU: no CUDA graphs
@@ -103,7 +106,7 @@ def test_host_overhead_fires_on_a_small_op_share_and_compiles_the_repeated_block
 
 def test_host_overhead_on_cuda_adds_cuda_graphs_as_a_restart() -> None:
     ops = (mm(2, flops=1e6, bytes=1e6, time_s=0.02),)  # of a 0.1 s deep step: the GPU idles 80%
-    finding = host_overhead_rule(Profile(peak_bytes=0, step_time_s=0.1, ops=ops, device=dict(H100),
+    finding = host_overhead_rule(Profile(peak_bytes=0, step_time_s=0.1, ops=ops, device=H100,
                                          step_times={2: (0.1, 0.0)}))
     graphs = next(r for r in finding.recommendations if r.remedy == "cuda_graphs")
     assert graphs.apply_class == "restart" and not graphs.live
@@ -173,28 +176,28 @@ def test_communication_silent_below_ten_percent_or_without_data_parallel() -> No
 
 def test_straggler_names_the_rank_and_the_phase() -> None:
     profile = Profile(peak_bytes=0, step_time_s=0.2, rank_phases={
-        0: {"time_s": 0.2, "data_s": 0.01, "forward_s": 0.05, "backward_s": 0.12, "optimizer_s": 0.02},
-        1: {"time_s": 0.2, "data_s": 0.06, "forward_s": 0.05, "backward_s": 0.07, "optimizer_s": 0.02},
+        0: RankPhases(time_s=0.2, phases={"data_s": 0.01, "forward_s": 0.05, "backward_s": 0.12, "optimizer_s": 0.02}),
+        1: RankPhases(time_s=0.2, phases={"data_s": 0.06, "forward_s": 0.05, "backward_s": 0.07, "optimizer_s": 0.02}),
     })
     finding = straggler_rule(profile)
     assert finding is not None
     assert "rank 1" in finding.summary and "data" in finding.summary
-    assert finding.evidence[0]["value"] == pytest.approx(0.13 / 0.08, abs=1e-4)
+    assert finding.evidence[0].value == pytest.approx(0.13 / 0.08, abs=1e-4)
     assert finding.severity == pytest.approx(0.05 / 0.2)
-    even = {r: {**p, "data_s": 0.01} for r, p in profile.rank_phases.items()}
+    even = {r: replace(p, phases={**p.phases, "data_s": 0.01}) for r, p in profile.rank_phases.items()}
     assert straggler_rule(Profile(peak_bytes=0, rank_phases=even)) is None
 
 
 # --- input --------------------------------------------------------------------------------------
-LOADER = {"index": 0, "num_workers": 0, "pin_memory": False, "prefetch_factor": None,
-          "persistent_workers": False, "batch_size": 16, "cpu_count": 4}
+LOADER = DataLoaderSettings(index=0, num_workers=0, pin_memory=False, prefetch_factor=None, persistent_workers=False,
+                            batch_size=16, cpu_count=4)
 
 
 def test_input_proposes_workers_with_the_hidden_wait() -> None:
     # 48 ms of loading, 4 ms of compute: ceil(48/4) = 12 workers, capped at the 4 CPUs;
     # a batch every 12 ms against 4 ms of compute leaves 8 ms of wait: step 12 ms.
-    profile = Profile(peak_bytes=0, step_time_s=0.052, phases={"data_s": 0.048}, loaders=(dict(LOADER),),
-                      device={"type": "cpu"})
+    profile = Profile(peak_bytes=0, step_time_s=0.052, phases={"data_s": 0.048}, loaders=(LOADER,),
+                      device=CPU)
     finding = input_rule(profile)
     (rec,) = finding.recommendations
     assert rec.params == {"loader": 0, "num_workers": 4, "prefetch_factor": 2}
@@ -205,9 +208,9 @@ def test_input_proposes_workers_with_the_hidden_wait() -> None:
 def test_input_with_workers_already_and_pinning_on_cuda() -> None:
     # 2 workers, 10 ms wait, 20 ms compute: a batch takes 2 x 30 = 60 ms; 3 workers: 20 ms apart,
     # no wait left. On CUDA pinning is added.
-    loader = {**LOADER, "num_workers": 2, "prefetch_factor": 2, "cpu_count": 8}
+    loader = replace(LOADER, num_workers=2, prefetch_factor=2, cpu_count=8)
     profile = Profile(peak_bytes=0, step_time_s=0.03, phases={"data_s": 0.01}, loaders=(loader,),
-                      device=dict(H100))
+                      device=H100)
     (rec,) = input_rule(profile).recommendations
     assert rec.params == {"loader": 0, "num_workers": 3, "pin_memory": True}
     assert rec.predicted.step_time_s == pytest.approx(0.02)
@@ -215,8 +218,8 @@ def test_input_with_workers_already_and_pinning_on_cuda() -> None:
 
 def test_input_without_a_captured_loader_says_what_it_needs() -> None:
     finding = input_rule(Profile(peak_bytes=0, step_time_s=0.1, phases={"data_s": 0.05}))
-    assert finding.recommendations == []
-    assert any("DataLoader" in str(e["value"]) for e in finding.evidence)
+    assert finding.recommendations == ()
+    assert any("DataLoader" in str(e.value) for e in finding.evidence)
     assert input_rule(Profile(peak_bytes=0, step_time_s=0.1, phases={"data_s": 0.004})) is None
 
 
@@ -232,36 +235,34 @@ def test_fragmentation_predicts_the_reserve_recovered() -> None:
 
 
 def test_an_oom_with_free_reserve_ranks_first() -> None:
-    oom = {"op": "aten.mm", "requested_bytes": 2 * GIB, "reserved_bytes": 70 * GIB, "allocated_bytes": 66 * GIB,
-           "categories": {"activation": 60 * GIB}}
+    oom = Oom(op="aten.mm", requested_bytes=2 * GIB, reserved_bytes=70 * GIB, allocated_bytes=66 * GIB,
+              categories={"activation": 60 * GIB})
     profile = Profile(peak_bytes=66 * GIB, budget_bytes=80 * GIB, oom=oom, step_time_s=None,
                       reserved_at_peak=70 * GIB, allocated_at_peak=66 * GIB)
     diagnosis, recs = advise(profile)
     assert "fragmentation" in diagnosis.summary
     assert recs[0].remedy == "expandable_segments"
-    assert any(e["what"] == "also: memory" for e in diagnosis.evidence)  # the OOM's own finding stays
+    assert any(e.what == "also: memory" for e in diagnosis.evidence)  # the OOM's own finding stays
 
 
 def test_ranking_names_the_costliest_bottleneck_and_keeps_the_others() -> None:
     ops = tuple(mm(s, flops=1e6, bytes=1e6, time_s=0.08) for s in (2, 3))  # 20% of the 0.4 s deep steps
-    profile = comm_profile(ops=ops, phases={"data_s": 0.01}, loaders=(dict(LOADER),), device={"type": "cpu"},
+    profile = comm_profile(ops=ops, phases={"data_s": 0.01}, loaders=(LOADER,), device=CPU,
                            step_times={2: (0.4, 0.0), 3: (0.4, 0.0)})
     diagnosis, recs = advise(profile)
     # host gap 0.09 x 80% = 72% of the step > exposed communication 30% > data wait 10%
     assert diagnosis.bottleneck == "launch_overhead"
-    also = [e["what"] for e in diagnosis.evidence if str(e["what"]).startswith("also:")]
+    also = [e.what for e in diagnosis.evidence if e.what.startswith("also:")]
     assert also == ["also: communication", "also: input"]
     assert recs[0].remedy == "compile_blocks"
 
 
 def test_fused_optimizer_prediction_reads_the_optimizer_ops() -> None:
-    from advisor.recommend.remedies.fused_optimizer import fused_rule
-
     # 40 ms optimizer phase in a 100 ms step; its ops: 200 calls, 8 ms of kernels per step. The
     # 32 ms between them goes and the kernels halve (assumed): optimizer 4 ms, step 64 ms.
     ops = tuple(OpStat(step=s, name="aten._foreach_add_", phase="optimizer", count=100, bytes=2**20,
                        time_s=0.004) for s in (2, 3) for _ in range(2))
-    finding = fused_rule(Profile(peak_bytes=0, step_time_s=0.1, phases={"optimizer_s": 0.04}, ops=ops))
+    finding = run("optimizer_step", Profile(peak_bytes=0, step_time_s=0.1, phases={"optimizer_s": 0.04}, ops=ops))
     (rec,) = finding.recommendations
     assert rec.predicted.step_time_s == pytest.approx(0.064)
     assert "200 optimizer ops per step" in rec.cost_model
@@ -282,7 +283,7 @@ def test_recorded_cpu_sessions_with_a_gpu_spec_are_not_compute_bound() -> None:
     steps = [s for r in sorted(regime.steps) for s in regime.steps[r]]
     profile = profile_from_records(steps=steps, memory=regime.memory, modules=regime.modules, ops=regime.ops,
                                    events=regime.events, runs=[regime.runs[r] for r in sorted(regime.runs)])
-    gpu = dataclasses.replace(profile, device=dict(H100))
+    gpu = dataclasses.replace(profile, device=H100)
     assert compute_rule(gpu) is None
     mms = [o for o in gpu.ops if o.name in ("aten.mm", "aten.addmm")]
     flops = sum(o.flops for o in mms) / 2  # per step (2 deep steps)

@@ -159,7 +159,8 @@ def test_a_plan_whose_peak_fits_the_budget_is_kept_though_it_misses_the_headroom
     """Issue 21 item 4: the greedy plan was solved against 90% of the budget, so its ``feasible``
     flag was false, and the rule rejected it although its predicted peak fits the budget."""
     from advisor.recommend.advise import advise
-    from advisor.recommend.profile import profile_from_report
+    from profiles import records_profile
+
     from advisor.recommend.remedies.checkpoint_solver import greedy_tree
 
     mib = 2**20
@@ -173,13 +174,12 @@ def test_a_plan_whose_peak_fits_the_budget_is_kept_though_it_misses_the_headroom
     peak = sum(cats.values())
 
     def report(budget: int | None) -> dict:
-        return {"memory": {"budget_bytes": budget, "peak_bytes": peak, "categories_at_peak": cats,
-                           "modules": modules, "oom": None}, "steps": []}
+        return {"budget_bytes": budget, "peak_bytes": peak, "categories_at_peak": cats, "modules": modules}
 
-    lowest = greedy_tree(profile_from_report(report(None)), 0)[1].peak_bytes  # every useful module
+    lowest = greedy_tree(records_profile(**report(None)), 0)[1].peak_bytes  # every useful module
     budget = int(lowest / 0.95)  # the lowest peak fits the budget, not 90% of it
     assert 0.9 * budget < lowest <= budget
-    _, recs = advise(profile_from_report(report(budget)))
+    _, recs = advise(records_profile(**report(budget)))
     [rec] = recs
     assert rec.remedy == "activation_checkpointing" and rec.fits
     assert rec.predicted.peak_memory_bytes == lowest

@@ -66,11 +66,11 @@ def test_a_wait_never_exceeds_its_call_nor_its_step() -> None:
 
 
 def test_the_baseline_step_time_excludes_the_warm_up_step() -> None:
-    from advisor.recommend.profile import profile_from_memory
+    from advisor.recommend.profile import profile_from_records
 
-    steps = [{"index": 0, "rank": 0, "time_s": 1.73, "deep": False},
-             {"index": 1, "rank": 0, "time_s": 0.5, "deep": True},
-             {"index": 2, "rank": 0, "time_s": 0.08, "deep": False},
-             {"index": 3, "rank": 0, "time_s": 0.09, "deep": False}]
-    assert profile_from_memory({}, steps).step_time_s == pytest.approx(0.085)
-    assert profile_from_memory({}, steps[:2]).step_time_s == pytest.approx(1.73)  # nothing else yet
+    steps = [StepSample(index=0, rank=0, time_s=1.73, deep=False),
+             StepSample(index=1, rank=0, time_s=0.5, deep=True),
+             StepSample(index=2, rank=0, time_s=0.08, deep=False),
+             StepSample(index=3, rank=0, time_s=0.09, deep=False)]
+    assert profile_from_records(steps=steps).step_time_s == pytest.approx(0.085)
+    assert profile_from_records(steps=steps[:2]).step_time_s == pytest.approx(1.73)  # nothing else yet

@@ -14,6 +14,7 @@ from textual.widgets import DataTable
 from tui_fakes import FakeSource, applied, recommendation
 
 from advisor.tui import make_app
+from advisor.records.advice import CurvePoint
 from advisor.tui.app import RESULT_FINISHED, RESULT_LEFT_RUNNING, RESULT_STOP_TRAINING, AdvisorApp, last_kept
 from advisor.tui.quit_screen import QuitScreen
 from advisor.tui.evidence_screen import EvidenceScreen
@@ -96,7 +97,7 @@ def test_diagnosis_and_ranked_recommendations_show_predictions() -> None:
         assert first[2] == "120 ms (+20%)"
         assert first[3] == "2.00 GiB (-33%)"
         assert "Baseline: peak 3.00 GiB, 100 ms/step" in app.recs_view.diagnosis_plain
-        assert first[4] == "live exact" and first[5] == "80%"
+        assert first[4] == "live-exact" and first[5] == "high"
         assert str(table.get_row_at(1)[4]).startswith("restart")
 
     run(scenario)
@@ -265,8 +266,8 @@ def test_revert_error_from_source_is_shown() -> None:
 
 def test_enter_opens_evidence_and_escape_closes_it() -> None:
     curve = [
-        {"budget_bytes": 2 * 1024**3, "overhead_s": 0.03, "peak_memory_bytes": 2 * 1024**3, "modules_count": 6},
-        {"budget_bytes": 1024**3, "overhead_s": 0.05, "peak_memory_bytes": 1024**3, "modules_count": 8},
+        CurvePoint(budget_bytes=2 * 1024**3, overhead_s=0.03, peak_memory_bytes=2 * 1024**3, modules_count=6),
+        CurvePoint(budget_bytes=1024**3, overhead_s=0.05, peak_memory_bytes=1024**3, modules_count=8),
     ]
 
     async def scenario(app: AdvisorApp, pilot: Pilot[str], source: FakeSource, messages: list[Message]) -> None:
@@ -382,5 +383,5 @@ def test_broken_snapshot_keeps_the_app_running() -> None:
 def test_last_kept_walks_the_stack() -> None:
     assert last_kept([]) is None
     history = [applied("a", status="kept"), applied("b", status="kept"), applied("b", status="reverted")]
-    assert last_kept(history)["recommendation_id"] == "a"  # type: ignore[index]
+    assert last_kept(history).recommendation_id == "a"  # type: ignore[union-attr]
     assert last_kept([applied("a", status="failed")]) is None

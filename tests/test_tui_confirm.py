@@ -9,14 +9,15 @@ from textual.pilot import Pilot
 from tui_fakes import FakeSource, recommendation
 
 from advisor.tui.app import AdvisorApp
+from advisor.records.advice import Recommendation
 from advisor.tui.confirm_screen import ConfirmApplyScreen
 from advisor.tui.messages import ApplySent
 
 pytestmark = pytest.mark.timeout(10)
 
 
-def _opt_in(rec_id: str) -> dict:
-    return {**recommendation(rec_id, title="Lower precision"), "exact": False, "apply_class": "live-opt-in"}
+def _opt_in(rec_id: str) -> Recommendation:
+    return recommendation(rec_id, title="Lower precision", exact=False, apply_class="live-opt-in")
 
 
 def test_no_cancels_and_yes_applies_with_the_confirmation() -> None:
@@ -41,7 +42,7 @@ def test_no_cancels_and_yes_applies_with_the_confirmation() -> None:
 def test_an_exact_remedy_asks_nothing() -> None:
     async def scenario(app: AdvisorApp, pilot: Pilot[str], source: FakeSource, messages: list[Message]) -> None:
         source.add_steps(3)
-        source.advise([{**recommendation("ac-1"), "apply_class": "live-exact"}])
+        source.advise([recommendation("ac-1", apply_class="live-exact")])
         await until(pilot, lambda: app.recs_view.selected is not None)
         await pilot.press("a")
         await until(pilot, lambda: of(messages, ApplySent))

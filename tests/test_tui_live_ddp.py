@@ -49,12 +49,12 @@ def test_live_ddp_switches_ranks_and_applies(tmp_path) -> None:
         while not condition():
             state = session.live.snapshot()
             assert time.monotonic() < deadline, (f"timed out at step {state.latest_step()}: "
-                                                 f"{[(r['id'], r.get('live')) for r in state.recommendations]}")
+                                                 f"{[(r.id, r.live) for r in state.recommendations]}")
             assert session.poll() is None, "training died"
             await pilot.pause(0.1)
 
     def live_recs() -> list[str]:
-        return [r["id"] for r in session.live.snapshot().recommendations if r.get("live")]
+        return [r.id for r in session.live.snapshot().recommendations if r.live]
 
     async def scenario() -> None:
         async with app.run_test(size=(140, 45), message_hook=messages.append) as pilot:
@@ -82,22 +82,21 @@ def test_live_ddp_switches_ranks_and_applies(tmp_path) -> None:
             rec_id = ""
             for _ in range(50):
                 await wait(pilot, lambda: app.recs_view.selected is not None
-                           and any(r.get("live") for r in app.recs_view.recommendations))
-                shown = [str(r["id"]) for r in app.recs_view.recommendations]
-                rec_id = rec_id if rec_id in shown else next(
-                    str(r["id"]) for r in app.recs_view.recommendations if r.get("live"))
-                at = shown.index(str(app.recs_view.selected["id"]))
+                           and any(r.live for r in app.recs_view.recommendations))
+                shown = [r.id for r in app.recs_view.recommendations]
+                rec_id = rec_id if rec_id in shown else next(r.id for r in app.recs_view.recommendations if r.live)
+                at = shown.index(app.recs_view.selected.id)
                 if at == shown.index(rec_id):
                     break
                 await pilot.press("down" if at < shown.index(rec_id) else "up")
-            assert str(app.recs_view.selected["id"]) == rec_id
+            assert app.recs_view.selected.id == rec_id
             await pilot.press("a")
             if isinstance(app.screen, ConfirmApplyScreen):  # live-opt-in: it changes numerics
                 await pilot.press("y")
             await wait(pilot, lambda: session.live.snapshot().applied)
             result = session.live.snapshot().applied[-1]
-            assert result["recommendation_id"] == rec_id and result["status"] in ("kept", "reverted"), result
-            await wait(pilot, lambda: result["status"] in app.result_view.plain)
+            assert result.recommendation_id == rec_id and result.status in ("kept", "reverted"), result
+            await wait(pilot, lambda: result.status in app.result_view.plain)
             await pilot.press("q")
             assert isinstance(app.screen, QuitScreen)
             await pilot.press("s")

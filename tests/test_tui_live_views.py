@@ -82,8 +82,7 @@ def two_ranks(source: FakeSource, *, kept: bool) -> None:
         for rank in (0, 1):
             live.add(Event(rank=rank, step=6, name="apply_started",
                            data={"remedy": "activation_checkpointing", "recommendation_id": "ac-1", "at_step": 6}))
-            result = {**applied("ac-1", status="kept", at_step=6), "rank": rank}
-            live.add(Event(rank=rank, step=9, name="apply_result", data=result))
+            live.add(applied("ac-1", status="kept", at_step=6).with_(rank=rank).event(rank=rank, step=9))
 
 
 def test_the_scripts_output_streams_into_its_view_at_80x24_with_the_apply_key_on_the_footer() -> None:

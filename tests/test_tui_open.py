@@ -35,7 +35,7 @@ def test_open_reads_the_stored_session_read_only(tmp_path) -> None:
 
     asyncio.run(scenario())
     assert app.return_value == RESULT_FINISHED
-    assert [r["id"] for r in source.snapshot().recommendations] == ["checkpoint-blocks-4"]
+    assert [r.id for r in source.snapshot().recommendations] == ["checkpoint-blocks-4"]
 
 
 def test_open_errors_are_one_line_with_a_hint(tmp_path, monkeypatch, capsys) -> None:

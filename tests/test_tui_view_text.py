@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from advisor.records.advice import Diagnosis
+from advisor.records.results import ApplyResult
 from advisor.records.samples import Event, MemorySample, StepSample
 from advisor.state import SessionState
 from advisor.tui.view_model import build_view_model
@@ -31,8 +33,8 @@ def test_memory_summary_shows_allocated_reserved_and_outside_pytorch_on_cuda() -
 
 def test_overview_sentence_and_facts_name_the_remedies_in_force() -> None:
     state = SessionState(steps={0: [StepSample(index=i, time_s=0.1) for i in range(3)]},
-                         diagnosis={"bottleneck": "memory", "summary": "activations are 70% of peak memory"},
-                         applied=[{"recommendation_id": "ac-1", "remedy": "activation_checkpointing", "status": "kept"}])
+                         diagnosis=Diagnosis(bottleneck="memory", summary="activations are 70% of peak memory"),
+                         applied=[ApplyResult(recommendation_id="ac-1", remedy="activation_checkpointing", status="kept")])
     model = build_view_model(state, budget_bytes=GIB, live=True)
     assert diagnosis_sentence(model) == "Bottleneck: memory: activations are 70% of peak memory"
     facts = pack(facts_lines(model), 200).plain

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from tui_fakes import DIAGNOSIS, applied, recommendation
 
-from advisor.state import SessionState
+from advisor.records.advice import BlockChoice
+from advisor.state import PendingApply, SessionState
 from advisor.tui.evidence_screen import curve_text, evidence_text
 from advisor.tui.exit_banner import exit_text
 from advisor.tui.recommendations_view import diagnosis_text, status_by_recommendation
@@ -47,7 +48,7 @@ def test_exit_text_falls_back_to_output_tail_without_exception() -> None:
 def test_result_text_prefers_pending_from_source_and_lists_newest_first() -> None:
     state = SessionState(recommendations=[recommendation("ac-1")])
     assert "No remedy applied yet" in str(result_text(state, None, None))
-    state.pending_apply = {"recommendation_id": "ac-1", "requested_at": 0.0}
+    state.pending_apply = PendingApply(recommendation_id="ac-1", requested_at=0.0)
     assert str(result_text(state, None, None)) == (
         "⟳ applying Checkpoint 4 transformer blocks at next step boundary…"
     )
@@ -60,7 +61,7 @@ def test_result_text_prefers_pending_from_source_and_lists_newest_first() -> Non
 
 def test_describe_failed_result_without_error_text_still_says_failed() -> None:
     result = applied("x", status="failed")
-    result["error"] = None
+    assert result.error is None
     text = str(describe_result(result))
     assert text.startswith("✗ failed  activation_checkpointing from step 12")
     assert "error: no error text reported" in text and "rolled back" in text
@@ -70,14 +71,15 @@ def test_diagnosis_and_statuses() -> None:
     assert "no diagnosis yet" in str(diagnosis_text(None))
     text = str(diagnosis_text(DIAGNOSIS, [recommendation()]))
     assert "Baseline: peak 3.00 GiB, 100 ms/step" in text
-    state = SessionState(applied=[applied("a", status="failed")], pending_apply={"recommendation_id": "b"})
+    state = SessionState(applied=[applied("a", status="failed")],
+                         pending_apply=PendingApply(recommendation_id="b", requested_at=0.0))
     assert status_by_recommendation(state) == {"a": "failed", "b": "applying…"}
 
 
 def test_evidence_shows_the_option_each_block_got() -> None:
-    rec = recommendation("offload-2-checkpoint-1")
-    rec["block_plan"] = [{"name": "blocks.0", "choice": "offload"}, {"name": "blocks.1", "choice": "recompute"},
-                         {"name": "blocks.2", "choice": "offload"}, {"name": "blocks.3", "choice": "keep"}]
+    rec = recommendation("offload-2-checkpoint-1", block_plan=[
+        BlockChoice(name="blocks.0", choice="offload"), BlockChoice(name="blocks.1", choice="recompute"),
+        BlockChoice(name="blocks.2", choice="offload"), BlockChoice(name="blocks.3", choice="keep")])
     lines = str(evidence_text(rec)).splitlines()
     start = lines.index("Plan per block")
     assert [line.split() for line in lines[start + 1:start + 5]] == [
@@ -86,11 +88,10 @@ def test_evidence_shows_the_option_each_block_got() -> None:
 
 
 def test_evidence_for_a_restart_only_remedy_without_curve() -> None:
-    rec = recommendation("mb", live=False)
-    rec["evidence"] = []
+    rec = recommendation("mb", live=False, evidence=[])
     text = str(evidence_text(rec))
     assert "Not live: it needs a restart" in text and "none recorded" in text
-    assert str(curve_text(rec.get("curve"))) == "No trade-off curve for this remedy."
+    assert str(curve_text(rec.curve)) == "No trade-off curve for this remedy."
 
 
 def test_tui_never_imports_torch_and_format_never_imports_textual(repo_root: Path) -> None:

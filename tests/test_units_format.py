@@ -50,9 +50,10 @@ def test_every_surface_shares_the_formatter() -> None:
 
 
 def test_evidence_line_formats_bytes() -> None:
+    from advisor.records.advice import Evidence
     from advisor.tui.recommendations_view import _evidence_line
 
-    line = _evidence_line({"what": "peak memory", "value": 34407204, "unit": "bytes", "threshold": 24_000_000})
+    line = _evidence_line(Evidence(what="peak memory", value=34407204, unit="bytes", threshold=24_000_000))
     assert line == "peak memory: 32.8 MiB (threshold 22.9 MiB)"
     assert "bytes" not in line
 

@@ -12,8 +12,8 @@ STRUCTURE = [{"name": "emb", "type": "Embedding"}, {"name": "blocks", "type": "M
     for i in range(4) for part, kind in (("", "Block"), (".attn", "Attention"), (".mlp", "MLP"))]
 
 
-def _row(name: str, activation: int) -> dict:
-    return {"name": name, "activation_bytes": activation, "input_bytes": 10, "output_bytes": 10, "forward_s": 0.1}
+def _row(name: str, activation: int) -> ModuleStat:
+    return ModuleStat(step=0, name=name, activation_bytes=activation, input_bytes=10, output_bytes=10, forward_s=0.1)
 
 
 def test_the_partial_and_the_unreached_members_copy_the_last_completed_one() -> None:
@@ -22,7 +22,7 @@ def test_the_partial_and_the_unreached_members_copy_the_last_completed_one() -> 
             _row("blocks.2", 1), _row("blocks.2.attn", 100)]  # blocks.2 failed in its mlp
     out, filled = extrapolate(rows, STRUCTURE, "blocks.2.mlp")
     assert filled == ["blocks.2", "blocks.3"]
-    by_name = {r["name"]: r["activation_bytes"] for r in out}
+    by_name = {r.name: r.activation_bytes for r in out}
     assert by_name == {"emb": 5, **{f"blocks.{i}": 1 for i in range(4)}, **{f"blocks.{i}.attn": 100 for i in range(4)},
                        **{f"blocks.{i}.mlp": 200 for i in range(4)}}
 

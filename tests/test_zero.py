@@ -92,10 +92,17 @@ def _profile(**kw):
     return Profile(**base)
 
 
+def memory(budget: int):
+    """A memory finding over ``budget`` bytes: what the memory rule asks the zero remedy about."""
+    from advisor.recommend.finding import Finding
+
+    return Finding(rule="memory", bottleneck="memory", summary="over budget", severity=1.0, budget_bytes=budget)
+
+
 def test_zero1_prediction_follows_the_formulas() -> None:
     from advisor.recommend.remedies.zero import propose
 
-    [rec] = propose(_profile(), 700, [])
+    [rec] = propose(_profile(), memory(700)).recommendations
     # optimizer state 400 B over 2 ranks: 200 B less at the peak
     assert rec.predicted.peak_memory_bytes == 800 and rec.baseline.peak_memory_bytes == 1000
     # all-reduce of 1e8 B in 0.1 s on 2 ranks: bus bandwidth 1e9 * 2(n-1)/n = 1e9 B/s;
@@ -107,11 +114,10 @@ def test_zero1_prediction_follows_the_formulas() -> None:
 def test_zero1_is_not_proposed_where_it_cannot_apply() -> None:
     from advisor.recommend.remedies.zero import propose
 
-    assert propose(_profile(world_size=1), 700, []) == []
-    assert propose(_profile(data_parallel=None), 700, []) == []
-    evidence: list = []
-    assert propose(_profile(optimizer_count=2), 700, evidence) == []
-    assert "2 optimizers" in evidence[0]["value"]
+    assert propose(_profile(world_size=1), memory(700)).recommendations == ()
+    assert propose(_profile(data_parallel=None), memory(700)).recommendations == ()
+    refused = propose(_profile(optimizer_count=2), memory(700))
+    assert refused.recommendations == () and "2 optimizers" in refused.evidence[0].value
 
 
 def test_the_memory_rule_proposes_zero_when_model_states_dominate() -> None:
@@ -138,7 +144,7 @@ def test_zero1_prediction_bounds_the_busiest_rank_and_counts_the_smaller_optimiz
 
     modules = (ModuleProfile(name="", parameter_bytes=200), ModuleProfile(name="a", parameter_bytes=60),
                ModuleProfile(name="b", parameter_bytes=40))
-    [rec] = propose(_profile(modules=modules, phases={"optimizer_s": 0.08}), 950, [])
+    [rec] = propose(_profile(modules=modules, phases={"optimizer_s": 0.08}), memory(950)).recommendations
     # half of the 400 B state is saved, less the state of the largest parameter (60/200 of it)
     assert rec.predicted.peak_memory_bytes == 1000 - (200 - 120)
     assert rec.predicted.step_time_s == pytest.approx(0.2 - 0.04 + 200 / 1e9)
@@ -149,9 +155,9 @@ def test_zero1_is_not_proposed_when_one_parameter_holds_most_of_the_state() -> N
     from advisor.recommend.remedies.zero import propose
 
     modules = (ModuleProfile(name="a", parameter_bytes=150), ModuleProfile(name="b", parameter_bytes=50))
-    evidence: list = []
-    [rec] = propose(_profile(modules=modules), 700, evidence)
-    assert "largest parameter" in evidence[0]["value"] and evidence[0]["what"] == "ZeRO-1"
+    proposal = propose(_profile(modules=modules), memory(700))
+    [rec], evidence = proposal.recommendations, proposal.evidence
+    assert "largest parameter" in evidence[0].value and evidence[0].what == "ZeRO-1"
     # stage 2 still shards the gradients and the state: 200/2 + 200 + 200/2 + 400/2 = 600 of model states
     assert rec.id == "zero-2" and rec.predicted.peak_memory_bytes == 800 and not rec.fits
 
@@ -213,19 +219,18 @@ def test_at_one_rank_fsdp2_gathers_nothing_so_stages_2_and_3_keep_the_parameters
 def test_the_lowest_stage_that_fits_the_budget_is_proposed(budget, stage, fits) -> None:
     from advisor.recommend.remedies.zero import propose
 
-    evidence: list = []
-    [rec] = propose(_blocks_profile(), budget, evidence)
+    proposal = propose(_blocks_profile(), memory(budget))
+    [rec] = proposal.recommendations
     assert rec.id == f"zero-{stage}" and rec.params == {"stage": stage} and rec.fits is fits
     assert rec.apply_class == ("live-exact" if stage == 1 else "live-equivalent")
-    assert [e["what"] for e in evidence] == ["ZeRO-1 predicted", "ZeRO-2 predicted", "ZeRO-3 predicted"]
+    assert [e.what for e in proposal.evidence] == ["ZeRO-1 predicted", "ZeRO-2 predicted", "ZeRO-3 predicted"]
 
 
 def test_zero_is_refused_with_the_reason_when_no_optimizer_was_identified() -> None:
     from advisor.recommend.remedies.zero import propose
 
-    evidence: list = []
-    assert propose(_blocks_profile(optimizer_count=0), 1200, evidence) == []
-    assert "no optimizer" in evidence[0]["value"]
+    refused = propose(_blocks_profile(optimizer_count=0), memory(1200))
+    assert refused.recommendations == () and "no optimizer" in refused.evidence[0].value
 
 
 def _sharded_profile(gathered: int, exposed: float):
@@ -240,12 +245,12 @@ def _sharded_profile(gathered: int, exposed: float):
 
 
 def test_a_communication_bound_zero3_job_is_offered_zero2() -> None:
-    from advisor.recommend.remedies.zero import RULE
     from advisor.recommend.remedies.zero_lower import sharded_stage
+    from advisor.recommend.rules import run
 
     assert sharded_stage(_sharded_profile(800, 0.3)) == 3 and sharded_stage(_sharded_profile(400, 0.3)) == 2
-    finding = RULE(_sharded_profile(800, 0.3))
-    [rec] = finding.recommendations
+    finding = run("communication", _sharded_profile(800, 0.3))
+    [rec] = finding.recommendations  # the communication rule's finding: the zero remedy addresses it
     assert finding.bottleneck == "communication" and rec.id == "zero-2" and rec.params == {"stage": 2}
     # a third of the exposed 0.3 s goes with the backward all-gathers; every rank keeps the other
     # rank's 200 B of parameters gathered
@@ -254,10 +259,10 @@ def test_a_communication_bound_zero3_job_is_offered_zero2() -> None:
 
 
 def test_no_lower_stage_under_zero2_or_when_little_is_exposed() -> None:
-    from advisor.recommend.remedies.zero import RULE
+    from advisor.recommend.rules import run
 
-    assert RULE(_sharded_profile(400, 0.3)) is None  # ZeRO-2 already
-    assert RULE(_sharded_profile(800, 0.05)) is None  # 5% of the step exposed
+    assert run("communication", _sharded_profile(400, 0.3)).recommendations == ()  # ZeRO-2 already
+    assert run("communication", _sharded_profile(800, 0.05)) is None  # 5% of the step exposed
 
 
 def test_fsdp_switch_refuses_tied_weights_and_shards_the_blocks() -> None:
@@ -287,8 +292,8 @@ def test_on_cpu_stages_2_and_3_say_their_step_time_is_a_lower_bound() -> None:
     from advisor.recommend.remedies.zero import HOST_SYNCHRONOUS, propose
 
     for device, confidence in (("cpu", "low"), ("cuda", "medium")):
-        [rec] = propose(_blocks_profile(device_type=device), 1500, [])
+        [rec] = propose(_blocks_profile(device_type=device), memory(1500)).recommendations
         assert rec.id == "zero-2" and rec.confidence == confidence
         assert (HOST_SYNCHRONOUS in rec.evidence) is (device == "cpu")
-    [rec] = propose(_blocks_profile(device_type="cpu"), 1600, [])
+    [rec] = propose(_blocks_profile(device_type="cpu"), memory(1600)).recommendations
     assert rec.id == "zero-1" and rec.confidence == "high" and HOST_SYNCHRONOUS not in rec.evidence

@@ -56,7 +56,7 @@ def budget_selecting(state, stage: int) -> int:
     for i in range(200):
         budget = int(peak * (1 - i / 250))
         _, recs = advise_state(state, budget_bytes=budget)
-        if any(r["id"] == f"zero-{stage}" and r["fits"] for r in recs):
+        if any(r.id == f"zero-{stage}" and r.fits for r in recs):
             hits.append(budget)
     assert hits, f"no budget selects zero-{stage}"
     return (max(hits) + min(hits)) // 2

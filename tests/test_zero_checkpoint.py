@@ -109,13 +109,14 @@ def test_intake_takes_only_the_named_apis_and_state_kinds() -> None:
 
 def _profile(*saves: dict):
     from advisor.recommend.profile import ModuleProfile, Profile
+    from advisor.records.events import CheckpointSave
 
     modules = (ModuleProfile(name="", parameter_bytes=400),
                *(ModuleProfile(name=f"layers.{i}", parameter_bytes=90) for i in range(4)))
     return Profile(peak_bytes=1800, budget_bytes=1000, step_time_s=1.0, world_size=2,
                    data_parallel="DistributedDataParallel", optimizer_count=1, modules=modules,
                    categories_at_peak={"parameter": 400, "gradient": 400, "optimizer_state": 800, "activation": 200},
-                   checkpoint_saves=tuple({"sharded": False, "step": 6, "rank": 0, **s} for s in saves))
+                   checkpoint_saves=tuple(CheckpointSave.from_dict({"sharded": False, "step": 6, **s}) for s in saves))
 
 
 @pytest.mark.parametrize(("saves", "proposed"), [
@@ -127,13 +128,15 @@ def _profile(*saves: dict):
     (({"api": "dcp.save", "saves": ["optimizer"]}, {"api": "torch.save", "saves": ["model"]}), []),
 ])
 def test_each_kind_of_save_refuses_the_stages_it_would_make_partial(saves, proposed) -> None:
+    from advisor.recommend.finding import Finding
     from advisor.recommend.remedies.zero import propose
 
-    evidence: list = []
-    recs = propose(_profile(*saves), 1700, evidence)  # every stage fits: the lowest allowed one is proposed
+    memory = Finding(rule="memory", bottleneck="memory", summary="over budget", severity=1.0, budget_bytes=1700)
+    proposal = propose(_profile(*saves), memory)  # every stage fits: the lowest allowed one is proposed
+    recs, evidence = proposal.recommendations, proposal.evidence
     assert [r.params["stage"] for r in recs] == proposed[:1]
-    assert [e["what"] for e in evidence if e["what"].endswith("predicted")] == [f"ZeRO-{k} predicted" for k in proposed]
-    refused = [e["value"] for e in evidence if str(e["value"]).startswith("not proposed")]
+    assert [e.what for e in evidence if e.what.endswith("predicted")] == [f"ZeRO-{k} predicted" for k in proposed]
+    refused = [e.value for e in evidence if str(e.value).startswith("not proposed")]
     assert len(refused) == (3 - len(proposed) if proposed else 1)  # refused whole: one reason
     assert all("first seen at step 6 on rank 0" in v for v in refused)
     for rec in recs:  # an allowed save is named in the evidence, with why it stays whole
@@ -142,12 +145,15 @@ def test_each_kind_of_save_refuses_the_stages_it_would_make_partial(saves, propo
 
 
 def test_a_torch_save_of_the_optimizer_refuses_the_whole_remedy_with_the_reason() -> None:
-    from advisor.recommend.remedies.zero import RULE, refusal
+    from advisor.recommend.advise import advise
+    from advisor.recommend.remedies.zero import refusal
 
     profile = _profile({"api": "torch.save", "saves": ["optimizer"]})
     reason = refusal(profile)
     assert reason and "torch.save" in reason and "partial" in reason
-    assert RULE(profile) is None or not [r for r in RULE(profile).recommendations if r.remedy == "zero"]
+    diagnosis, recs = advise(profile)
+    assert diagnosis.bottleneck == "memory" and not [r for r in recs if r.remedy == "zero"]
+    assert any(e.what == "ZeRO" and reason in str(e.value) for e in diagnosis.evidence)
 
 
 @pytest.mark.slow

@@ -8,8 +8,10 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from advisor.state import LiveState, SessionState
-from advisor.records.samples import Event, ExitInfo, StepSample
+from advisor.records.advice import CurvePoint, Diagnosis, Evidence, Prediction, Recommendation
+from advisor.records.results import ApplyResult, Measurement
+from advisor.records.samples import ExitInfo, StepSample
+from advisor.state import LiveState, PendingApply, SessionState
 
 
 class FakeSource:
@@ -43,7 +45,7 @@ class FakeSource:
         if self.apply_raises is not None:
             raise self.apply_raises
         if self.apply_error is None:
-            self.live.update(pending_apply={"recommendation_id": recommendation_id, "requested_at": 0.0})
+            self.live.update(pending_apply=PendingApply(recommendation_id=recommendation_id, requested_at=0.0))
         return self.apply_error
 
     def revert(self) -> str | None:
@@ -75,12 +77,12 @@ class FakeSource:
                 )
             )
 
-    def advise(self, recommendations: list[dict[str, Any]], diagnosis: dict[str, Any] | None = None) -> None:
+    def advise(self, recommendations: list[Recommendation], diagnosis: Diagnosis | None = None) -> None:
         self.live.update(recommendations=recommendations, diagnosis=diagnosis or DIAGNOSIS)
 
-    def finish_apply(self, result: dict[str, Any]) -> None:
+    def finish_apply(self, result: ApplyResult) -> None:
         """What the receiver does when the agent reports an apply result."""
-        self.live.add(Event(name="apply_result", step=result.get("at_step"), data=result))
+        self.live.add(result.event(step=result.at_step))
 
     def end(self, *, code: int = 0, reason: str = "completed", exits: list[ExitInfo] | None = None) -> None:
         for info in exits or []:
@@ -88,14 +90,14 @@ class FakeSource:
         self.live.update(finished=True, exit_code=code, exit_reason=reason)
 
 
-DIAGNOSIS: dict[str, Any] = {
-    "bottleneck": "memory",
-    "summary": "peak memory is 94% of the device",
-    "evidence": [
-        {"what": "peak memory", "value": 94, "threshold": 90, "unit": "%"},
-        {"what": "activations", "value": "2.1 GiB"},
-    ],
-}
+DIAGNOSIS = Diagnosis(
+    bottleneck="memory",
+    summary="peak memory is 94% of the device",
+    evidence=(
+        Evidence(what="peak memory", value=94, threshold=90, unit="%"),
+        Evidence(what="activations", value="2.1 GiB"),
+    ),
+)
 
 
 def recommendation(
@@ -104,23 +106,26 @@ def recommendation(
     remedy: str = "activation_checkpointing",
     title: str = "Checkpoint 4 transformer blocks",
     live: bool = True,
-    curve: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    return {
-        "id": rec_id,
-        "remedy": remedy,
-        "title": title,
-        "params": {"modules": ["layers.0", "layers.1", "layers.2", "layers.3"]},
-        "predicted": {"peak_memory_bytes": 2 * 1024**3, "step_time_s": 0.12},
-        "baseline": {"peak_memory_bytes": 3 * 1024**3, "step_time_s": 0.10},
-        "exact": True,
-        "live": live,
-        "confidence": 0.8,
-        "cost_model": "recompute forward of checkpointed blocks",
-        "prerequisites": ["model is an nn.Module"],
-        "evidence": ["activations are 70% of peak memory", "forward is 30% of step time"],
-        "curve": curve or [],
-    }
+    curve: list[CurvePoint] | None = None,
+    **changes: Any,
+) -> Recommendation:
+    fields: dict[str, Any] = dict(
+        id=rec_id,
+        remedy=remedy,
+        title=title,
+        params={"modules": ["layers.0", "layers.1", "layers.2", "layers.3"]},
+        predicted=Prediction(peak_memory_bytes=2 * 1024**3, step_time_s=0.12),
+        baseline=Prediction(peak_memory_bytes=3 * 1024**3, step_time_s=0.10),
+        budget_bytes=4 * 1024**3,
+        exact=True,
+        live=live,
+        confidence="high",
+        cost_model="recompute forward of checkpointed blocks",
+        prerequisites=["model is an nn.Module"],
+        evidence=["activations are 70% of peak memory", "forward is 30% of step time"],
+        curve=curve or [],
+    )
+    return Recommendation(**{**fields, **changes})
 
 
 def applied(
@@ -130,18 +135,10 @@ def applied(
     error: str | None = None,
     reason: str | None = None,
     at_step: int = 12,
-) -> dict[str, Any]:
-    measured: dict[str, Any] = {
-        "before": {"peak_memory_bytes": 3 * 1024**3, "step_time_s": 0.10},
-        "after": {"peak_memory_bytes": int(2.1 * 1024**3), "step_time_s": 0.125},
-    }
-    return {
-        "remedy": "activation_checkpointing",
-        "recommendation_id": rec_id,
-        "at_step": at_step,
-        "predicted": {"peak_memory_bytes": 2 * 1024**3, "step_time_s": 0.12},
-        "measured": measured if status != "failed" else {"before": measured["before"], "after": {}},
-        "status": status,
-        "error": error,
-        "reason": reason,
-    }
+) -> ApplyResult:
+    before = Measurement(peak_memory_bytes=3 * 1024**3, step_time_s=0.10)
+    after = Measurement(peak_memory_bytes=int(2.1 * 1024**3), step_time_s=0.125)
+    return ApplyResult(remedy="activation_checkpointing", recommendation_id=rec_id, at_step=at_step,
+                       predicted=Measurement(peak_memory_bytes=2 * 1024**3, step_time_s=0.12), before=before,
+                       after=after if status != "failed" else Measurement(), status=status, error=error,
+                       reason=reason or "")

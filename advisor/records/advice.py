@@ -3,30 +3,21 @@
 Frozen keyword-only dataclasses whose ``to_dict()`` gives exactly the keys of
 the report contract (docs/report-schema.md): ``diagnosis {bottleneck, summary,
 evidence}`` and ``recommendations [{id, remedy, title, params, predicted,
-baseline, ...}]``. Pure standard library: ``recommend/`` never imports torch.
+baseline, ...}]``; ``from_dict`` decodes them back with every field checked
+(``advisor.records.jsonable.decode``): a recommendation crosses to the training
+process inside an ``ApplyCommand``. Pure standard library: ``recommend/``
+never imports torch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from advisor.records.jsonable import to_json
+from advisor.records.jsonable import Checked, to_json
 
 BOTTLENECKS: tuple[str, ...] = ("memory", "compute", "communication", "input", "launch_overhead", "none")
-
-# Remedies the apply/ package can execute today, and the ones we only point to.
-BUILT_REMEDIES: tuple[str, ...] = ("activation_checkpointing",)
-REMEDIES: tuple[str, ...] = BUILT_REMEDIES + (
-    "cpu_offload",
-    "zero",
-    "pipeline",
-    "mixed_precision",
-    "micro_batch",
-    "not_built",
-)
 CONFIDENCES: tuple[str, ...] = ("high", "medium", "low")
-_REGISTERED: set[str] = set()  # remedy names declared by recommend/remedies/*.py (RemedySpec)
 
 # How a remedy may reach the running job (docs/report-schema.md, docs/architecture.md "Acting"):
 APPLY_CLASSES: tuple[str, ...] = (
@@ -44,15 +35,24 @@ def parse_apply_class(value: str) -> str:
     return value
 
 
-def register_remedy(name: str) -> None:
-    """Make ``name`` a valid ``Recommendation.remedy`` (each remedy's spec calls this on import)."""
-    if not name.isidentifier():
+def parse_remedy_name(name: str) -> str:
+    """``name`` if it can name a remedy (a Python identifier: it names ``apply_<name>``), else
+    ``ValueError``. Which remedies exist is the recommender's (``recommend/remedies``) and the
+    applier's (``apply/registry.py``) to say, each on its side of the process boundary."""
+    if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"remedy name {name!r} must be a Python identifier (it names apply_<name>)")
-    _REGISTERED.add(name)
+    return name
 
 
-def remedy_names() -> tuple[str, ...]:
-    return REMEDIES + tuple(sorted(_REGISTERED - set(REMEDIES)))
+def fits_budget(peak_bytes: int | None, budget_bytes: int | None) -> bool:
+    """Whether a predicted peak fits a budget: always without a budget, never without a peak.
+
+    The one place this is decided: a remedy that says nothing of memory (a faster kernel, a
+    communication hook) does not fit a budget, since nothing says it would not exceed it; one
+    that leaves memory as it is predicts the measured peak."""
+    if budget_bytes is None:
+        return True
+    return peak_bytes is not None and peak_bytes <= budget_bytes
 
 
 def _check(value: str, valid: tuple[str, ...], what: str) -> None:
@@ -61,7 +61,7 @@ def _check(value: str, valid: tuple[str, ...], what: str) -> None:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Prediction:
+class Prediction(Checked):
     """Peak memory (bytes) and step time (seconds); None where the model cannot say."""
 
     peak_memory_bytes: int | None
@@ -72,7 +72,7 @@ class Prediction:
 
 
 @dataclass(frozen=True, kw_only=True)
-class CurvePoint:
+class CurvePoint(Checked):
     """One point of a remedy's memory/time trade-off: the best plan under ``budget_bytes``."""
 
     budget_bytes: int
@@ -90,7 +90,7 @@ class CurvePoint:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Calibration:
+class Calibration(Checked):
     """A prediction corrected by how far the same remedy's cost model missed on this session's
     applies (``recommend/calibration.py``): seconds, and the model's median relative error
     ``(predicted - measured) / measured`` over ``applies`` applies."""
@@ -114,25 +114,72 @@ class Calibration:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Diagnosis:
+class Evidence(Checked):
+    """One measurement behind a diagnosis: what, its value, and the threshold it crossed (same unit)."""
+
+    what: str
+    value: int | float | str | None
+    threshold: int | float | None = None
+    unit: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"what": self.what, "value": to_json(self.value)}
+        if self.threshold is not None:
+            out["threshold"] = to_json(self.threshold)
+        if self.unit is not None:
+            out["unit"] = self.unit
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepSpan(Checked):
+    """The first and last step (indexes) a figure describes."""
+
+    first: int
+    last: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"first": self.first, "last": self.last}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Diagnosis(Checked):
     """The bottleneck class and the measurements that point to it.
 
-    ``evidence`` items are ``{"what", "value", "threshold"?, "unit"?}``.
-    """
+    ``steps``: the steps the advice describes (the lowest rank's, of the regime read); the report,
+    the TUI and ``advisor check`` compare its figures with the section or regime showing them."""
 
     bottleneck: str
     summary: str
-    evidence: list[dict[str, Any]] = field(default_factory=list)
+    evidence: tuple[Evidence, ...] = ()
+    steps: StepSpan | None = None
 
     def __post_init__(self) -> None:
         _check(self.bottleneck, BOTTLENECKS, "bottleneck")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"bottleneck": self.bottleneck, "summary": self.summary, "evidence": to_json(self.evidence)}
+        out = {"bottleneck": self.bottleneck, "summary": self.summary, "evidence": [e.to_dict() for e in self.evidence]}
+        if self.steps is not None:
+            out["steps"] = self.steps.to_dict()
+        return out
+
+
+BLOCK_CHOICES: tuple[str, ...] = ("keep", "recompute", "offload")
 
 
 @dataclass(frozen=True, kw_only=True)
-class Recommendation:
+class BlockChoice(Checked):
+    """One block of a plan over a chain, in forward order, and what the plan does with it."""
+
+    name: str
+    choice: str
+
+    def __post_init__(self) -> None:
+        _check(self.choice, BLOCK_CHOICES, "block choice")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recommendation(Checked):
     """One remedy with chosen parameters and its predicted effect against the measured baseline.
 
     ``params`` is what the executor needs: for activation checkpointing
@@ -140,6 +187,9 @@ class Recommendation:
     unchanged. ``live``: it can be applied to the running job at a step boundary.
     ``apply_class``: one of ``APPLY_CLASSES``; when not given it follows from ``live`` and
     ``exact`` (live and exact: live-exact; live, not exact: live-opt-in; else restart).
+    ``budget_bytes``: the memory budget it was judged against (None: none known); whether it
+    ``fits`` follows from it and the predicted peak (``fits_budget``), never from a flag; ``from_dict``
+    therefore does not read the ``fits`` key.
     """
 
     id: str
@@ -148,28 +198,38 @@ class Recommendation:
     params: dict[str, Any]
     predicted: Prediction
     baseline: Prediction
+    budget_bytes: int | None
     cost_model: str
     confidence: str
     exact: bool
     live: bool
-    prerequisites: list[str] = field(default_factory=list)
-    evidence: list[str] = field(default_factory=list)
-    curve: list[CurvePoint] | None = None
-    fits: bool = True  # False: the best plan this remedy has still exceeds the budget
+    prerequisites: tuple[str, ...] = ()
+    evidence: tuple[str, ...] = ()
+    curve: tuple[CurvePoint, ...] | None = None
     apply_class: str | None = None
     calibration: Calibration | None = None  # set from the session's earlier applies of this remedy
-    # For a plan over a chain of blocks: every block in forward order with the option it got,
-    # {"name", "choice": "keep" | "recompute" | "offload"} (empty for other remedies).
-    block_plan: list[dict[str, str]] = field(default_factory=list)
+    # For a plan over a chain of blocks: every block in forward order with the option it got
+    # (empty for other remedies).
+    block_plan: tuple[BlockChoice, ...] = ()
 
     def __post_init__(self) -> None:
-        _check(self.remedy, remedy_names(), "remedy")
+        parse_remedy_name(self.remedy)
         _check(self.confidence, CONFIDENCES, "confidence")
+        for name in ("prerequisites", "evidence", "block_plan"):  # lists from callers; the record keeps tuples
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        if self.curve is not None:
+            object.__setattr__(self, "curve", tuple(self.curve))
         if self.apply_class is None:
             derived = ("live-exact" if self.exact else "live-opt-in") if self.live else "restart"
             object.__setattr__(self, "apply_class", derived)
         else:
             parse_apply_class(self.apply_class)
+
+    @property
+    def fits(self) -> bool:
+        """Whether the predicted peak fits the budget (False when it exceeds it, or when there is a
+        budget and no predicted peak)."""
+        return fits_budget(self.predicted.peak_memory_bytes, self.budget_bytes)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -187,7 +247,8 @@ class Recommendation:
             "evidence": list(self.evidence),
             "curve": None if self.curve is None else [p.to_dict() for p in self.curve],
             "fits": self.fits,
+            "budget_bytes": self.budget_bytes,
             "apply_class": self.apply_class,
             "calibration": None if self.calibration is None else self.calibration.to_dict(),
-            "block_plan": [dict(b) for b in self.block_plan],
+            "block_plan": [b.to_dict() for b in self.block_plan],
         }

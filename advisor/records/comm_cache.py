@@ -1,24 +1,22 @@
-"""The bus-bandwidth sweep's cache: JSON under $ADVISOR_HOME (or ~/.cache/advisor).
+"""The bus-bandwidth sweep's cache (``advisor bench-comm``), an ``advisor.records.json_cache``.
 
 Torch-free so the report can show measured peaks beside achieved bandwidth cheaply.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from pathlib import Path
 from typing import Any
+
+from advisor.records.json_cache import JsonCache
 
 CACHE_NAME = "comm_bench.json"
 
 
 def cache_path() -> Path:
     """$ADVISOR_HOME/comm_bench.json, else ~/.cache/advisor/comm_bench.json."""
-    home = os.environ.get("ADVISOR_HOME")
-    base = Path(home) if home else Path.home() / ".cache" / "advisor"
-    return base / CACHE_NAME
+    return JsonCache(CACHE_NAME).path
 
 
 def cache_key(*, backend: str, world_size: int, device: str, hostname: str) -> str:
@@ -27,23 +25,12 @@ def cache_key(*, backend: str, world_size: int, device: str, hostname: str) -> s
 
 def load_cache(path: Path | None = None) -> dict[str, Any]:
     """All cached sweeps by key; an unreadable or missing cache is empty, never an error."""
-    path = path or cache_path()
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return JsonCache(CACHE_NAME, path=path).load()
 
 
-def save_result(key: str, result: dict[str, Any], path: Path | None = None) -> Path:
-    path = path or cache_path()
-    data = load_cache(path)
-    data[key] = result
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
-    return path
+def save_result(key: str, result: dict[str, Any], path: Path | None = None) -> Path | None:
+    """The cache's path, or None when it could not be written."""
+    return JsonCache(CACHE_NAME, path=path).put(key, result)
 
 
 def bench_busbw(cache: dict[str, Any], *, op: str, nbytes: int, world_size: int) -> float | None:

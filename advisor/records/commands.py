@@ -2,19 +2,21 @@
 
 The wire shape is unchanged from the untyped dicts they replace:
 ``{"type": "apply", "recommendation": {...}, "at_step": int|None, "measure_steps": int,
-"confirmed": bool, "digest": str|None}``
+"confirmed": bool, "digest": str|None}`` (the recommendation in its ``to_dict()`` form)
 and ``{"type": "revert", "at_step": int}`` (``at_step`` left out when None: the next boundary,
-as older controllers sent it). ``command_from_dict`` rebuilds one and raises
-``ValueError`` naming the valid types for anything else; unknown keys are
-ignored (a newer controller may add fields).
+as older controllers sent it). ``command_from_dict`` rebuilds one with every field checked,
+the recommendation included (``advisor.records.jsonable.decode``), and raises ``ValueError``
+naming what is wrong, or the valid types for an unknown one; unknown keys are ignored (a newer
+controller may add fields).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping
 
-from advisor.records.jsonable import known_fields, to_json
+from advisor.records.advice import Recommendation
+from advisor.records.jsonable import decode
 
 DEFAULT_MEASURE_STEPS = 3  # steps measured after an apply before keep-or-revert
 # ``{"type": "release"}``: the controller applies nothing at the step an apply was asked for; a
@@ -25,7 +27,7 @@ RELEASE = "release"
 
 @dataclass(frozen=True, kw_only=True)
 class ApplyCommand:
-    """Apply one recommendation (its ``to_dict()`` form) at the boundary starting ``at_step``.
+    """Apply one recommendation at the boundary starting ``at_step``.
 
     ``at_step`` None: as soon as the executor is ready. Several ranks start it at one boundary
     whatever the step says or when each copy arrives (``advisor.apply.step_align``; across
@@ -33,20 +35,22 @@ class ApplyCommand:
     """
 
     TYPE: ClassVar[str] = "apply"
-    recommendation: dict[str, Any] = field(default_factory=dict)
+    recommendation: Recommendation
     at_step: int | None = None
     measure_steps: int = DEFAULT_MEASURE_STEPS
     confirmed: bool = False  # the user accepted a live-opt-in remedy's numerics change
     digest: str | None = None  # advisor.records.remedy.command_digest: every rank checks it enacts the same apply
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": self.TYPE, "recommendation": to_json(self.recommendation), "at_step": self.at_step,
+        return {"type": self.TYPE, "recommendation": self.recommendation.to_dict(), "at_step": self.at_step,
                 "measure_steps": self.measure_steps, "confirmed": self.confirmed, "digest": self.digest}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ApplyCommand":
         _check_type(data, cls.TYPE)
-        return cls(**known_fields(cls, data))
+        if data.get("measure_steps", 0) is None:  # JSON null: the default, as older controllers meant it
+            data = {k: v for k, v in data.items() if k != "measure_steps"}
+        return decode(cls, data, where="apply command")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,7 +70,7 @@ class RevertCommand:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "RevertCommand":
         _check_type(data, cls.TYPE)
-        return cls(**known_fields(cls, data))
+        return decode(cls, data, where="revert command")
 
 
 Command = ApplyCommand | RevertCommand

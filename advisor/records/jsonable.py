@@ -1,11 +1,14 @@
-"""The one JSON helper of the records: plain JSON types out, unknown keys tolerated in.
+"""The one JSON helper of the records: plain JSON types out, checked types in.
 
-Every record family (samples.py, advice.py, results.py, commands.py) serialises
-through ``to_json`` and rebuilds through ``Record.from_dict``, so NaN handling
-and forward compatibility (a newer agent adding a field) are decided once.
-Values that come from another process are checked against their field's type hint
-(``type_problem``): the controller's intake for records (``advisor/intake.py``), and
-``decode_checked`` for settings the training process is started with.
+Every record family (samples.py, advice.py, results.py, commands.py, events.py, settings.py)
+serialises through ``to_json``. Records that cross a boundary inside the advisor (recommendations,
+commands, apply results, event payloads, the agent's settings) rebuild through ``decode``, which
+checks every field against its type hint, nested records included, and raises ``ValueError``
+naming the path of the first wrong value; keys a newer sender added are ignored (``decode_checked``
+also returns them, for the caller to warn about). The measurement records rebuild through
+``Record.from_dict``; the controller checks their values once at its edge against their field
+types (``type_problem``, ``advisor/intake.py``). NaN handling and forward compatibility are
+decided here, once.
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ import functools
 import math
 import types
 import typing
-from typing import Any, ClassVar, Mapping, TypeVar
+from typing import Any, ClassVar, Literal, Mapping, TypeVar
 
 R = TypeVar("R", bound="Record")
+T = TypeVar("T")
 
 
 _PLAIN: frozenset[type] = frozenset({str, int, bool, type(None)})
@@ -157,48 +161,127 @@ def json_problem(value: Any, depth: int = 0) -> str | None:
     return f"{type(value).__name__} is not JSON"
 
 
-D = TypeVar("D")
-
 
 @functools.cache
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _record_in(hint: Any) -> type | None:
-    """The dataclass ``hint`` names, alone or as ``X | None``; None for any other type."""
-    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
-    found = [o for o in options if isinstance(o, type) and dataclasses.is_dataclass(o)]
-    return found[0] if len(found) == 1 else None
+def decode(cls: type[T], data: Any, *, where: str = "", unknown: list[str] | None = None) -> T:
+    """The dataclass ``cls`` built from JSON ``data``, every field checked against its type hint.
 
-
-def decode_checked(cls: type[D], data: Any, *, where: str) -> tuple[D, list[str]]:
-    """The frozen dataclass ``cls`` built from decoded JSON ``data``, every value checked against
-    its field's type: (the instance, the keys it does not know, for the caller to warn about).
-    A list becomes a tuple where the field is one; an object becomes the nested dataclass its
-    field names. ``ValueError`` names the first wrong field (``where.field: what is wrong``), and
-    passes on the dataclass's own checks (``__post_init__``)."""
+    Missing fields take their defaults (a required one missing is an error); unknown keys are
+    ignored; a null where a plain ``float`` belongs is NaN (``to_json`` writes NaN and infinities
+    as null); a field typed as a record is decoded the same way (through its own ``from_dict``
+    when it defines one: a record whose JSON shape is not its fields). ``ValueError`` names the
+    path of the first wrong value, ``where`` first. ``unknown``, when given, collects the paths
+    (below ``where``) of the keys no field names, nested records' included."""
+    where = where or cls.__name__
     if not isinstance(data, Mapping):
         raise ValueError(f"{where}: expected an object, got {type(data).__name__}")
     hints = _hints(cls)
-    names = _field_names(cls)
-    unknown = sorted(str(k) for k in data if k not in names)
     values: dict[str, Any] = {}
-    for name in names:
-        if name not in data:
+    if unknown is not None:
+        names = _field_names(cls)
+        unknown.extend(str(k) for k in data if k not in names)
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ValueError(f"{where}.{f.name}: missing")
             continue
-        value, hint = data[name], hints[name]
-        problem = type_problem(value, hint)
-        if problem is not None:
-            raise ValueError(f"{where}.{name}: {problem}")
-        nested = _record_in(hint)
-        if nested is not None and isinstance(value, Mapping):
-            value, inner = decode_checked(nested, value, where=f"{where}.{name}")
-            unknown += [f"{name}.{key}" for key in inner]
-        elif typing.get_origin(hint) is tuple:
-            value = tuple(value)
-        values[name] = value
+        inner: list[str] | None = [] if unknown is not None else None
+        values[f.name] = _value(hints[f.name], data[f.name], f"{where}.{f.name}", inner)
+        if inner:
+            unknown.extend(f"{f.name}.{key}" for key in inner)  # type: ignore[union-attr]
     try:
-        return cls(**values), unknown
+        return cls(**values)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{where}: {exc}") from None
+
+
+def _value(hint: Any, value: Any, where: str, unknown: list[str] | None = None) -> Any:
+    """``value`` as the type ``hint`` says (lists to tuples, records decoded), or ``ValueError``."""
+    if hint is Any:
+        return value
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        problems = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _value(option, value, where, unknown)
+            except ValueError as exc:
+                problems.append(str(exc))
+        raise ValueError(problems[0] if problems else f"{where}: expected null")
+    if origin is Literal:
+        if value in typing.get_args(hint) and type(value) in {type(a) for a in typing.get_args(hint)}:
+            return value
+        raise ValueError(f"{where}: {str(value)[:40]!r} is not one of {list(typing.get_args(hint))}")
+    if hint is bool:
+        if type(value) is bool:
+            return value
+        raise ValueError(f"{where}: expected true/false, got {type(value).__name__}")
+    if hint is int:
+        if type(value) is int:
+            return value
+        raise ValueError(f"{where}: expected an integer, got {type(value).__name__}")
+    if hint is float:
+        if value is None:  # ``to_json`` writes NaN and the infinities as null: read back as NaN
+            return math.nan
+        if type(value) in (int, float) and math.isfinite(value):
+            return float(value)
+        raise ValueError(f"{where}: expected a finite number, got {str(value)[:40]}")
+    if hint is str:
+        if type(value) is str:
+            return value
+        raise ValueError(f"{where}: expected a string, got {type(value).__name__}")
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{where}: expected a list, got {type(value).__name__}")
+        item = typing.get_args(hint)[0]
+        items = [_value(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return items if origin is list else tuple(items)
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{where}: expected an object, got {type(value).__name__}")
+        key_type, item = typing.get_args(hint)
+        out = {}
+        for key, v in value.items():
+            if key_type is int:  # JSON keys are strings: a rank map's "0" is rank 0
+                try:
+                    key = int(key)
+                except (TypeError, ValueError):
+                    raise ValueError(f"{where}: key {str(key)[:40]!r} is not an integer") from None
+            elif not isinstance(key, str):
+                raise ValueError(f"{where}: object key is not a string")
+            out[key] = _value(item, v, f"{where}[{str(key)[:40]!r}]")
+        return out
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        custom = hint.__dict__.get("from_dict")
+        if custom is not None:
+            try:
+                return hint.from_dict(value)  # type: ignore[attr-defined]
+            except (KeyError, TypeError) as exc:
+                raise ValueError(f"{where}: {exc}") from None
+        return decode(hint, value, where=where, unknown=unknown)
+    raise ValueError(f"{where}: no JSON form for {hint!r}")
+
+
+def decode_checked(cls: type[T], data: Any, *, where: str) -> tuple[T, list[str]]:
+    """``decode``, and the keys ``data`` has that no field of ``cls`` (or of a nested record)
+    names, for the caller to warn about: a newer controller's setting an older agent ignores."""
+    unknown: list[str] = []
+    return decode(cls, data, where=where, unknown=unknown), sorted(unknown)
+
+
+class Checked(Record):
+    """Mixin for records decoded with their types checked (``decode``): what crosses a boundary
+    inside the advisor (commands, apply outcomes, event payloads)."""
+
+    @classmethod
+    def from_dict(cls: type[R], data: Mapping[str, Any]) -> R:
+        return decode(cls, data)

@@ -1,16 +1,20 @@
 """The outcome of applying one remedy: predicted against measured, and what was decided.
 
-Pure standard library: the executor builds it in the training process, it
-travels as ``Event(name="apply_result", data=result.to_dict())`` and the
-report reads it back with ``ApplyResult.from_dict``.
+Pure standard library: the executor builds them in the training process, they travel as event
+payloads (``result.event(rank=, step=)``: ``apply_started``, ``apply_result``, ``apply_reverted``)
+and the controller decodes them, checked (``Payload.of``), into ``SessionState.applied``: the apply
+history, in arrival order, of ``ApplyResult``s (kept, reverted after their window, or failed) and
+``RevertResult``s (a kept remedy the user reverted later). ``ApplyHistory`` names that union; the
+report's ``applied`` section is each entry's ``as_history()``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar, Literal, Mapping
+from typing import Any, ClassVar, Literal, Mapping, Union
 
-from advisor.records.jsonable import known_fields, to_json
+from advisor.records.jsonable import decode, to_json
+from advisor.records.payload import Payload
 
 # "interrupted": the job ended (SIGTERM, SIGKILL, the script's own end) while the remedy was in
 # force and before its measurement window completed, so nothing was decided; its measurements
@@ -25,14 +29,15 @@ class Measurement:
 
     ``peak_memory_bytes``: the highest ``StepSample.peak_memory_bytes`` (the
     allocator peak of deep-sampled steps, ``torch.cuda.max_memory_allocated``)
-    in the window, bytes. ``step_time_s``: median ``StepSample.time_s``
-    (wall clock between optimizer-step boundaries), seconds.
+    in the window, bytes. ``step_time_s``: the mean ``StepSample.time_s`` of ``time_steps``
+    (wall clock between optimizer-step boundaries; on CUDA the device's time), seconds: a
+    window's mean is the job's throughput (docs/report-schema.md).
     """
 
     peak_memory_bytes: int | None = None
     step_time_s: float | None = None
     steps: tuple[int, ...] = ()  # the StepSample indexes the figures come from
-    time_steps: tuple[int, ...] = ()  # the steps ``step_time_s`` is the median of
+    time_steps: tuple[int, ...] = ()  # the steps ``step_time_s`` is the mean of
     peak_steps: tuple[int, ...] = ()  # the steps ``peak_memory_bytes`` is the maximum of
     step_kind: str | None = None  # "light" or "deep": the kind of the timed steps (before and after agree)
 
@@ -48,25 +53,14 @@ class Measurement:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> "Measurement":
-        data = data or {}
-        return cls(
-            peak_memory_bytes=data.get("peak_memory_bytes"),
-            step_time_s=data.get("step_time_s"),
-            steps=tuple(data.get("steps") or ()),
-            time_steps=tuple(data.get("time_steps") or ()),
-            peak_steps=tuple(data.get("peak_steps") or ()),
-            step_kind=data.get("step_kind"),
-        )
+        return decode(cls, data or {})
 
 
 @dataclass(frozen=True, kw_only=True)
-class ApplyResult:
-    """One remedy applied (or attempted) at a step boundary of one rank.
+class ApplyResult(Payload):
+    """One remedy applied (or attempted) at a step boundary of one rank: the ``apply_result`` event."""
 
-    Travels as ``Event(name=ApplyResult.EVENT, data=result.to_dict())``.
-    """
-
-    EVENT: ClassVar[str] = "apply_result"
+    NAME: ClassVar[str] = "apply_result"
     remedy: str
     recommendation_id: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
@@ -105,62 +99,58 @@ class ApplyResult:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ApplyResult":
-        measured = data.get("measured") or {}
-        return cls(
-            remedy=data["remedy"],
-            recommendation_id=data.get("recommendation_id"),
-            params=dict(data.get("params") or {}),
-            rank=data.get("rank", 0),
-            at_step=data.get("at_step"),
-            predicted=Measurement.from_dict(data.get("predicted")),
-            before=Measurement.from_dict(measured.get("before")),
-            after=Measurement.from_dict(measured.get("after")),
-            status=data["status"],
-            error=data.get("error"),
-            reason=data.get("reason", ""),
-        )
+        """The checked record of the wire shape ``to_dict`` writes (``measured.before/after``)."""
+        measured = data.get("measured") if isinstance(data, Mapping) else None
+        if measured is not None and not isinstance(measured, Mapping):
+            raise ValueError(f"ApplyResult.measured: expected an object, got {type(measured).__name__}")
+        flat = {k: v for k, v in data.items() if k != "measured"}
+        for key in ("before", "after"):
+            if measured and measured.get(key) is not None:
+                flat[key] = measured[key]
+        return decode(cls, flat)
+
+    def as_history(self) -> dict[str, Any]:
+        """The report's ``applied`` entry."""
+        return self.to_dict()
 
 
 @dataclass(frozen=True, kw_only=True)
-class RevertResult:
-    """A kept remedy reverted later on the user's request, at a step boundary of one rank.
-
-    Travels as ``Event(name="apply_reverted", data=result.to_dict())``; the controller's
-    history lists it with status "reverted" (it has no ``measured`` key, unlike an
-    ``ApplyResult`` reverted after its measurement window).
+class RevertResult(Payload):
+    """A kept remedy reverted later on the user's request, at a step boundary of one rank: the
+    ``apply_reverted`` event. Its history entry says status "reverted" (and has no ``measured``,
+    unlike an ``ApplyResult`` reverted after its measurement window).
     """
 
-    EVENT: ClassVar[str] = "apply_reverted"
+    NAME: ClassVar[str] = "apply_reverted"
+    status: ClassVar[Status] = "reverted"
     remedy: str
     recommendation_id: str | None = None
     at_step: int | None = None  # first step that ran without the remedy
     reason: str = "reverted on request"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"remedy": self.remedy, "recommendation_id": self.recommendation_id,
-                "at_step": self.at_step, "reason": self.reason}
+    def as_history(self) -> dict[str, Any]:
+        """The report's ``applied`` entry: the event's data with its status."""
+        return {**self.to_dict(), "status": self.status}
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "RevertResult":
-        return cls(**known_fields(cls, data))
+
+ApplyHistory = Union[ApplyResult, RevertResult]  # one entry of ``SessionState.applied``
 
 
 @dataclass(frozen=True, kw_only=True)
-class ApplyStarted:
-    """A remedy applied at a step boundary (by a command, or by a plan before step 0); measuring follows.
-
-    Travels as ``Event(name="apply_started", data=started.to_dict())``. The optional keys keep
-    the two senders' shapes: the executor adds ``measure_steps`` and ``before``, a plan adds
-    ``from_plan: true``.
+class ApplyStarted(Payload):
+    """A remedy applied at a step boundary (by a command, or by a plan before step 0); measuring
+    follows: the ``apply_started`` event. The optional keys keep the two senders' shapes: the
+    executor adds ``measure_steps``, ``before`` and ``digest``, a plan adds ``from_plan: true``.
     """
 
-    EVENT: ClassVar[str] = "apply_started"
+    NAME: ClassVar[str] = "apply_started"
     remedy: str
     recommendation_id: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
     at_step: int | None = None
     measure_steps: int | None = None
     before: Measurement | None = None
+    digest: str | None = None
     from_plan: bool = False
 
     def to_dict(self) -> dict[str, Any]:
@@ -170,13 +160,8 @@ class ApplyStarted:
             out["measure_steps"] = self.measure_steps
         if self.before is not None:
             out["before"] = self.before.to_dict()
+        if self.digest is not None:
+            out["digest"] = self.digest
         if self.from_plan:
             out["from_plan"] = True
         return out
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "ApplyStarted":
-        known = known_fields(cls, data)
-        if known.get("before") is not None:
-            known["before"] = Measurement.from_dict(known["before"])
-        return cls(**known)

@@ -12,7 +12,7 @@ are seconds (``float``), sizes are bytes (``int``), wall-clock stamps are
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Iterable, Mapping
 
 from advisor.records.jsonable import Record
 
@@ -244,6 +244,15 @@ class Event(Record):
     step: int | None = None
     name: str  # "warning", "oom", "apply_result", ...
     data: dict[str, Any] = field(default_factory=dict)
+
+
+def rank_of_interest(ranks: Iterable[int]) -> int | None:
+    """The rank a single-rank figure describes (the report's memory and op sections, the advice,
+    ``advisor diff``): rank 0, else the lowest rank that reported; None when none did."""
+    found = set(ranks)
+    if not found:
+        return None
+    return 0 if 0 in found else min(found)
 
 
 RECORD_TYPES: dict[str, type[Record]] = {

@@ -49,8 +49,9 @@ def _advice(state: SessionState, report: dict[str, Any], budget: int | None) -> 
     # The same call the live advice loop makes, on the same records: the report only serialises it.
     diagnosis, recommendations = advise_state(state, budget_bytes=budget)
     calibration = [errors.to_dict() for errors in model_errors(state.applied).values()]
-    return {"diagnosis": diagnosis, "recommendations": recommendations, "applied": list(state.applied),
-            "calibration": calibration}
+    return {"diagnosis": None if diagnosis is None else diagnosis.to_dict(),
+            "recommendations": [r.to_dict() for r in recommendations],
+            "applied": [entry.as_history() for entry in state.applied], "calibration": calibration}
 
 
 def _zero(state: SessionState, report: dict[str, Any], budget: int | None) -> dict[str, Any]:

@@ -11,19 +11,14 @@ import statistics
 from typing import Any
 
 from advisor.blocks import Block, Cell, Column, Facts, Lines, Table
-from advisor.records.samples import MEMORY_CATEGORIES, MemorySample, ModuleStat
+from advisor.records.samples import MEMORY_CATEGORIES, MemorySample, ModuleStat, rank_of_interest
 from advisor.records.units import MISSING, fmt_bytes, fmt_seconds
 from advisor.rich_text import to_rich
 from advisor.sections.timebase import light_module_times, light_phase_time, light_step_time, scale
 from advisor.state import SessionState
+from advisor.records.results import ApplyResult
 
 MAX_TIMELINE_POINTS = 2000
-
-
-def _rank_of_interest(ranks: set[int]) -> int | None:
-    if not ranks:
-        return None
-    return 0 if 0 in ranks else min(ranks)
 
 
 def _ordered(samples: list[MemorySample], state: SessionState) -> list[tuple[float, MemorySample]]:
@@ -55,7 +50,7 @@ def _downsample(points: list[tuple[float, MemorySample]], limit: int) -> list[tu
 
 def build_memory_section(state: SessionState, *, budget_bytes: int | None) -> dict[str, Any]:
     """The ``memory`` object of the JSON report, from one rank (0 unless only others reported)."""
-    rank = _rank_of_interest({s.rank for s in state.memory} | {m.rank for m in state.modules})
+    rank = rank_of_interest({s.rank for s in state.memory} | {m.rank for m in state.modules})
     samples = [s for s in state.memory if s.rank == rank]
     points = _ordered(samples, state)
     peak = max(samples, key=lambda s: s.total_bytes, default=None)
@@ -157,12 +152,11 @@ def _checkpointed(state: SessionState) -> set[str]:
     later revert), so the module table can say why their saved activations dropped."""
     current: set[str] = set()
     for result in state.applied:
-        if result.get("remedy") != "activation_checkpointing":
+        if result.remedy != "activation_checkpointing":
             continue
-        modules = set((result.get("params") or {}).get("modules") or [])
-        if result.get("status") == "kept":
-            current = modules
-        elif result.get("status") in ("reverted", "failed"):
+        if isinstance(result, ApplyResult) and result.status == "kept":
+            current = set(result.params.get("modules") or [])
+        elif result.status in ("reverted", "failed"):
             current = set()
     return current
 

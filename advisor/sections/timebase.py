@@ -37,7 +37,7 @@ def light_module_times(state: SessionState, key: str = "module_forward_s") -> di
     """Median seconds of each module timed on ordinary steps (sampled one light step in N), by
     qualified name: the forward (``module_forward_s``), or with ``key="module_recompute_s"`` what
     a checkpoint of it runs again, up to its last saved tensor. The figures the cost models read."""
-    return light_forward([s.to_dict() for s in light_samples(state) if getattr(s, key)], key)
+    return light_forward([s for s in light_samples(state) if getattr(s, key)], key)
 
 
 def scale(light_s: float | None, profiled_s: float | None) -> float:

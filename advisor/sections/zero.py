@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from advisor.records.results import ApplyResult
 from advisor.state import SessionState
 
 SHARDED_WRAPPERS = ("fully_shard", "FullyShardedDataParallel")
@@ -42,21 +43,22 @@ def build_zero_section(state: SessionState) -> list[dict[str, Any]]:
                          "source": "script" if base is not None else None, "recommendation_id": None,
                          "predicted": None, "measured": None}]
     for entry in state.applied:
-        if entry.get("remedy") != "zero":
+        if entry.remedy != "zero":
             continue
-        if "params" in entry:  # an apply's result
-            rank = entry.get("rank")
-            if entry.get("status") == "kept" and rank in stacks:
+        if isinstance(entry, ApplyResult):  # an apply's result
+            rank = entry.rank
+            if entry.status == "kept" and rank in stacks:
+                wire = entry.to_dict()
                 stacks[rank].append({
-                    "rank": rank, "stage": (entry.get("params") or {}).get("stage"),
-                    "since_step": entry.get("at_step"), "source": "applied",
-                    "recommendation_id": entry.get("recommendation_id"),
-                    "predicted": entry.get("predicted"), "measured": (entry.get("measured") or {}).get("after"),
+                    "rank": rank, "stage": entry.params.get("stage"),
+                    "since_step": entry.at_step, "source": "applied",
+                    "recommendation_id": entry.recommendation_id,
+                    "predicted": wire["predicted"], "measured": wire["measured"]["after"],
                 })
             continue
         # A kept apply reverted later: the event names no rank, every rank sends one; it undoes
         # the lowest rank whose stage in force came from that recommendation.
-        rid = entry.get("recommendation_id")
+        rid = entry.recommendation_id
         for rank in ranks:
             stack = stacks[rank]
             if len(stack) > 1 and stack[-1]["recommendation_id"] == rid:

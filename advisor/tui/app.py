@@ -16,6 +16,8 @@ from textual.binding import Binding
 from textual.css.query import NoMatches
 from textual.widgets import DataTable, Footer, Header, TabbedContent, TabPane
 
+from advisor.records.advice import Recommendation
+from advisor.records.results import ApplyResult
 from advisor.regime import apply_refusal, last_kept, revert_refusal
 from advisor.state import SessionState, Source
 from advisor.tui.confirm_screen import ConfirmApplyScreen
@@ -189,7 +191,7 @@ class AdvisorApp(Navigation, SessionActions, App[str]):
 
     def _check_pending(self, state: SessionState) -> None:
         if self._pending is not None and state.finished and not any(
-            str(r.get("recommendation_id")) == self._pending["recommendation_id"]
+            str(r.recommendation_id) == self._pending["recommendation_id"]
             for r in state.applied[self._pending["applied_count"] :]
         ):
             # The job ended before the next step boundary: the apply will never happen.
@@ -200,9 +202,9 @@ class AdvisorApp(Navigation, SessionActions, App[str]):
         if self._pending is not None:
             rec_id = self._pending["recommendation_id"]
             for result in state.applied[self._pending["applied_count"] :]:
-                if str(result.get("recommendation_id")) == rec_id:
+                if str(result.recommendation_id) == rec_id:
                     self._pending = None
-                    self.post_message(ApplyFinished(dict(result)))
+                    self.post_message(ApplyFinished(result))
                     break
         if self._reverting is not None and len(state.applied) > self._reverting["applied_count"]:
             self._reverting = None
@@ -231,36 +233,36 @@ class AdvisorApp(Navigation, SessionActions, App[str]):
             return False  # live advice follows --memory-budget; `advisor open` can change it afterwards
         return True
 
-    def _selected(self) -> dict[str, Any] | None:
+    def _selected(self) -> Recommendation | None:
         if isinstance(self.screen, EvidenceScreen):
             return self.screen.recommendation  # `a` on the evidence screen applies what it shows
         return self.recs_view.selected
 
     def action_apply(self) -> None:
         rec = self._selected()
-        rec_id = str(rec.get("id")) if rec else None
+        rec_id = rec.id if rec else None
         reason = self._apply_refusal(rec)
         if reason:
             self.post_message(ApplyRefused(rec_id, reason))
             self.notify(reason, title="Not applied", severity="warning")
             return
         assert rec is not None and rec_id is not None
-        if rec.get("apply_class") == "live-opt-in":
+        if rec.apply_class == "live-opt-in":
             # It changes numerics: only with the user's explicit yes (headless needs --allow-inexact).
             def answered(yes: bool | None) -> None:
                 if yes:
                     self._start_apply(rec, rec_id, confirmed=True)
                 else:
-                    self.notify("Not applied.", title=str(rec.get("title") or rec_id))
+                    self.notify("Not applied.", title=rec.title or rec_id)
 
-            self.push_screen(ConfirmApplyScreen(str(rec.get("title") or rec.get("remedy") or rec_id)), answered)
+            self.push_screen(ConfirmApplyScreen(rec.title or rec.remedy or rec_id), answered)
             return
         self._start_apply(rec, rec_id)
 
-    def _start_apply(self, rec: dict[str, Any], rec_id: str, *, confirmed: bool = False) -> None:
+    def _start_apply(self, rec: Recommendation, rec_id: str, *, confirmed: bool = False) -> None:
         self._pending = {
             "recommendation_id": rec_id,
-            "title": str(rec.get("title") or rec.get("remedy") or rec_id),
+            "title": rec.title or rec.remedy or rec_id,
             "applied_count": len(self.state.applied),
         }
         self.result_view.notice = None
@@ -268,7 +270,7 @@ class AdvisorApp(Navigation, SessionActions, App[str]):
         self.post_message(ApplyRequested(rec_id))
         self._send_apply(rec_id, confirmed)
 
-    def _apply_refusal(self, rec: dict[str, Any] | None) -> str | None:
+    def _apply_refusal(self, rec: Recommendation | None) -> str | None:
         return apply_refusal(self.state, rec, in_flight=self._pending is not None)
 
     @work(thread=True, group="source", exit_on_error=False)
@@ -292,11 +294,12 @@ class AdvisorApp(Navigation, SessionActions, App[str]):
         self._redraw()
 
     def on_apply_finished(self, message: ApplyFinished) -> None:
+        result = message.result
         if message.status == "failed":
-            error = message.result.get("error") or "no error text"
+            error = (result.error if isinstance(result, ApplyResult) else None) or "no error text"
             self.notify(f"{error}", title="Apply failed; training goes on as before", severity="error")
         else:
-            self.notify(f"{message.result.get('remedy', message.recommendation_id)}: {message.status}")
+            self.notify(f"{result.remedy or message.recommendation_id}: {message.status}")
         self._redraw()
 
     def action_revert(self) -> None:
@@ -307,9 +310,9 @@ class AdvisorApp(Navigation, SessionActions, App[str]):
             self.notify(reason, title="Not reverted", severity="warning")
             return
         assert kept is not None
-        rec_id = str(kept.get("recommendation_id"))
+        rec_id = str(kept.recommendation_id)
         self._reverting = {"recommendation_id": rec_id, "applied_count": len(self.state.applied)}
-        name = kept.get("remedy") or rec_id
+        name = kept.remedy or rec_id
         self.result_view.notice = Text(f"↺ reverting {name} at next step boundary…", style="bold yellow")
         self._redraw()
         self.post_message(RevertRequested(rec_id))
@@ -361,7 +364,7 @@ def _signature(source: Source, state: SessionState) -> tuple[object, ...]:
         tuple((rank, len(s), s[-1].index if s else -1) for rank, s in sorted(state.steps.items())),
         len(state.applied),
         len(state.events),
-        tuple(str(r.get("id")) for r in state.recommendations),
+        tuple(r.id for r in state.recommendations),
         repr(state.diagnosis),
         repr(state.pending_apply),
         state.finished,

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Sequence
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -11,76 +12,72 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
+from advisor.records.advice import CurvePoint, Recommendation
 from advisor.tui.format import bar, fmt_bytes, fmt_seconds, fmt_transition_bytes, fmt_transition_seconds
 
 BAR_WIDTH = 24
 CHOICE_STYLES = {"keep": "dim", "recompute": "cyan", "offload": "magenta"}
 
 
-def evidence_text(rec: dict[str, Any]) -> Text:
+def evidence_text(rec: Recommendation) -> Text:
     """Everything about a recommendation except its curve, as plain lines."""
     text = Text()
-    text.append(str(rec.get("title") or rec.get("remedy") or rec.get("id")), style="bold")
-    text.append(f"   [{rec.get('remedy', '?')}, id {rec.get('id', '?')}]", style="dim")
-    predicted = rec.get("predicted") or {}
-    baseline = rec.get("baseline") or {}
+    text.append(rec.title or rec.remedy or rec.id, style="bold")
+    text.append(f"   [{rec.remedy}, id {rec.id}]", style="dim")
+    predicted, baseline = rec.predicted, rec.baseline
     text.append("\n\nPredicted peak memory: ")
-    text.append(fmt_transition_bytes(baseline.get("peak_memory_bytes"), predicted.get("peak_memory_bytes")))
+    text.append(fmt_transition_bytes(baseline.peak_memory_bytes, predicted.peak_memory_bytes))
     text.append("\nPredicted step time:   ")
-    text.append(fmt_transition_seconds(baseline.get("step_time_s"), predicted.get("step_time_s")))
-    confidence = rec.get("confidence")
-    conf = f"{confidence:.0%}" if isinstance(confidence, (int, float)) else str(confidence or "—")
-    text.append(f"\nConfidence: {conf}   cost model: {rec.get('cost_model') or '—'}")
-    text.append("\nExact (same numerics): " + ("yes" if rec.get("exact") else "no"))
-    if rec.get("live"):
+    text.append(fmt_transition_seconds(baseline.step_time_s, predicted.step_time_s))
+    text.append(f"\nConfidence: {rec.confidence}   cost model: {rec.cost_model or '—'}")
+    text.append("\nExact (same numerics): " + ("yes" if rec.exact else "no"))
+    if rec.live:
         text.append("\nApplies live at the next step boundary (press a).")
     else:
         text.append("\nNot live: it needs a restart of the training script.", style="yellow")
-    params = rec.get("params") or {}
-    if params:
+    if rec.params:
         text.append("\n\nParameters", style="bold")
-        for name, value in params.items():
+        for name, value in rec.params.items():
             text.append(f"\n  {name} = {_short(value)}")
-    plan = rec.get("block_plan") or []
-    if plan:
+    if rec.block_plan:
         text.append("\n\nPlan per block", style="bold")
-        for block in plan:
-            choice = str(block.get("choice", "?"))
-            text.append(f"\n  {block.get('name', '?'):<24} ")
-            text.append(choice, style=CHOICE_STYLES.get(choice, ""))
-    prerequisites = rec.get("prerequisites") or []
-    if prerequisites:
+        for block in rec.block_plan:
+            text.append(f"\n  {block.name:<24} ")
+            text.append(block.choice, style=CHOICE_STYLES.get(block.choice, ""))
+    if rec.prerequisites:
         text.append("\n\nPrerequisites", style="bold")
-        for item in prerequisites:
+        for item in rec.prerequisites:
             text.append(f"\n  • {item}")
     text.append("\n\nEvidence", style="bold")
-    evidence = rec.get("evidence") or []
-    if not evidence:
+    if not rec.evidence:
         text.append("\n  none recorded", style="dim")
-    for item in evidence:
+    for item in rec.evidence:
         text.append(f"\n  • {item}")
     return text
 
 
-def curve_text(curve: list[dict[str, Any]] | None) -> Text:
+def _finite(value: float) -> float:
+    return value if math.isfinite(value) else 0.0  # a plan with no finite cost draws no bar
+
+
+def curve_text(curve: Sequence[CurvePoint] | None) -> Text:
     """The memory/time trade-off as bars: one row per budget the solver tried, smallest first."""
     if not curve:
         return Text("No trade-off curve for this remedy.", style="dim")
-    points = sorted(curve, key=lambda p: p.get("budget_bytes") or 0)
-    max_peak = max((p.get("peak_memory_bytes") or 0) for p in points)
-    max_overhead = max((p.get("overhead_s") or 0) for p in points)
+    points = sorted(curve, key=lambda p: p.budget_bytes)
+    max_peak = max(p.peak_memory_bytes for p in points)
+    max_overhead = max(_finite(p.overhead_s) for p in points)
     text = Text()
     text.append("Trade-off curve", style="bold")
     text.append(f"\n{'budget':>10}  {'peak memory':<{BAR_WIDTH + 11}}  {'added time':<{BAR_WIDTH + 11}}  modules")
     for p in points:
-        peak = p.get("peak_memory_bytes") or 0
-        overhead = p.get("overhead_s") or 0
-        text.append(f"\n{fmt_bytes(p.get('budget_bytes')):>10}  ")
-        text.append(bar(peak, max_peak, BAR_WIDTH), style="magenta")
-        text.append(f" {fmt_bytes(peak):>9}  ")
+        overhead = _finite(p.overhead_s)
+        text.append(f"\n{fmt_bytes(p.budget_bytes):>10}  ")
+        text.append(bar(p.peak_memory_bytes, max_peak, BAR_WIDTH), style="magenta")
+        text.append(f" {fmt_bytes(p.peak_memory_bytes):>9}  ")
         text.append(bar(overhead, max_overhead, BAR_WIDTH), style="cyan")
         text.append(f" {'+' + fmt_seconds(overhead):>9}  ")
-        text.append(str(p.get("modules_count", "—")))
+        text.append(str(p.modules_count))
     return text
 
 
@@ -100,14 +97,14 @@ class EvidenceScreen(Screen[None]):
     EvidenceScreen #curve { margin-top: 1; }
     """
 
-    def __init__(self, recommendation: dict[str, Any]) -> None:
+    def __init__(self, recommendation: Recommendation) -> None:
         super().__init__()
         self.recommendation = recommendation
 
     def compose(self) -> ComposeResult:
         with VerticalScroll():
             yield Static(evidence_text(self.recommendation), id="evidence")
-            yield Static(curve_text(self.recommendation.get("curve")), id="curve")
+            yield Static(curve_text(self.recommendation.curve), id="curve")
         yield Footer()
 
     def action_close(self) -> None:

@@ -9,25 +9,26 @@ Plain data: no textual here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+
+from advisor.records.results import ApplyHistory
 
 
 @dataclass(frozen=True, kw_only=True)
 class AppliedRow:
     """One decision: the results of every rank that reported it the same way."""
 
-    results: tuple[Mapping[str, Any], ...]  # in arrival order, one per rank
+    results: tuple[ApplyHistory, ...]  # in arrival order, one per rank
     ranks: tuple[int, ...]  # the ranks named in them (a revert on request names none)
 
     @property
     def status(self) -> str:
-        return str(self.results[0].get("status", "?"))
+        return str(self.results[0].status)
 
-    def shown(self, rank: int | None = None) -> Mapping[str, Any]:
+    def shown(self, rank: int | None = None) -> ApplyHistory:
         """The result whose figures are shown: ``rank``'s when it reported one, else the first."""
-        return next((r for r in self.results if rank is not None and r.get("rank") == rank), self.results[0])
+        return next((r for r in self.results if rank is not None and _rank(r) == rank), self.results[0])
 
     def who(self, world_size: int) -> str:
         """Which ranks: "" on a one-rank job, "all 2 ranks", "rank 1", "ranks 0, 2"."""
@@ -41,23 +42,27 @@ class AppliedRow:
         return f"{label} {', '.join(str(r) for r in self.ranks)}"
 
 
-def applied_rows(applied: Sequence[Mapping[str, Any]]) -> list[AppliedRow]:
+def _rank(result: ApplyHistory) -> int | None:
+    """The rank that reported ``result`` (an apply's result names it; a revert on request does not)."""
+    rank = getattr(result, "rank", None)
+    return rank if isinstance(rank, int) else None
+
+
+def applied_rows(applied: Sequence[ApplyHistory]) -> list[AppliedRow]:
     """``applied`` grouped into decisions, in the order each was first reported."""
-    groups: dict[tuple[str, Any, str], list[Mapping[str, Any]]] = {}
+    groups: dict[tuple[str, int | None, str], list[ApplyHistory]] = {}
     for result in applied:
-        key = (str(result.get("recommendation_id") or result.get("remedy")), result.get("at_step"),
-               str(result.get("status")))
+        key = (str(result.recommendation_id or result.remedy), result.at_step, str(result.status))
         groups.setdefault(key, []).append(result)
-    return [AppliedRow(results=tuple(group),
-                       ranks=tuple(sorted({int(r["rank"]) for r in group if isinstance(r.get("rank"), int)})))
+    return [AppliedRow(results=tuple(group), ranks=tuple(sorted({r for g in group if (r := _rank(g)) is not None})))
             for group in groups.values()]
 
 
-def in_force_names(in_force: Sequence[Mapping[str, Any]]) -> list[str]:
+def in_force_names(in_force: Sequence[ApplyHistory]) -> list[str]:
     """The remedies in force, each once (every rank reports its own kept result)."""
     names: list[str] = []
     for result in in_force:
-        name = str(result.get("remedy") or result.get("recommendation_id"))
+        name = str(result.remedy or result.recommendation_id)
         if name not in names:
             names.append(name)
     return names

@@ -10,6 +10,8 @@ from typing import Any
 
 from textual.message import Message
 
+from advisor.records.results import ApplyHistory
+
 
 class StateRefreshed(Message):
     """A poll found the session changed and the widgets were redrawn."""
@@ -49,11 +51,11 @@ class ApplySent(Message):
 class ApplyFinished(Message):
     """An applied result for the requested recommendation arrived (status kept/reverted/failed)."""
 
-    def __init__(self, result: dict[str, Any]) -> None:
+    def __init__(self, result: ApplyHistory) -> None:
         super().__init__()
         self.result = result
-        self.recommendation_id = str(result.get("recommendation_id", ""))
-        self.status = str(result.get("status", ""))
+        self.recommendation_id = str(result.recommendation_id or "")
+        self.status = str(result.status)
 
 
 class RevertRequested(Message):

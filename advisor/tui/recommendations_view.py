@@ -11,15 +11,16 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Static
 
+from advisor.records.advice import Diagnosis, Evidence, Recommendation
+from advisor.records.results import ApplyResult, ApplyStarted
 from advisor.records.units import fmt_quantity
 from advisor.state import SessionState
 from advisor.tui.fit_table import Column, FitTable
 from advisor.tui.format import MISSING, fmt_bytes, fmt_change, fmt_seconds
 
-Recommendation = dict[str, Any]
 
 
-def diagnosis_text(diagnosis: dict[str, Any] | None, recommendations: list[Recommendation] | None = None,
+def diagnosis_text(diagnosis: Diagnosis | None, recommendations: list[Recommendation] | None = None,
                    measured_peak: int | None = None) -> Text:
     """The bottleneck, its one-line summary, the evidence under it, and the baseline remedies start
     from. A remedy that predicts no memory change leaves the baseline's peak unsaid: then the peak
@@ -28,31 +29,27 @@ def diagnosis_text(diagnosis: dict[str, Any] | None, recommendations: list[Recom
         return Text("no diagnosis yet: it comes after the first measured steps", style="dim")
     text = Text()
     text.append("Bottleneck: ", style="bold")
-    text.append(str(diagnosis.get("bottleneck", "unknown")), style="bold yellow")
-    summary = diagnosis.get("summary")
-    if summary:
-        text.append(f"  {summary}")
-    baselines = [r.get("baseline") or {} for r in recommendations or []]
-    peak = next((b["peak_memory_bytes"] for b in baselines if b.get("peak_memory_bytes") is not None), measured_peak)
-    step = next((b["step_time_s"] for b in baselines if b.get("step_time_s") is not None), None)
+    text.append(diagnosis.bottleneck, style="bold yellow")
+    if diagnosis.summary:
+        text.append(f"  {diagnosis.summary}")
+    baselines = [r.baseline for r in recommendations or []]
+    peak = next((b.peak_memory_bytes for b in baselines if b.peak_memory_bytes is not None), measured_peak)
+    step = next((b.step_time_s for b in baselines if b.step_time_s is not None), None)
     if baselines and (peak is not None or step is not None):
         # The table shows predictions only, to fit; this line is what they are compared with
         # (second, so a short terminal's two lines of diagnosis still show it).
         text.append("\nBaseline: ", style="bold")
         text.append(f"peak {fmt_bytes(peak)}, {fmt_seconds(step)}/step")
-    for item in diagnosis.get("evidence") or []:
+    for item in diagnosis.evidence:
         text.append("\n  • ")
         text.append(_evidence_line(item))
     return text
 
 
-def _evidence_line(item: dict[str, Any] | str) -> str:
-    if not isinstance(item, dict):
-        return str(item)
-    unit = item.get("unit")
-    line = f"{item.get('what', '?')}: {fmt_quantity(item.get('value', '?'), unit)}"
-    if item.get("threshold") is not None:
-        line += f" (threshold {fmt_quantity(item['threshold'], unit)})"
+def _evidence_line(item: Evidence) -> str:
+    line = f"{item.what}: {fmt_quantity(item.value, item.unit)}"
+    if item.threshold is not None:
+        line += f" (threshold {fmt_quantity(item.threshold, item.unit)})"
     return line
 
 
@@ -60,21 +57,21 @@ def status_by_recommendation(state: SessionState) -> dict[str, str]:
     """The latest outcome per recommendation id, and "applying…" for the one in flight."""
     out: dict[str, str] = {}
     for result in state.applied:
-        out[str(result.get("recommendation_id"))] = str(result.get("status", "?"))
+        out[str(result.recommendation_id)] = str(result.status)
     if state.pending_apply and not state.finished:
-        out[str(state.pending_apply.get("recommendation_id"))] = "applying…"
+        out[state.pending_apply.recommendation_id] = "applying…"
     return out
 
 
-def measuring(state: SessionState) -> dict[str, Any] | None:
-    """The ``apply_started`` data of an apply whose result has not arrived yet, or None."""
+def measuring(state: SessionState) -> ApplyStarted | None:
+    """The start of an apply whose result has not arrived yet, or None."""
     if state.finished:
         return None
     started = None
     for event in state.events:
-        if event.name == "apply_started":
-            started = event.data
-        elif event.name == "apply_result":
+        if event.name == ApplyStarted.NAME:
+            started = ApplyStarted.of(event)
+        elif event.name == ApplyResult.NAME:
             started = None
     return started
 
@@ -88,7 +85,7 @@ class RecommendationsTable(FitTable):
 def rec_columns(recommendations: list[Recommendation], *, status: bool = True) -> list[Column]:
     """The id and title shorten before any figure goes; the step time is the last figure to go.
     ``status``: some recommendation was applied (else the column would be empty)."""
-    longest_id = max((len(str(r.get("id"))) for r in recommendations), default=8)
+    longest_id = max((len(r.id) for r in recommendations), default=8)
     return [Column(key="rank", label="#"),
             Column(key="title", label="recommendation", flex=True, min_width=min(longest_id, 24) + 6),
             Column(key="time", label="step time"), Column(key="memory", label="peak memory", drop=1),
@@ -118,7 +115,7 @@ class RecommendationsView(Vertical):
         self.border_title = "Diagnosis and recommendations"
         self._recommendations: list[Recommendation] = []
         self._signature: object = None
-        self._shown: tuple[dict[str, Any] | None, list[Recommendation]] | None = None
+        self._shown: tuple[Diagnosis | None, list[Recommendation]] | None = None
         self.measured_peak: int | None = None  # the peak of the job as it is now (the app sets it)
 
     def compose(self) -> ComposeResult:
@@ -156,7 +153,7 @@ class RecommendationsView(Vertical):
             self._shown = (diagnosis, list(recommendations))
         signature = (
             repr(diagnosis),
-            tuple(str(r.get("id")) for r in recommendations),
+            tuple(r.id for r in recommendations),
             tuple(sorted(statuses.items())),
             held is not None,
             self.measured_peak,
@@ -167,20 +164,21 @@ class RecommendationsView(Vertical):
         text = diagnosis_text(diagnosis, recommendations, self.measured_peak)
         if held is not None:
             # at_step is the first step run with the remedy: it is applied after the step before it.
-            text.append(f"\nMeasuring {held.get('remedy', 'the remedy')}, in force from step {held.get('at_step', '?')}: "
+            at = held.at_step if held.at_step is not None else "?"
+            text.append(f"\nMeasuring {held.remedy}, in force from step {at}: "
                         "advice is held until its result is in.", style="italic cyan")
         self.query_one("#diagnosis", Static).update(text)
         table = self.query_one(RecommendationsTable)
         before = self.selected
         self._recommendations = list(recommendations)
         table.set_columns(rec_columns(self._recommendations, status=bool(statuses)))
-        table.set_rows([_row(rank, rec, statuses.get(str(rec.get("id"))), with_status=bool(statuses))
+        table.set_rows([_row(rank, rec, statuses.get(rec.id), with_status=bool(statuses))
                         for rank, rec in enumerate(self._recommendations, start=1)],
-                       keys=[str(rec.get("id")) for rec in self._recommendations])
+                       keys=[rec.id for rec in self._recommendations])
         # Keep the cursor on the same recommendation when the ranking or statuses change.
         if before is not None:
             for row, rec in enumerate(self._recommendations):
-                if rec.get("id") == before.get("id"):
+                if rec.id == before.id:
                     table.move_cursor(row=row)
                     break
 
@@ -192,24 +190,20 @@ class RecommendationsView(Vertical):
 
 
 def _row(rank: int, rec: Recommendation, status: str | None, *, with_status: bool = True) -> list[str | Text]:
-    predicted = rec.get("predicted") or {}
-    baseline = rec.get("baseline") or {}
-    memory = _predicted(fmt_bytes, baseline.get("peak_memory_bytes"), predicted.get("peak_memory_bytes"))
-    time = _predicted(fmt_seconds, baseline.get("step_time_s"), predicted.get("step_time_s"))
-    confidence = rec.get("confidence")
-    conf = f"{confidence:.0%}" if isinstance(confidence, (int, float)) else str(confidence or "—")
-    # The apply class (live-exact, live-equivalent, live-opt-in, restart) where the advice gives it.
-    flags = str(rec.get("apply_class") or (("live" if rec.get("live") else "restart") + (" exact" if rec.get("exact") else "")))
+    predicted, baseline = rec.predicted, rec.baseline
+    memory = _predicted(fmt_bytes, baseline.peak_memory_bytes, predicted.peak_memory_bytes)
+    time = _predicted(fmt_seconds, baseline.step_time_s, predicted.step_time_s)
+    flags = str(rec.apply_class)  # live-exact, live-equivalent, live-opt-in or restart
     style = {"kept": "green", "failed": "bold red", "reverted": "yellow", "applying…": "cyan"}.get(status or "", "")
-    name = Text(str(rec.get("id")), style="bold")
-    name.append(f"  {rec.get('title') or rec.get('remedy') or ''}")
+    name = Text(rec.id, style="bold")
+    name.append(f"  {rec.title or rec.remedy}")
     return [
         str(rank),
         name,
-        _colour_change(time, baseline.get("step_time_s"), predicted.get("step_time_s")),
-        _colour_change(memory, baseline.get("peak_memory_bytes"), predicted.get("peak_memory_bytes")),
-        Text(flags, style="" if rec.get("live") else "dim"),
-        conf,
+        _colour_change(time, baseline.step_time_s, predicted.step_time_s),
+        _colour_change(memory, baseline.peak_memory_bytes, predicted.peak_memory_bytes),
+        Text(flags, style="" if rec.live else "dim"),
+        rec.confidence,
         *([Text(status or "", style=style)] if with_status else []),
     ]
 

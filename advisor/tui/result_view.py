@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import fields, replace
 from typing import Any
 
 from rich.text import Text
 from textual.widgets import Static
 
+from advisor.records.events import payloads
+from advisor.records.results import ApplyHistory, ApplyResult, ApplyStarted, Measurement, RevertResult
 from advisor.state import SessionState
 from advisor.tui.format import fmt_bytes, fmt_change, fmt_seconds
 from advisor.tui.history import applied_rows
@@ -18,6 +21,7 @@ _STATUS_STYLE: dict[str, tuple[str, str]] = {
     "kept": ("✓", "bold green"),
     "reverted": ("↺", "bold yellow"),
     "failed": ("✗", "bold red"),
+    "interrupted": ("…", "bold magenta"),  # the job ended inside its window: in force, undecided
 }
 
 
@@ -49,94 +53,91 @@ def result_text(state: SessionState, pending: dict[str, Any] | None, notice: Tex
                 rank: int | None = None, empty: str = "") -> Text:
     """What is in flight, then one block per decision, newest first: the ranks that agreed on it,
     predicted against measured (``rank``'s measurement when it reported one)."""
-    titles = {str(r.get("id")): str(r.get("title") or r.get("remedy")) for r in state.recommendations}
+    titles = {r.id: r.title or r.remedy for r in state.recommendations}
     text = Text()
     # A request still marked pending when the job has ended will never be applied.
-    in_flight = pending or (None if state.finished else state.pending_apply)
+    if pending:
+        in_flight: str | None = str(pending.get("recommendation_id"))
+    else:
+        in_flight = None if state.finished or state.pending_apply is None else state.pending_apply.recommendation_id
     if in_flight:
-        rec_id = str(in_flight.get("recommendation_id"))
-        text.append(f"⟳ applying {titles.get(rec_id, rec_id)} at next step boundary…", style="bold cyan")
+        text.append(f"⟳ applying {titles.get(in_flight, in_flight)} at next step boundary…", style="bold cyan")
     if notice is not None:
         if text:
             text.append("\n")
         text.append_text(notice)
-    started = {(str(e.data.get("recommendation_id")), e.data.get("at_step")): e.data
-               for e in state.events if e.name == "apply_started"}
+    started = {(s.recommendation_id, s.at_step): s for _, s in payloads(state.events, ApplyStarted)}
     for row in reversed(applied_rows(state.applied)[-SHOWN_RESULTS:]):
         if text:
             text.append("\n")
         result = row.shown(rank)
         who = row.who(state.world_size)
-        if who and len(row.ranks) > 1 and result.get("rank") is not None:
-            who += f" (rank {result['rank']}'s measurement)"
+        if who and len(row.ranks) > 1 and isinstance(result, ApplyResult):
+            who += f" (rank {result.rank}'s measurement)"
         text.append_text(describe_result(_with_known_before(result, started), titles, who=who))
     if not text:
         return Text(empty or NOTHING_YET, style="dim")
     return text
 
 
-def _with_known_before(result: dict[str, Any], started: dict[tuple[str, Any], dict[str, Any]]) -> dict[str, Any]:
+def _with_known_before(result: ApplyHistory, started: dict[tuple[str | None, int | None], ApplyStarted]) -> ApplyHistory:
     """The result with its "before" figures completed from its ``apply_started`` event, which
     carries them as soon as the apply begins."""
-    begun = started.get((str(result.get("recommendation_id")), result.get("at_step")))
-    if not begun or not begun.get("before"):
+    begun = started.get((result.recommendation_id, result.at_step))
+    if not isinstance(result, ApplyResult) or begun is None or begun.before is None:
         return result
-    measured = dict(result.get("measured") or {})
-    measured["before"] = {**begun["before"], **{k: v for k, v in (measured.get("before") or {}).items()
-                                                  if v is not None}}
-    return {**result, "measured": measured}
+    known = {f.name: getattr(result.before, f.name) for f in fields(Measurement)
+             if getattr(result.before, f.name) not in (None, ())}  # what the result says it measured
+    return replace(result, before=replace(begun.before, **known))
 
 
-def _window(figures: dict[str, Any]) -> str:
-    steps = figures.get("steps") or []
+def _window(figures: Measurement) -> str:
+    steps = figures.steps
     if not steps:
         return ""
     return f"step {steps[0]}" if len(steps) == 1 else f"steps {min(steps)}-{max(steps)}"
 
 
-def describe_result(result: dict[str, Any], titles: dict[str, str] | None = None, *, who: str = "") -> Text:
+def describe_result(result: ApplyHistory, titles: dict[str, str] | None = None, *, who: str = "") -> Text:
     """One applied result: status, then predicted against measured memory and time, then any error.
     ``who``: the ranks it stands for ("all 2 ranks", "rank 1"), on a job of several."""
-    status = str(result.get("status", "?"))
+    status = str(result.status)
     mark, style = _STATUS_STYLE.get(status, ("?", "bold"))
-    rec_id = str(result.get("recommendation_id", ""))
-    name = (titles or {}).get(rec_id) or str(result.get("remedy") or rec_id)
+    rec_id = str(result.recommendation_id or "")
+    name = (titles or {}).get(rec_id) or result.remedy or rec_id
     text = Text()
     text.append(f"{mark} {status}", style=style)
     text.append(f"  {name}")
-    if result.get("at_step") is not None:
+    if result.at_step is not None:
         # The first step run with the change (it happens at the boundary after the step before).
-        text.append(f" from step {result['at_step']}", style="dim")
+        text.append(f" from step {result.at_step}", style="dim")
     if who:
         text.append(f" · {who}", style="bold")
-    predicted = result.get("predicted") or {}
-    measured = result.get("measured") or {}
-    before = measured.get("before") or {}
-    after = measured.get("after") or {}
-    if status == "reverted" and not measured:
+    if isinstance(result, RevertResult):
         # A later revert on request: the job from here on is the one before the remedy.
         text.append("\n    reverted on request: the job runs as before the remedy from the next step",
                     style="italic")
         return text
+    predicted, before, after = result.predicted, result.before, result.after
     windows = [w for w in (_window(before), _window(after)) if w]
     if windows:
         text.append(f"\n    measured on {' → '.join(windows)}", style="dim")
     text.append("\n    peak memory  predicted ")
-    text.append(fmt_bytes(predicted.get("peak_memory_bytes")))
+    text.append(fmt_bytes(predicted.peak_memory_bytes))
     text.append("  measured ")
-    text.append(_measured(before.get("peak_memory_bytes"), after.get("peak_memory_bytes"), fmt_bytes))
+    text.append(_measured(before.peak_memory_bytes, after.peak_memory_bytes, fmt_bytes))
     text.append("\n    step time    predicted ")
-    text.append(fmt_seconds(predicted.get("step_time_s")))
+    text.append(fmt_seconds(predicted.step_time_s))
     text.append("  measured ")
-    text.append(_measured(before.get("step_time_s"), after.get("step_time_s"), fmt_seconds))
-    if result.get("error") or status == "failed":
+    text.append(_measured(before.step_time_s, after.step_time_s, fmt_seconds))
+    if result.error or status == "failed":
         text.append("\n    error: ", style="bold red")
-        text.append(str(result.get("error") or "no error text reported"), style="red")
+        text.append(result.error or "no error text reported", style="red")
     if status == "failed":
         # The executor reverts a failed remedy (DESIGN, Acting); say so, or people fear a broken job.
         text.append("\n    rolled back: training goes on as before", style="italic")
-    if result.get("reason"):
-        text.append(f"\n    why: {result['reason']}", style="italic")
+    if result.reason:
+        text.append(f"\n    why: {result.reason}", style="italic")
     return text
 
 

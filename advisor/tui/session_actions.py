@@ -6,11 +6,10 @@ A mixin of ``AdvisorApp`` (advisor/tui/app.py). Quitting a running job asks what
 
 from __future__ import annotations
 
-from typing import Any
-
 from textual import work
 
 from advisor.planning import plan_for, plannable
+from advisor.records.advice import Recommendation
 from advisor.records.plan import save_plan
 from advisor.records.units import fmt_bytes, parse_size
 from advisor.state import SessionState, Source
@@ -72,24 +71,24 @@ class SessionActions:
             self.notify("No recommendation to write.", severity="warning")
             return
         if not plannable(rec):
-            self.notify(f"{rec.get('title') or rec['id']} cannot be carried by a plan file.", severity="warning")
+            self.notify(f"{rec.title or rec.id} cannot be carried by a plan file.", severity="warning")
             return
 
         def answered(path: str | None) -> None:
             if path:
-                self._write_plan(dict(rec), path)
+                self._write_plan(rec, path)
 
-        self.push_screen(AskScreen(f"Write {rec.get('title') or rec['id']} to which plan file?",
-                                   f"plan-{rec['id']}.json"), answered)
+        self.push_screen(AskScreen(f"Write {rec.title or rec.id} to which plan file?",
+                                   f"plan-{rec.id}.json"), answered)
 
     @work(thread=True, group="plan", exit_on_error=False)
-    def _write_plan(self, rec: dict[str, Any], path: str) -> None:
+    def _write_plan(self, rec: Recommendation, path: str) -> None:
         try:
             save_plan(plan_for(rec), path)
             error = None
         except (OSError, ValueError) as exc:
             error = f"{type(exc).__name__}: {exc}"
-        self.post_message(PlanWritten(path, str(rec["id"]), error))
+        self.post_message(PlanWritten(path, rec.id, error))
 
     def on_plan_written(self, message: PlanWritten) -> None:
         if message.error:

@@ -16,6 +16,8 @@ from typing import Any
 
 from advisor.advice import advise_state, recorded_budget
 from advisor.records.samples import Event, StepSample
+from advisor.records.advice import Diagnosis, Recommendation
+from advisor.records.results import ApplyHistory, ApplyResult
 from advisor.regime import in_force, regime_start
 from advisor.sections.comm import build_collectives_section, build_comm_section, build_straggler_section
 from advisor.sections.compute import build_compute_section, build_ops_section, device_spec_from_state
@@ -71,10 +73,10 @@ class ViewModel:
     finished: bool
     exit_code: int | None
     exit_reason: str
-    diagnosis: dict[str, Any] | None
-    recommendations: list[dict[str, Any]]
-    applied: list[dict[str, Any]]
-    in_force: list[dict[str, Any]]
+    diagnosis: Diagnosis | None
+    recommendations: list[Recommendation]
+    applied: list[ApplyHistory]
+    in_force: list[ApplyResult]
     steps: list[StepSample]  # the rank's last RECENT_STEPS steps
     deep_steps: list[int]  # indexes of the rank's deep-sampled steps (every one kept in memory)
     memory: dict[str, Any]  # the report's memory section, for this rank

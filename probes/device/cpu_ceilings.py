@@ -18,9 +18,7 @@ quick fp32 check beats the cached peak by more than ``IMPLAUSIBLE``.
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 from typing import Callable
 
 import torch
@@ -92,24 +90,6 @@ def best_of(a: Measured, b: Measured) -> Measured:
     return Measured(peak_flops=peaks, memory_bandwidth=max(bandwidths) if bandwidths else None)
 
 
-def _load(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _store(path: Path, cache: dict) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{id(cache)}.tmp")
-        tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
-        tmp.replace(path)
-    except OSError:
-        pass  # a read-only home only costs a re-measurement next time
-
-
 def cached_best(key: str, measure: Callable[[], Measured], *,
                 check: Callable[[], float] | None = None, samples: int | None = None) -> Measured:
     """``measure()`` on each of the first ``samples`` (default ``SAMPLES``) calls per ``key``,
@@ -118,9 +98,7 @@ def cached_best(key: str, measure: Callable[[], Measured], *,
     peak by more than ``IMPLAUSIBLE``."""
     samples = SAMPLES if samples is None else samples
     check = quick_fp32_flops if check is None else check
-    path = microbench.cache_path()
-    cache = _load(path)
-    hit = cache.get(key)
+    hit = microbench.DEVICE_CACHE.get(key)
     cached: Measured | None = None
     count = 0
     if isinstance(hit, dict):
@@ -134,8 +112,6 @@ def cached_best(key: str, measure: Callable[[], Measured], *,
     result = measure()
     if cached is not None:
         result = best_of(cached, result)
-    cache = _load(path)  # another process may have written meanwhile
-    cache[key] = {"peak_flops": result.peak_flops, "memory_bandwidth": result.memory_bandwidth,
-                  "samples": count + 1}
-    _store(path, cache)
+    microbench.DEVICE_CACHE.put(key, {"peak_flops": result.peak_flops, "memory_bandwidth": result.memory_bandwidth,
+                                      "samples": count + 1})
     return result

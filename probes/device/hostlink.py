@@ -11,22 +11,23 @@ build there is no link (``pin_memory`` raises): the figure is a same-device copy
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from advisor.records.json_cache import JsonCache
+
 COPY_BYTES = 256 << 20  # large enough to reach the link's plateau on PCIe and C2C alike
 REPEATS = 5
 
 
+HOSTLINK_CACHE = JsonCache("hostlink_cache.json")
+
+
 def cache_path() -> Path:
-    home = os.environ.get("ADVISOR_HOME")
-    base = Path(home) if home else Path.home() / ".cache" / "advisor"
-    return base / "hostlink_cache.json"
+    return HOSTLINK_CACHE.path
 
 
 def _best(fn: Any, repeats: int) -> float:
@@ -84,23 +85,11 @@ def host_link(device: torch.device | str, *, override: float | None = None, meas
     cuda = device.type == "cuda" and torch.cuda.is_available()
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
     key = f"{device.type}|{name}|driver={torch.version.cuda if cuda else None}|torch={torch.__version__}"
-    path = cache_path()
-    try:
-        cache = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cache = {}
-    rates = cache.get(key)
+    rates = HOSTLINK_CACHE.get(key)
     if not isinstance(rates, dict) and cached_only and cuda:
         return {"host_link_bandwidth": None, "host_link_source": None}  # see detect_device_spec
     if not isinstance(rates, dict):
         rates = measure_cuda(device) if cuda else measure_cpu()
-        cache[key] = rates
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
-            tmp.replace(path)
-        except OSError:
-            pass  # a read-only home only costs a re-measurement next time
+        HOSTLINK_CACHE.put(key, rates)
     return {**rates, "host_link_bandwidth": min(rates.values()),
             "host_link_source": "measured" if cuda else "same-device copy (no host link on a CPU-only device)"}

@@ -16,14 +16,14 @@ Results are cached in ``$ADVISOR_HOME/device_cache.json`` (default
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import torch
+
+from advisor.records.json_cache import JsonCache
 
 CUDA_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16,
                                         "tf32": torch.float32, "fp32": torch.float32}
@@ -37,39 +37,24 @@ class Measured:
     memory_bandwidth: float | None = None
 
 
+DEVICE_CACHE = JsonCache("device_cache.json")
+
+
 def cache_path() -> Path:
-    home = os.environ.get("ADVISOR_HOME")
-    base = Path(home) if home else Path.home() / ".cache" / "advisor"
-    return base / "device_cache.json"
-
-
-def _load_cache(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
+    return DEVICE_CACHE.path
 
 
 def cached_measure(key: str, measure: Callable[[], Measured] | None) -> Measured | None:
     """``measure()`` once per ``key``; later calls read the JSON cache. ``measure`` None: the
     cached figures or None, measuring nothing."""
-    path = cache_path()
-    cache = _load_cache(path)
-    hit = cache.get(key)
+    hit = DEVICE_CACHE.get(key)
     if isinstance(hit, dict):
         return Measured(peak_flops={k: float(v) for k, v in hit.get("peak_flops", {}).items()},
                         memory_bandwidth=hit.get("memory_bandwidth"))
     if measure is None:
         return None
     result = measure()
-    cache[key] = {"peak_flops": result.peak_flops, "memory_bandwidth": result.memory_bandwidth}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
-        tmp.replace(path)
-    except OSError:
-        pass  # a read-only home only costs a re-measurement next time
+    DEVICE_CACHE.put(key, {"peak_flops": result.peak_flops, "memory_bandwidth": result.memory_bandwidth})
     return result
 
 

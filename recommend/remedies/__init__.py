@@ -1,36 +1,39 @@
 """Remedies as the recommender sees them: one module per remedy, found without a list to edit.
 
 A remedy module here (``recommend/remedies/<name>.py``) is the *predictor* half of a remedy; its
-*applier* half is ``apply/remedies/<name>.py`` in the training process. The module defines
-``SPEC`` (a ``RemedySpec``: the name, the apply class, the params and their torch-free check,
-the orchestration order) and, when the remedy is proposed by a rule of its own, ``RULE``. Memory
-remedies instead set ``SPEC.propose``: the memory rule diagnoses once and asks each of them.
+*applier* half is ``apply/remedies/<name>.py`` in the training process (``apply_<name>``, found by
+name). The module defines ``SPEC``, a ``RemedySpec``: the one statement of the remedy's name, apply
+class, params and their torch-free check, and plan phase (tests/test_remedy_contract.py checks the
+applier takes those params and names that phase), and how it is proposed: the rules it
+``addresses`` (``recommend/rules/<rule>.py``) and its ``propose``, which ``recommend/finding.py``'s
+``proposed`` calls for every finding of those rules. A remedy with no applier is applied at a
+restart and says how: the environment a plan carries (``plan_env``) or the change to the script
+(``restart_change``).
 
 Modules without ``SPEC`` (a solver a remedy uses) are skipped. Discovery walks this package with
-``pkgutil``, so adding a remedy edits no shared file.
+``pkgutil``, so adding a remedy edits no shared file; a folder ``advisor/recommend/remedies`` under
+another ``sys.path`` entry adds predictors the same way (``advisor.records.plugins``).
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import Any, Callable, Mapping
 
-from advisor.records.advice import APPLY_CLASSES, parse_apply_class, register_remedy
+from advisor.recommend.finding import Propose
+from advisor.records.advice import APPLY_CLASSES, parse_apply_class, parse_remedy_name
+from advisor.records.plugins import with_plugins
 from advisor.records.remedy import PHASES, parse_phase, phase_rank
 
-if TYPE_CHECKING:  # pragma: no cover
-    from advisor.recommend.profile import Profile
-    from advisor.records.advice import Recommendation
+__path__ = with_plugins(__path__, "advisor", "recommend", "remedies")
 
 __all__ = ["APPLY_CLASSES", "RemedySpec", "parse_apply_class", "specs", "spec", "check_params",
-           "remedy_modules", "plan_order", "PHASES"]
+           "remedy_modules", "plan_order", "proposers", "PHASES"]
 
 Validate = Callable[[Mapping[str, Any]], None]
-# propose(profile, budget_bytes, evidence) -> recommendations for a memory finding
-Propose = Callable[["Profile", int, list[dict[str, object]]], "list[Recommendation]"]
 
 
 def _no_check(params: Mapping[str, Any]) -> None:
@@ -44,7 +47,10 @@ class RemedySpec:
     ``params``: the keywords its applier requires; ``optional``: those it may take.
     ``validate``: extra checks on the values (``ValueError`` naming what is valid).
     ``phase``: where it goes in a plan that applies several remedies (``PHASES``, ``plan_order``).
-    ``addresses``: the bottleneck whose rule asks ``propose`` (None: the remedy has its own rule).
+    ``addresses``: the rules (``recommend/rules`` module names) whose findings ``propose`` answers;
+    ``fallback``: asked only when nothing else proposed for the finding fits its budget.
+    ``plan_env`` / ``restart_change``: how a remedy without a live applier reaches the job at a
+    restart (an environment ``advisor plan`` writes into the plan, or a change to the script).
     """
 
     name: str
@@ -53,13 +59,18 @@ class RemedySpec:
     optional: tuple[str, ...] = ()
     validate: Validate = _no_check
     phase: str
-    addresses: str | None = None
+    addresses: tuple[str, ...] = ()
     propose: Propose | None = None
+    fallback: bool = False
+    plan_env: Mapping[str, str] = field(default_factory=dict)
+    restart_change: str | None = None
 
     def __post_init__(self) -> None:
+        parse_remedy_name(self.name)
         parse_apply_class(self.apply_class)
         parse_phase(self.phase)
-        register_remedy(self.name)  # a Recommendation may now name it
+        if self.addresses and self.propose is None:
+            raise ValueError(f"remedy {self.name!r} addresses {list(self.addresses)} but has no propose")
 
     def check(self, params: Any) -> None:
         """``ValueError`` when ``params`` would not fit the applier (names, then values)."""
@@ -100,6 +111,12 @@ def spec(name: str) -> RemedySpec:
 def check_params(name: str, params: Any) -> None:
     """The controller's torch-free check of a remedy and its params (plans, apply commands)."""
     spec(name).check(params)
+
+
+def proposers(rule: str) -> list[tuple[Propose, bool]]:
+    """``(propose, fallback)`` of every remedy that addresses ``rule``, by remedy name."""
+    return [(s.propose, s.fallback) for name, s in sorted(specs().items())
+            if rule in s.addresses and s.propose is not None]
 
 
 def plan_order(names: list[str]) -> list[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from advisor.recommend.finding import gib, largest_category
+from advisor.recommend.finding import Finding, Proposal, gib, largest_category
 from advisor.recommend.memory_model import (
     COST_MODEL,
     Chain,
@@ -32,7 +32,7 @@ from advisor.recommend.remedies.checkpoint_solver import (
     solve_chain,
     tradeoff_curve,
 )
-from advisor.records.advice import CurvePoint, Prediction, Recommendation
+from advisor.records.advice import BlockChoice, CurvePoint, Evidence, Prediction, Recommendation
 from advisor.records.units import fmt_seconds
 
 HEADROOM = 0.90  # plan for this share of the budget first; a plan that only fits the budget still fits
@@ -113,21 +113,23 @@ def fitting_plan(profile: Profile, budget: int) -> tuple[Chain | None, Plan | No
     return units, plan
 
 
-def propose(profile: Profile, budget: int, evidence: list[dict[str, object]]) -> list[Recommendation]:
-    """One recommendation when a plan fits ``budget``; none when nothing fits (``evidence`` says so)
-    or when activations are not the largest category at the peak (checkpointing cannot help)."""
+def propose(profile: Profile, finding: Finding) -> Proposal:
+    """One recommendation when a plan fits the finding's budget; none when nothing fits (the lowest
+    peak it reaches goes back instead) or when activations are not the largest category at the peak
+    (checkpointing cannot help)."""
+    budget = finding.budget_bytes
+    if not budget:
+        return Proposal()
     if largest_category(profile) not in (None, "activation"):
-        evidence.append({"what": "activation checkpointing",
-                         "value": "not proposed: activations are not the largest category"})
-        return []
+        return Proposal(evidence=(Evidence(what="activation checkpointing",
+                                           value="not proposed: activations are not the largest category"),))
     units, plan = fitting_plan(profile, budget)
     if plan is None or units is None or plan.peak_bytes > budget:
         best = plan.peak_bytes if plan is not None else None
-        evidence.append({"what": "lowest peak with activation checkpointing", "value": best, "unit": "bytes",
-                         "threshold": budget})
-        return []
+        return Proposal(lowest_peak_bytes=best, evidence=(Evidence(
+            what="lowest peak with activation checkpointing", value=best, unit="bytes", threshold=budget),))
     if not plan.modules:
-        return []  # the job already fits this budget: checkpointing nothing is no recommendation
+        return Proposal()  # the job already fits this budget: checkpointing nothing is no recommendation
     target = int(HEADROOM * budget)
     baseline_time = profile.step_time_s
     predicted_time = None if baseline_time is None else baseline_time + plan.overhead_s
@@ -147,7 +149,7 @@ def propose(profile: Profile, budget: int, evidence: list[dict[str, object]]) ->
         ev.append(f"fits the budget but not the {HEADROOM:.0%} headroom target")
     memory = chain_timeline(profile, units) if plan.method == "dp" else None
     curve = (simulated_curve(units, memory) if memory is not None else tradeoff_curve(units)) if plan.method == "dp" else None
-    return [
+    return Proposal(recommendations=(
         Recommendation(
             id=f"checkpoint-{group.rpartition('.')[2] or 'blocks'}-{len(plan.modules)}",
             remedy=SPEC.name,
@@ -155,6 +157,7 @@ def propose(profile: Profile, budget: int, evidence: list[dict[str, object]]) ->
             params={"modules": list(plan.modules)},
             predicted=Prediction(peak_memory_bytes=plan.peak_bytes, step_time_s=predicted_time),
             baseline=Prediction(peak_memory_bytes=measured_peak(profile), step_time_s=baseline_time),
+            budget_bytes=budget,
             cost_model=f"{plan.method}: " + (PEAK_MODEL if plan.extra.get("peak_model") else COST_MODEL),
             confidence=confidence,
             exact=True,  # non-reentrant checkpoint restores the RNG state: same numerics
@@ -165,11 +168,10 @@ def propose(profile: Profile, budget: int, evidence: list[dict[str, object]]) ->
             ],
             evidence=ev,
             curve=curve,
-            fits=True,
-            block_plan=([{"name": b.name, "choice": "recompute" if b.name in plan.modules else "keep"}
+            block_plan=([BlockChoice(name=b.name, choice="recompute" if b.name in plan.modules else "keep")
                          for b in units.blocks] if plan.method == "dp" else []),
-        )
-    ]
+        ),
+    ))
 
 
 SPEC = RemedySpec(
@@ -178,6 +180,6 @@ SPEC = RemedySpec(
     params=("modules",),
     validate=validate,
     phase="saved-tensors",
-    addresses="memory",
+    addresses=("memory",),
     propose=propose,
 )

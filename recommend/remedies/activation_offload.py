@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from advisor.recommend.finding import gib, largest_category
+from advisor.recommend.finding import Finding, Proposal, gib, largest_category
 from advisor.recommend.memory_model import chain_from_profile, chain_timeline, measured_peak
 from advisor.recommend.peak_model import MODEL as PEAK_MODEL
 from advisor.recommend.profile import Profile
@@ -26,7 +26,7 @@ from advisor.recommend.remedies.offload import (
     tradeoff_curve,
     why,
 )
-from advisor.records.advice import Prediction, Recommendation
+from advisor.records.advice import BlockChoice, Evidence, Prediction, Recommendation
 from advisor.records.units import fmt_rate, fmt_seconds
 
 
@@ -52,26 +52,29 @@ def validate(params: Mapping[str, Any]) -> None:
         raise ValueError(f"min_bytes must be an integer >= 0, not {value!r}")
 
 
-def propose(profile: Profile, budget: int, evidence: list[dict[str, object]]) -> list[Recommendation]:
-    if largest_category(profile) not in (None, "activation"):
-        return []  # offloading activations cannot help when model states or others dominate
+def propose(profile: Profile, finding: Finding) -> Proposal:
+    budget = finding.budget_bytes
+    if not budget or largest_category(profile) not in (None, "activation"):
+        return Proposal()  # offloading activations cannot help when model states or others dominate
     chain = chain_from_profile(profile)
     if chain is None:
-        return []
+        return Proposal()
     model = model_for(profile)
     # The measured timeline's simulation where a deep step ran the chain, else the formula.
     memory = chain_timeline(profile, chain)
     joint = fitting(chain, model, budget, optimizer=False, memory=memory)
     alone = fitting(chain, model, budget, allowed=(KEEP, RECOMPUTE), optimizer=False, memory=memory)
-    evidence.append({"what": "lowest peak with activation offload and checkpointing",
-                     "value": joint.peak_bytes, "unit": "bytes", "threshold": budget})
-    if not joint.feasible or OFFLOAD not in joint.choices:
-        return []
+    lowest = (Evidence(what="lowest peak with activation offload and checkpointing", value=joint.peak_bytes,
+                       unit="bytes", threshold=budget),)
+    if not joint.feasible:
+        return Proposal(evidence=lowest, lowest_peak_bytes=joint.peak_bytes)
+    if OFFLOAD not in joint.choices:
+        return Proposal(evidence=lowest)
     bandwidth, source = bandwidth_of(profile)
     if alone.feasible and (alone.overhead_s <= joint.overhead_s or source != "measured"):
         # Checkpointing alone fits: its own recommendation covers it, unless offload beats it on a
         # measured link (an assumed link speed is no ground to prefer copies over recompute).
-        return []
+        return Proposal(evidence=lowest)
     offloaded = joint.blocks(chain, OFFLOAD)
     recomputed = joint.blocks(chain, RECOMPUTE)
     versus = (f"checkpointing alone costs {fmt_seconds(alone.overhead_s)}" if alone.feasible
@@ -84,7 +87,7 @@ def propose(profile: Profile, budget: int, evidence: list[dict[str, object]]) ->
     params: dict[str, Any] = {"modules": offloaded}
     if recomputed:
         params["checkpoint"] = recomputed
-    return [Recommendation(
+    return Proposal(evidence=lowest, recommendations=(Recommendation(
         id=f"offload-{len(offloaded)}" + (f"-checkpoint-{len(recomputed)}" if recomputed else ""),
         remedy=SPEC.name,
         title=(f"Offload {len(offloaded)} block(s) to host memory" + (f", checkpoint {len(recomputed)}" if recomputed else "")
@@ -92,6 +95,7 @@ def propose(profile: Profile, budget: int, evidence: list[dict[str, object]]) ->
         params=params,
         predicted=Prediction(peak_memory_bytes=joint.peak_bytes, step_time_s=None if step is None else step + joint.overhead_s),
         baseline=Prediction(peak_memory_bytes=measured_peak(profile), step_time_s=step),
+        budget_bytes=budget,
         cost_model="joint keep/recompute/offload DP: copies hide behind the next block's forward and backward "
                    "(recommend/remedies/offload.py); peak: "
                    + (PEAK_MODEL if memory is not None else "the conservative chain formula"),
@@ -103,9 +107,8 @@ def propose(profile: Profile, budget: int, evidence: list[dict[str, object]]) ->
                        "the offloaded modules' forward saves what backward needs through autograd"],
         evidence=ev,
         curve=tradeoff_curve(chain, model, memory=memory),
-        fits=True,
-        block_plan=[{"name": b.name, "choice": c} for b, c in zip(chain.blocks, joint.choices)],
-    )]
+        block_plan=[BlockChoice(name=b.name, choice=c) for b, c in zip(chain.blocks, joint.choices)],
+    ),))
 
 
 SPEC = RemedySpec(
@@ -115,6 +118,6 @@ SPEC = RemedySpec(
     optional=("checkpoint", "min_bytes"),
     validate=validate,
     phase="saved-tensors",
-    addresses="memory",
+    addresses=("memory",),
     propose=propose,
 )

@@ -1,8 +1,9 @@
-"""Fused optimizer kernels, the predictor half: spec, cost model and the rule that proposes them.
+"""Fused optimizer kernels, the predictor half: spec and cost model.
 
-The rule fires when the optimizer step takes a large share of the step: the foreach kernels
-launch one kernel per op per tensor list, the fused ones one per parameter group, so an
-optimizer-bound step is where they help. The cost model reads the ops of the optimizer phase
+Proposed for the optimizer-step rule's finding (``recommend/rules/optimizer_step.py``: the optimizer
+step takes a large share of the step): the foreach kernels launch one kernel per op per tensor list,
+the fused ones one per parameter group, so an optimizer-bound step is where they help. The peak is
+predicted unchanged (the state is the same tensors' worth). The cost model reads the ops of the optimizer phase
 (``Profile.ops``: their count, bytes and kernel time per step): the time between them (dispatch
 and launches) goes, and their kernel time falls by ``SPEEDUP``, a plain assumption labelled as
 such (without ops: the optimizer step / ``SPEEDUP``), with low confidence: the apply measures the real effect and reverts a
@@ -15,13 +16,13 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from advisor.recommend.finding import Finding
+from advisor.recommend.finding import Finding, Proposal
+from advisor.recommend.memory_model import measured_peak
 from advisor.recommend.profile import Profile
 from advisor.recommend.remedies import RemedySpec
 from advisor.records.advice import Prediction, Recommendation
 from advisor.records.units import fmt_bytes, fmt_seconds
 
-OPTIMIZER_SHARE = 0.25  # optimizer step above this share of the step time deserves advice
 SPEEDUP = 2.0  # assumed optimizer-step speed-up of fused over foreach kernels (not measured here)
 
 
@@ -35,11 +36,11 @@ def validate(params: Mapping[str, Any]) -> None:
         raise ValueError(f"optimizers must be null (all) or a list of indexes >= 0, not {value!r}")
 
 
-def fused_rule(profile: Profile) -> Finding | None:
-    """Optimizer step above ``OPTIMIZER_SHARE`` of the step: propose fused kernels."""
+def propose(profile: Profile, finding: Finding) -> Proposal:
+    """Fused kernels for the optimizer step's share of the step (``Profile.phases["optimizer_s"]``)."""
     opt, step = profile.phases.get("optimizer_s"), profile.step_time_s
-    if not opt or not step or opt <= OPTIMIZER_SHARE * step:
-        return None
+    if not opt or not step:
+        return Proposal()
     share = opt / step
     ops = [o for o in profile.ops if o.phase == "optimizer"]
     steps = max(1, len({o.step for o in ops}))
@@ -56,13 +57,15 @@ def fused_rule(profile: Profile) -> Finding | None:
         saved = opt * (1.0 - 1.0 / SPEEDUP)
         model = f"optimizer step / {SPEEDUP:g} (assumed fused speed-up, verified by the apply)"
         detail = []
-    rec = Recommendation(
+    peak = measured_peak(profile) or None  # the same state in other kernels: the peak as measured
+    return Proposal(recommendations=(Recommendation(
         id="fused-optimizer",
         remedy=SPEC.name,
         title=f"Fused optimizer kernels: the optimizer step takes {share:.0%} of the step",
         params={"optimizers": None},
-        predicted=Prediction(peak_memory_bytes=None, step_time_s=step - saved),
-        baseline=Prediction(peak_memory_bytes=None, step_time_s=step),
+        predicted=Prediction(peak_memory_bytes=peak, step_time_s=step - saved),
+        baseline=Prediction(peak_memory_bytes=peak, step_time_s=step),
+        budget_bytes=profile.budget_bytes,
         cost_model=model,
         confidence="low",
         exact=False,
@@ -70,13 +73,7 @@ def fused_rule(profile: Profile) -> Finding | None:
         apply_class=SPEC.apply_class,
         prerequisites=["an optimizer with a fused implementation (Adam, AdamW, SGD, Adagrad)"],
         evidence=[f"optimizer step {fmt_seconds(opt)} of a {fmt_seconds(step)} step"] + detail,
-        fits=True,
-    )
-    return Finding(bottleneck="launch_overhead", summary=f"the optimizer step takes {share:.0%} of the step",
-                   severity=share / 2,  # below memory (>= 1) and an input stall of the same share
-                   evidence=[{"what": "optimizer step / step time", "value": round(share, 4),
-                              "threshold": OPTIMIZER_SHARE}],
-                   recommendations=[rec])
+    ),))
 
 
 SPEC = RemedySpec(
@@ -85,5 +82,6 @@ SPEC = RemedySpec(
     optional=("optimizers",),
     validate=validate,
     phase="optimizer",
+    addresses=("optimizer_step",),
+    propose=propose,
 )
-RULE = fused_rule

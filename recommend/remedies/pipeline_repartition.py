@@ -28,9 +28,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
-from advisor.recommend.finding import Finding
+from advisor.recommend.finding import Proposal
 from advisor.recommend.profile import Profile
-from advisor.recommend.remedies.pipeline import (
+from advisor.recommend.remedies.pipeline_planner import (
     APPLY_CLASS_LIVE,
     APPLY_CLASS_MULTI_RANK,
     COST_MODEL,
@@ -42,7 +42,7 @@ from advisor.recommend.remedies.pipeline import (
     loop_change,
     min_max_partition,
 )
-from advisor.records.advice import Prediction, Recommendation
+from advisor.records.advice import Evidence, Prediction, Recommendation
 from advisor.records.units import fmt_seconds
 
 IMBALANCE = 1.10  # measured slowest / mean stage time from which a new split is considered
@@ -128,7 +128,6 @@ def propose_repartition(
     blocks: Sequence[PipeBlock],
     stages: Sequence[Sequence[str]],
     measured_stage_s: Sequence[float],
-    evidence: list[dict[str, object]],
     *,
     micro_batches: int,
     devices: Sequence[str] = (),
@@ -138,23 +137,22 @@ def propose_repartition(
     bandwidth_bytes_s: float | None = None,
     extra_bytes: Sequence[float] | float | None = None,
     step_time_s: float | None = None,
-) -> list[Recommendation]:
+) -> Proposal:
     """One recommendation to move blocks between the stages of a running pipeline, or none (the
-    reason in ``evidence``). ``devices``: the in-process pipeline's stage devices (single process);
+    reason in the evidence). ``devices``: the in-process pipeline's stage devices (single process);
     ``world_size`` > 1: the job pipelines over ranks (restart). ``step_time_s``: the measured step,
     whose part outside the chain is carried over unchanged."""
     link = bandwidth_bytes_s or DEFAULT_LINK_BYTES_S
     plan = repartition(blocks, stages, measured_stage_s, micro_batches=micro_batches, schedule=schedule,
                        memory_bytes=memory_bytes, bandwidth_bytes_s=link, extra_bytes=extra_bytes)
     cur, new = plan.current, plan.proposed
-    evidence.append({"what": "measured pipeline stage imbalance", "value": round(plan.measured_imbalance, 3),
-                     "threshold": IMBALANCE})
+    imbalance = Evidence(what="measured pipeline stage imbalance", value=round(plan.measured_imbalance, 3),
+                         threshold=IMBALANCE)
     if plan.measured_imbalance < IMBALANCE:
-        return []
+        return Proposal(evidence=(imbalance,))
     if new.bounds == cur.bounds or plan.gain < MIN_GAIN:
-        evidence.append({"what": "pipeline repartition", "value": f"not proposed: predicted gain {plan.gain:.1%}",
-                         "threshold": MIN_GAIN})
-        return []
+        return Proposal(evidence=(imbalance, Evidence(what="pipeline repartition", threshold=MIN_GAIN,
+                                                      value=f"not proposed: predicted gain {plan.gain:.1%}")))
     multi = world_size > 1
     if not multi and len(devices) != len(stages):
         raise ValueError(f"devices must list one device per stage ({len(stages)}), not {list(devices)!r}")
@@ -162,7 +160,7 @@ def propose_repartition(
     sizes = lambda f: [len(s) for s in f.stages]  # noqa: E731
     ev = [f"measured stage forward times {', '.join(fmt_seconds(t) for t in measured_stage_s)}: imbalance "
           f"{plan.measured_imbalance:.2f}",
-          f"split {sizes(cur)} -> {sizes(new)}: slowest stage {max(cur.stage_time_s) * 1e3:.1f} -> "
+          f"split {sizes(cur)} -> {sizes(new)}: slowest stage {fmt_seconds(max(cur.stage_time_s))} -> "
           f"{fmt_seconds(max(new.stage_time_s))}, predicted step {fmt_seconds(cur.step_time_s)} -> "
           f"{fmt_seconds(new.step_time_s)} ({plan.gain:.0%} faster)",
           "blocks calibrated per stage to the measured times (x" + ", x".join(f"{r:.2f}" for r in plan.scale) + ")"]
@@ -177,7 +175,8 @@ def propose_repartition(
         params["devices"] = list(devices)
         cls, live = APPLY_CLASS_LIVE, True
         prerequisites = ["the chain is pipelined in this process (the pipeline remedy is in force)"]
-    return [Recommendation(
+    budget = memory_bytes if isinstance(memory_bytes, (int, float)) else None
+    return Proposal(evidence=(imbalance,), recommendations=(Recommendation(
         id=f"pipeline-repartition-{'-'.join(str(n) for n in sizes(new))}",
         remedy="pipeline",
         title=f"Rebalance the pipeline: move {moved} block(s), stages {sizes(cur)} -> {sizes(new)}, "
@@ -185,6 +184,7 @@ def propose_repartition(
         params=params,
         predicted=Prediction(peak_memory_bytes=new.max_peak_bytes, step_time_s=other + new.step_time_s),
         baseline=Prediction(peak_memory_bytes=cur.max_peak_bytes, step_time_s=step_time_s),
+        budget_bytes=None if budget is None else int(budget),
         cost_model=f"dp over measured stage times: {COST_MODEL}",
         confidence="medium",
         exact=False,
@@ -192,26 +192,24 @@ def propose_repartition(
         apply_class=cls,
         prerequisites=prerequisites,
         evidence=ev,
-        fits=new.feasible,
-    )]
+    ),))
 
 
 def _stage_of(figures: PartitionFigures) -> list[int]:
     return [s for s in range(len(figures.bounds) - 1) for _ in range(figures.bounds[s], figures.bounds[s + 1])]
 
 
-def rule(profile: Profile) -> Finding | None:
-    """The pipeline rule's second part: a live split whose measured stage times are imbalanced
-    gets a new split (``propose_repartition``). The blocks are the profile's measured chain when it
-    names the split's blocks; otherwise (their module stats predate the split) each stage's
-    measured time is shared equally by its blocks and no memory limit is known."""
+def propose(profile: Profile) -> Proposal:
+    """A new split of the running one (``Profile.pipeline``). The blocks are the profile's measured
+    chain when it names the split's blocks; otherwise (their module stats predate the split) each
+    stage's measured time is shared equally by its blocks and no memory limit is known."""
     info = profile.pipeline
-    if not info:
-        return None
-    stages = [list(s) for s in info.get("stages") or []]
-    times = [float(t) for t in info.get("stage_times_s") or []]
+    if info is None:
+        return Proposal()
+    stages = [list(s) for s in info.stages]
+    times = list(info.stage_times_s)
     if len(stages) < 2 or len(times) != len(stages) or min(times) <= 0:
-        return None  # no forward measured since the split (or its last change)
+        return Proposal()  # no forward measured since the split (or its last change)
     measured = {b.name: b for b in blocks_from_profile(profile)}
     names = [n for s in stages for n in s]
     if all(n in measured for n in names):
@@ -221,13 +219,5 @@ def rule(profile: Profile) -> Finding | None:
                             parameter_bytes=0, optimizer_bytes=0, output_bytes=0)
                   for s, t in zip(stages, times) for n in s]
         memory = None
-    evidence: list[dict[str, object]] = []
-    recs = propose_repartition(blocks, stages, times, evidence, micro_batches=int(info.get("micro_batches") or 1),
-                               devices=[str(d) for d in info.get("devices") or []], memory_bytes=memory,
-                               step_time_s=profile.step_time_s)
-    if not recs:
-        return None
-    mean = sum(times) / len(times)
-    return Finding(bottleneck="compute", severity=0.5 + max(times) / mean - 1.0,
-                   summary=f"pipeline stages imbalanced: the slowest takes {max(times) / mean:.2f}x the mean",
-                   evidence=evidence, recommendations=recs)
+    return propose_repartition(blocks, stages, times, micro_batches=info.micro_batches, devices=list(info.devices),
+                               memory_bytes=memory, step_time_s=profile.step_time_s)

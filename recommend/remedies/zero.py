@@ -29,16 +29,17 @@ from __future__ import annotations
 import statistics
 from typing import Any, Mapping, Sequence
 
-from advisor.recommend.finding import gib
+from advisor.recommend.finding import Finding, Proposal, gib
 from advisor.recommend.memory_model import measured_peak
 from advisor.recommend.profile import Profile
 from advisor.recommend.remedies import RemedySpec
-from advisor.recommend.remedies.zero_lower import lower_stage_rule
+from advisor.recommend.remedies.zero_lower import lower_stage
 from advisor.recommend.remedies.zero_model import STAGE_TRAFFIC, Measured, StageCost, stage_cost
 from advisor.recommend.rules._figures import comm_steps, median_per_step
-from advisor.records.advice import Prediction, Recommendation
+from advisor.records.advice import Evidence, Prediction, Recommendation
 from advisor.records.bandwidth import busbw
 from advisor.records.checkpoint_saves import partial_state
+from advisor.records.events import CheckpointSave
 from advisor.records.units import fmt_rate, fmt_seconds
 
 STAGES = (1, 2, 3)
@@ -66,24 +67,23 @@ CHECKPOINT_CAVEAT = ("while it is in force each rank's optimizer.state_dict() (a
                      "revert first")
 
 
-def _where(save: Mapping[str, Any]) -> str:
-    step, rank = save.get("step"), save.get("rank")
-    return f"first seen at step {step} on rank {rank}" if step is not None else f"seen on rank {rank}"
+def _where(save: CheckpointSave) -> str:
+    return f"first seen at step {save.step} on rank {save.rank}" if save.step is not None else f"seen on rank {save.rank}"
 
 
-def _api(save: Mapping[str, Any]) -> str:
-    return "torch.save" if save.get("api") == "torch.save" else f"torch.distributed.checkpoint ({save.get('api')})"
+def _api(save: CheckpointSave) -> str:
+    return "torch.save" if save.api == "torch.save" else f"torch.distributed.checkpoint ({save.api})"
 
 
-def checkpoint_refusal(saves: Sequence[Mapping[str, Any]], stage: int) -> str | None:
+def checkpoint_refusal(saves: Sequence[CheckpointSave], stage: int) -> str | None:
     """Why the script's own checkpoint saves (``Profile.checkpoint_saves``) rule out ZeRO-``stage``,
     or None (the rule: ``advisor/records/checkpoint_saves.py``)."""
     for save in saves:
-        state = partial_state(str(save.get("api")), save.get("saves") or (), stage)
+        state = partial_state(save.api, save.saves, stage)
         if state == "model":
             return (f"the script saves its model's state_dict() with torch.save ({_where(save)}): under ZeRO-2/3 "
                     "model.state_dict() holds each rank's DTensor shards, so that checkpoint would be partial")
-        if state == "optimizer" and save.get("api") == "torch.save":
+        if state == "optimizer" and save.api == "torch.save":
             return (f"the script saves its optimizer's state_dict() with torch.save ({_where(save)}): under ZeRO "
                     "each rank's optimizer.state_dict() holds only its own share of the state, so that checkpoint "
                     "would be partial")
@@ -94,12 +94,12 @@ def checkpoint_refusal(saves: Sequence[Mapping[str, Any]], stage: int) -> str | 
     return None
 
 
-def checkpoint_note(saves: Sequence[Mapping[str, Any]], stage: int) -> str | None:
+def checkpoint_note(saves: Sequence[CheckpointSave], stage: int) -> str | None:
     """What the recommendation of ZeRO-``stage`` says about the script's saves it allows."""
     seen = [s for s in saves if checkpoint_refusal([s], stage) is None]
     if not seen:
         return None
-    parts = sorted({f"{'/'.join(s.get('saves') or ())} with {_api(s)}" for s in seen})
+    parts = sorted({f"{'/'.join(s.saves)} with {_api(s)}" for s in seen})
     why = ("torch.distributed.checkpoint writes every rank's DTensor shard, so the checkpoint stays whole"
            if stage > 1 else "under ZeRO-1 the parameters stay whole on every rank")
     return f"the script saves its {'; '.join(parts)} ({_where(seen[0])}): {why}"
@@ -174,40 +174,46 @@ def refusal(profile: Profile) -> str | None:
     return None
 
 
-def propose(profile: Profile, budget: int, evidence: list[dict[str, object]]) -> list[Recommendation]:
-    """The lowest ZeRO stage whose predicted peak fits ``budget`` (its time cost predicted too);
-    when none fits, the stage with the lowest peak, marked as not fitting. Every stage's
-    predicted peak and step time go into ``evidence``."""
+def propose(profile: Profile, finding: Finding) -> Proposal:
+    """For a memory finding, the lowest ZeRO stage whose predicted peak fits its budget (its time
+    cost predicted too); when none fits, the stage with the lowest peak, which does not fit. Every
+    stage's predicted peak and step time go into the evidence. For a communication finding of a
+    ZeRO-3 job, a lower stage (``zero_lower.py``)."""
+    if finding.rule == "communication":
+        return lower_stage(profile)
+    budget = finding.budget_bytes
     n = profile.world_size
-    if n < 2 or int(profile.categories_at_peak.get("optimizer_state", 0)) <= 0:
-        return []
+    if not budget or n < 2 or int(profile.categories_at_peak.get("optimizer_state", 0)) <= 0:
+        return Proposal()
     why = refusal(profile)
     if why is not None:
         if profile.data_parallel in ("DistributedDataParallel", None):
-            evidence.append({"what": "ZeRO", "value": f"not proposed: {why}"})
-        return []
+            return Proposal(evidence=(Evidence(what="ZeRO", value=f"not proposed: {why}"),))
+        return Proposal()
     m = measured(profile)
     costs = []
+    evidence: list[Evidence] = []
     for stage in STAGES:
         refused = checkpoint_refusal(profile.checkpoint_saves, stage)
         if refused:
-            evidence.append({"what": f"ZeRO-{stage}", "value": f"not proposed: {refused}"})
+            evidence.append(Evidence(what=f"ZeRO-{stage}", value=f"not proposed: {refused}"))
             continue
         cost = stage_cost(m, stage)
         if cost.peak_bytes >= m.peak_bytes:
             reason = ("the largest parameter holds so much of the state that the busiest rank would save "
                       "nothing" if stage == 1 else "gathered parameters outweigh what sharding saves")
-            evidence.append({"what": f"ZeRO-{stage}", "value": f"not proposed: {reason}"})
+            evidence.append(Evidence(what=f"ZeRO-{stage}", value=f"not proposed: {reason}"))
             continue
         costs.append(cost)
         time = fmt_seconds(cost.step_time_s) if cost.step_time_s is not None else "not predicted"
-        evidence.append({"what": f"ZeRO-{stage} predicted", "value": f"peak {gib(cost.peak_bytes)}, step {time}"
-                         + ("" if cost.peak_bytes <= budget else " (over the budget)")})
+        evidence.append(Evidence(what=f"ZeRO-{stage} predicted", value=f"peak {gib(cost.peak_bytes)}, step {time}"
+                                 + ("" if cost.peak_bytes <= budget else " (over the budget)")))
     if not costs:
-        return []
+        return Proposal(evidence=tuple(evidence))
     fitting = [c for c in costs if c.peak_bytes <= budget]
     chosen = fitting[0] if fitting else min(costs, key=lambda c: (c.peak_bytes, c.stage))
-    return [_recommendation(profile, m, stage_cost(m, 0), chosen, budget)]
+    return Proposal(evidence=tuple(evidence),
+                    recommendations=(_recommendation(profile, m, stage_cost(m, 0), chosen, budget),))
 
 
 def _recommendation(profile: Profile, m: Measured, base: StageCost, cost: StageCost, budget: int) -> Recommendation:
@@ -249,6 +255,7 @@ def _recommendation(profile: Profile, m: Measured, base: StageCost, cost: StageC
         params={"stage": stage},
         predicted=Prediction(peak_memory_bytes=cost.peak_bytes, step_time_s=cost.step_time_s),
         baseline=Prediction(peak_memory_bytes=m.peak_bytes, step_time_s=m.step_time_s),
+        budget_bytes=budget,
         cost_model=COST_MODELS[stage],
         confidence="high" if m.busbw and stage == 1 else "medium" if m.busbw and not host_synchronous else "low",
         exact=stage == 1,
@@ -256,7 +263,6 @@ def _recommendation(profile: Profile, m: Measured, base: StageCost, cost: StageC
         apply_class=APPLY_CLASSES[stage],
         prerequisites=prereq,
         evidence=ev,
-        fits=cost.peak_bytes <= budget,
     )
 
 
@@ -266,8 +272,6 @@ SPEC = RemedySpec(
     params=("stage",),
     validate=validate,
     phase="layout",
-    addresses="memory",
+    addresses=("memory", "communication"),  # a sharded job bound by exposed communication: a lower stage
     propose=propose,
 )
-
-RULE = lower_stage_rule  # a sharded job bound by exposed communication: a lower stage

@@ -1,4 +1,5 @@
-"""A lower ZeRO stage for a sharded job whose collectives are exposed (no SPEC: ``zero.py``'s RULE).
+"""A lower ZeRO stage for a sharded job whose collectives are exposed (no SPEC: ``zero.py`` proposes
+it for the communication rule's findings).
 
 The stage in force is read from what the job's collectives move per step (``CollectiveStat``,
 the rank of interest's deep steps, DDP's start-up step left out): FSDP reduce-scatters the
@@ -20,11 +21,11 @@ Applied live (``set_reshard_after_forward(False)``): the same numerics, ``live-e
 
 from __future__ import annotations
 
-from advisor.recommend.finding import Finding, gib
+from advisor.recommend.finding import Proposal, gib
 from advisor.recommend.memory_model import measured_peak
 from advisor.recommend.profile import Profile
 from advisor.recommend.rules._figures import comm_steps, median_per_step, ms
-from advisor.records.advice import Prediction, Recommendation
+from advisor.records.advice import Evidence, Prediction, Recommendation
 
 EXPOSED_SHARE = 0.10  # the communication rule's threshold (REFERENCE.md: > 10% of the step)
 GATHER_RATIO_STAGE3 = 1.5  # all-gathered / reduce-scattered bytes at or above this: ZeRO-3
@@ -41,21 +42,20 @@ def sharded_stage(profile: Profile) -> int | None:
     return 3 if gathered >= GATHER_RATIO_STAGE3 * scattered else 2
 
 
-def lower_stage_rule(profile: Profile) -> Finding | None:
+def lower_stage(profile: Profile) -> Proposal:
+    """ZeRO-2 for a ZeRO-3 job whose exposed collectives take over ``EXPOSED_SHARE`` of the step."""
     step = profile.step_time_s
     if not step or profile.world_size < 2 or sharded_stage(profile) != 3:
-        return None
+        return Proposal()
     by_step = comm_steps(profile.collectives)
     exposed = median_per_step(by_step, "exposed_s")
     share = exposed / step
     if share <= EXPOSED_SHARE:
-        return None
+        return Proposal()
     n = profile.world_size
     shard = int(profile.categories_at_peak.get("parameter", 0))
     peak = measured_peak(profile)
     predicted_peak = peak + shard * (n - 1) if peak else None
-    budget = profile.budget_bytes
-    fits = predicted_peak is None or not budget or predicted_peak <= budget
     lines = [f"{ms(exposed)} of collectives exposed in a {ms(step)} step ({share:.0%}) under ZeRO-3 "
              "(parameters all-gathered in forward and again in backward)",
              f"ZeRO-2 keeps them gathered until backward: a third less traffic, +{gib(shard * (n - 1))} at the peak"]
@@ -66,6 +66,7 @@ def lower_stage_rule(profile: Profile) -> Finding | None:
         params={"stage": 2},
         predicted=Prediction(peak_memory_bytes=predicted_peak, step_time_s=step - exposed / 3),
         baseline=Prediction(peak_memory_bytes=peak or None, step_time_s=step),
+        budget_bytes=profile.budget_bytes,
         cost_model="exposed x 2/3 (no backward all-gather); peak + sharded parameters x (N_d - 1)",
         confidence="medium",
         exact=True,
@@ -73,12 +74,6 @@ def lower_stage_rule(profile: Profile) -> Finding | None:
         apply_class="live-exact",
         prerequisites=["the model is sharded by FSDP2 (fully_shard), by the script or by the zero remedy"],
         evidence=lines,
-        fits=fits,
     )
-    evidence: list[dict[str, object]] = [
-        {"what": "exposed collective time / step time", "value": round(share, 4), "threshold": EXPOSED_SHARE},
-        {"what": "ZeRO stage in force (from the collectives)", "value": 3},
-    ]
-    return Finding(bottleneck="communication", summary=f"exposed communication takes {share:.0%} of the step "
-                                                       "under ZeRO-3", severity=share, evidence=evidence,
-                   recommendations=[rec])
+    return Proposal(recommendations=(rec,), evidence=(Evidence(what="ZeRO stage in force (from the collectives)",
+                                                               value=3),))

@@ -9,15 +9,21 @@ or bf16 peak at least ``TENSOR_CORE_GAIN`` times its fp32 peak.
 Prediction: each affected op keeps its achieved share of the roof, at the faster roof:
 ``t' = t x roof_fp32 / roof_new``. TF32 keeps the bytes (roof ``min(peak_tf32, I x bw)``);
 bf16 halves them (roof ``min(peak_bf16, 2I x bw)``). The step saves ``sum(t - t')`` per step.
+The remedies (``recommend/remedies/tf32_matmul.py``, ``autocast_bf16.py``) propose through
+``lower_precision``.
 """
 
 from __future__ import annotations
 
-from advisor.recommend.finding import Finding
+from dataclasses import dataclass
+
+from advisor.recommend.finding import Finding, Proposal
+from advisor.recommend.memory_model import measured_peak
 from advisor.recommend.profile import Profile
-from advisor.recommend.remedies import autocast_bf16, tf32_matmul
 from advisor.recommend.rules._figures import FP32_DTYPES, matmul_ops, ms, steps_covered
-from advisor.records.advice import Prediction, Recommendation
+from advisor.records.advice import Evidence, Prediction, Recommendation
+
+NAME = "compute"
 
 MATMUL_SHARE = 0.5  # fp32 matmul time above this share of the step: compute dominates
 ROOF_SHARE = 0.5  # achieved / fp32 roof at or above this: the ops are near their ceiling
@@ -30,8 +36,8 @@ def _roof(peak: float, intensity: float | None, bandwidth: float | None) -> floa
 
 def saved_per_step(profile: Profile, key: str, byte_factor: float) -> float:
     """Seconds per step the fp32 matmul ops save at the ``key`` peak with bytes x ``byte_factor``."""
-    peaks = profile.device.get("peak_flops") or {}
-    bw = profile.device.get("memory_bandwidth")
+    peaks = profile.device.peak_flops
+    bw = profile.device.memory_bandwidth
     fp32, fast = peaks.get("fp32"), peaks.get(key)
     if not fp32 or not fast:
         return 0.0
@@ -45,53 +51,80 @@ def saved_per_step(profile: Profile, key: str, byte_factor: float) -> float:
     return saved / steps_covered(ops) if ops else 0.0
 
 
-def compute_rule(profile: Profile) -> Finding | None:
+@dataclass(frozen=True, kw_only=True)
+class MatmulFigures:
+    """What the compute rule measured: the fp32 matmul/conv ops' share of the step and of their roof."""
+
+    step_s: float
+    time_per_step_s: float
+    share: float  # of the step
+    roof_share: float  # achieved / fp32 roof, time-weighted
+    fp32_flops: float
+    tensor_core_flops: float
+
+    def lines(self) -> list[str]:
+        return [f"fp32 matmul/conv {ms(self.time_per_step_s)} of a {ms(self.step_s)} step ({self.share:.0%})",
+                f"{self.roof_share:.0%} of the fp32 roof achieved"]
+
+
+def matmul_figures(profile: Profile) -> MatmulFigures | None:
+    """The fp32 matmul/conv figures on a CUDA device with a tf32 or bf16 peak; None without one."""
     step, device = profile.step_time_s, profile.device
-    peaks = device.get("peak_flops") or {}
-    fp32, bw = peaks.get("fp32"), device.get("memory_bandwidth")
+    fp32, bw = device.peak_flops.get("fp32"), device.memory_bandwidth
     ops = [o for o in matmul_ops(profile.ops) if o.dtype in FP32_DTYPES and o.time_s > 0]
-    if not step or not fp32 or not ops or device.get("type") != "cuda":
+    if not step or not fp32 or not ops or device.type != "cuda":
         return None
-    fast = max(peaks.get("tf32") or 0.0, peaks.get("bf16") or 0.0)
-    if fast < TENSOR_CORE_GAIN * fp32:
-        return None  # no tensor cores: a lower precision would not be faster
     time_per_step = sum(o.time_s for o in ops) / steps_covered(ops)
-    share = time_per_step / step
     total_time = sum(o.time_s for o in ops)
     roof_share = sum(o.flops / o.time_s / _roof(fp32, o.flops / o.bytes if o.bytes else None, bw) * o.time_s
                      for o in ops) / total_time
+    fast = max(device.peak_flops.get("tf32") or 0.0, device.peak_flops.get("bf16") or 0.0)
+    return MatmulFigures(step_s=step, time_per_step_s=time_per_step, share=time_per_step / step,
+                         roof_share=roof_share, fp32_flops=fp32, tensor_core_flops=fast)
+
+
+def compute_rule(profile: Profile) -> Finding | None:
+    figures = matmul_figures(profile)
+    if figures is None or figures.tensor_core_flops < TENSOR_CORE_GAIN * figures.fp32_flops:
+        return None  # no tensor cores: a lower precision would not be faster
+    share, roof_share = figures.share, figures.roof_share
     if share <= MATMUL_SHARE or roof_share < ROOF_SHARE:
         return None
-    evidence = [
-        {"what": "fp32 matmul/conv time / step time", "value": round(share, 4), "threshold": MATMUL_SHARE},
-        {"what": "achieved / fp32 roof (time-weighted)", "value": round(roof_share, 4), "threshold": ROOF_SHARE},
-        {"what": "fp32 matmul/conv time per step", "value": round(time_per_step, 6), "unit": "s"},
-        {"what": "peak FLOP/s fp32 / tensor cores", "value": f"{fp32:.3g} / {fast:.3g}", "unit": "FLOP/s"},
-    ]
-    recs = []
-    lines = [f"fp32 matmul/conv {ms(time_per_step)} of a {ms(step)} step ({share:.0%})",
-             f"{roof_share:.0%} of the fp32 roof achieved"]
-    for spec, key, factor, title, why in (
-        (tf32_matmul.SPEC, "tf32", 1.0, "TF32 matmuls", "inputs rounded to a 10-bit mantissa"),
-        (autocast_bf16.SPEC, "bf16", 0.5, "bf16 autocast around the forward", "matmuls in bf16 (8-bit mantissa)"),
-    ):
-        if not peaks.get(key):
-            continue
-        saved = saved_per_step(profile, key, factor)
-        recs.append(Recommendation(
-            id=spec.name.replace("_", "-"), remedy=spec.name,
-            title=f"{title}: fp32 matmuls take {share:.0%} of the step",
-            params={},
-            predicted=Prediction(peak_memory_bytes=None, step_time_s=step - saved),
-            baseline=Prediction(peak_memory_bytes=None, step_time_s=step),
-            cost_model=f"each fp32 matmul/conv at its achieved roof share, roof at the {key} peak"
-                       + (" with half the bytes" if factor != 1.0 else ""),
-            confidence="medium", exact=False, live=True, apply_class=spec.apply_class,
-            prerequisites=[f"a CUDA device with {key} tensor cores", f"changes numerics: {why}"],
-            evidence=lines + [f"saves {ms(saved)} per step"], fits=True,
-        ))
-    return Finding(bottleneck="compute", summary=f"fp32 matmuls take {share:.0%} of the step near their roof",
-                   severity=share, evidence=evidence, recommendations=recs)
+    evidence = (
+        Evidence(what="fp32 matmul/conv time / step time", value=round(share, 4), threshold=MATMUL_SHARE),
+        Evidence(what="achieved / fp32 roof (time-weighted)", value=round(roof_share, 4), threshold=ROOF_SHARE),
+        Evidence(what="fp32 matmul/conv time per step", value=round(figures.time_per_step_s, 6), unit="s"),
+        Evidence(what="peak FLOP/s fp32 / tensor cores",
+                 value=f"{figures.fp32_flops:.3g} / {figures.tensor_core_flops:.3g}", unit="FLOP/s"),
+    )
+    return Finding(rule=NAME, bottleneck="compute", summary=f"fp32 matmuls take {share:.0%} of the step near their roof",
+                   severity=share, evidence=evidence)
+
+
+def lower_precision(profile: Profile, *, spec_name: str, apply_class: str, key: str, byte_factor: float,
+                    title: str, why: str) -> Proposal:
+    """The compute rule's remedies, one per faster roof: each fp32 matmul at its achieved share of
+    the roof at the ``key`` peak, with its bytes x ``byte_factor``; the peak predicted unchanged
+    only where the bytes are (TF32 keeps the fp32 tensors)."""
+    figures = matmul_figures(profile)
+    if figures is None or not profile.device.peak_flops.get(key):
+        return Proposal()
+    saved = saved_per_step(profile, key, byte_factor)
+    step = figures.step_s
+    peak = (measured_peak(profile) or None) if byte_factor == 1.0 else None
+    return Proposal(recommendations=(Recommendation(
+        id=spec_name.replace("_", "-"), remedy=spec_name,
+        title=f"{title}: fp32 matmuls take {figures.share:.0%} of the step",
+        params={},
+        predicted=Prediction(peak_memory_bytes=peak, step_time_s=step - saved),
+        baseline=Prediction(peak_memory_bytes=peak, step_time_s=step),
+        budget_bytes=profile.budget_bytes,
+        cost_model=f"each fp32 matmul/conv at its achieved roof share, roof at the {key} peak"
+                   + (" with half the bytes" if byte_factor != 1.0 else ""),
+        confidence="medium", exact=False, live=True, apply_class=apply_class,
+        prerequisites=[f"a CUDA device with {key} tensor cores", f"changes numerics: {why}"],
+        evidence=figures.lines() + [f"saves {ms(saved)} per step"],
+    ),))
 
 
 RULE = compute_rule

@@ -1,31 +1,27 @@
 """Host-overhead rule: the device idles between kernels (CUDA), or on CPU the ops cover a small
-share of the step; it proposes ``torch.compile`` of the repeated blocks and, on CUDA, CUDA graphs.
+share of the step; its remedies are ``torch.compile`` of the repeated blocks (``repeated_blocks``)
+and, on CUDA, CUDA graphs (``recommend/remedies/compile_blocks.py``, ``cuda_graphs.py``).
 
 Evidence: op (kernel) time (``Profile.ops``) against the time of the very steps it was measured
 on, less their data wait (``Profile.step_times``): ops are timed on deep steps, which the probes
 slow down several times over, so they are compared with deep steps, never with light ones. The
 rest is the host gap (Python, dispatch, launches). The rule fires when the ops cover less than
 ``OP_COVERAGE`` of that time; the gap of an ordinary step is its time less data wait times
-``1 - coverage``.
-
-Prediction: compile removes ``GAP_RECOVERED`` of the gap (an assumption, labelled as such, low
-confidence); the executor measures the first compiled steps after the warm-up and keeps or
-reverts on what it measured, which calibrates it.
+``1 - coverage`` (``host_gap``, which the remedies read too).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
 from advisor.recommend.finding import Finding
 from advisor.recommend.profile import Profile
-from advisor.recommend.remedies import compile_blocks, cuda_graphs
 from advisor.recommend.rules._figures import ms, op_time_per_step
-from advisor.records.advice import Prediction, Recommendation
+from advisor.records.advice import Evidence
 
+NAME = "host_overhead"
 OP_COVERAGE = 0.5  # op time below this share of the (non-data) step: the host dominates
-GAP_RECOVERED = 0.5  # assumed share of the host gap compile removes (measured by the apply)
-GRAPH_RECOVERED = 0.9  # assumed share of the gap CUDA graphs remove (one launch per step)
 
 
 def repeated_blocks(profile: Profile) -> list[str]:
@@ -45,7 +41,30 @@ def _has_children(profile: Profile, kind: str) -> bool:
     return any(profile.children(m.name) for m in profile.modules if m.type == kind)
 
 
-def host_overhead_rule(profile: Profile) -> Finding | None:
+@dataclass(frozen=True, kw_only=True)
+class HostGap:
+    """What the host-overhead rule measured: the step's time outside the ops (seconds)."""
+
+    step_s: float
+    busy_s: float  # the step less its data wait
+    base_s: float  # what the op time is compared with: an ordinary step (CUDA) or a deep one (CPU)
+    op_time_s: float
+    coverage: float  # op time / base
+    gap_s: float  # host time per step outside the ops
+    cuda: bool
+
+    @property
+    def where(self) -> str:
+        return "the device idles between kernels" if self.cuda else "the ops cover a small share of the step"
+
+    def lines(self) -> list[str]:
+        kind = "ordinary" if self.cuda else "deep"
+        return [f"ops {ms(self.op_time_s)} of a {ms(self.base_s)} {kind} step less data wait ({self.coverage:.0%})",
+                f"host gap {ms(self.gap_s)} of a {ms(self.busy_s)} step"]
+
+
+def host_gap(profile: Profile) -> HostGap | None:
+    """The host gap, when the ops cover less than ``OP_COVERAGE`` of the step; None otherwise."""
     step = profile.step_time_s
     if not step or not profile.ops:
         return None
@@ -53,54 +72,30 @@ def host_overhead_rule(profile: Profile) -> Finding | None:
     measured = sorted({o.step for o in profile.ops} & set(profile.step_times))
     deep_busy = sum(profile.step_times[i][0] - profile.step_times[i][1] for i in measured) / max(1, len(measured))
     op_time = op_time_per_step(profile.ops)
-    cuda = profile.device.get("type") == "cuda"
+    cuda = profile.device.type == "cuda"
     # CUDA op times are kernel times, which the profiler does not slow: compare them with an
     # ordinary step. CPU op times are slowed with their deep step: compare like with like.
     base = busy if cuda else deep_busy
     if busy <= 0 or base <= 0 or op_time <= 0 or op_time >= OP_COVERAGE * base:
         return None
     coverage = op_time / base
-    gap = busy * (1.0 - coverage)
-    where = "the device idles between kernels" if cuda else "the ops cover a small share of the step"
-    evidence = [
-        {"what": "op time / step time less data wait (" + ("ordinary steps" if cuda else "deep steps") + ")",
-         "value": round(coverage, 4),
-         "threshold": OP_COVERAGE},
-        {"what": "host gap per step", "value": round(gap, 6), "unit": "s"},
-        {"what": "op time per deep step", "value": round(op_time, 6), "unit": "s"},
-    ]
-    lines = [f"ops {ms(op_time)} of a {ms(base)} {'ordinary' if cuda else 'deep'} step less data wait ({coverage:.0%})",
-             f"host gap {ms(gap)} of a {ms(busy)} step"]
-    blocks = repeated_blocks(profile)
-    recs = [Recommendation(
-        id="compile-blocks", remedy=compile_blocks.SPEC.name,
-        title=f"torch.compile the repeated blocks: {where} ({coverage:.0%} op time)",
-        params={"modules": blocks},
-        predicted=Prediction(peak_memory_bytes=None, step_time_s=step - GAP_RECOVERED * gap),
-        baseline=Prediction(peak_memory_bytes=None, step_time_s=step),
-        cost_model=f"step - {GAP_RECOVERED:g} x host gap (assumed; the apply measures the compiled steps "
-                   "after the compile warm-up)",
-        confidence="low", exact=False, live=True, apply_class=compile_blocks.SPEC.apply_class,
-        prerequisites=["a working torch.compile toolchain (a C++ compiler on CPU, Triton on CUDA)",
-                       "the first compiled steps are slow while it compiles"],
-        evidence=lines + [f"blocks: {', '.join(b or '(model)' for b in blocks[:4])}"
-                          + (f" and {len(blocks) - 4} more" if len(blocks) > 4 else "")],
-        fits=True,
-    )]
-    if cuda:
-        recs.append(Recommendation(
-            id="cuda-graphs", remedy=cuda_graphs.SPEC.name,
-            title="CUDA graphs for the step (static shapes): one launch instead of many",
-            params={},
-            predicted=Prediction(peak_memory_bytes=None, step_time_s=step - GRAPH_RECOVERED * gap),
-            baseline=Prediction(peak_memory_bytes=None, step_time_s=step),
-            cost_model=f"step - {GRAPH_RECOVERED:g} x host gap (assumed)",
-            confidence="low", exact=False, live=False, apply_class=cuda_graphs.SPEC.apply_class,
-            prerequisites=["inputs of one static shape", f"change: {cuda_graphs.CHANGE}"],
-            evidence=lines, fits=True,
-        ))
-    return Finding(bottleneck="launch_overhead", summary=f"host overhead: {where} ({coverage:.0%} op time)",
-                   severity=gap / step, evidence=evidence, recommendations=recs)
+    return HostGap(step_s=step, busy_s=busy, base_s=base, op_time_s=op_time, coverage=coverage,
+                   gap_s=busy * (1.0 - coverage), cuda=cuda)
+
+
+def host_overhead_rule(profile: Profile) -> Finding | None:
+    gap = host_gap(profile)
+    if gap is None:
+        return None
+    evidence = (
+        Evidence(what="op time / step time less data wait (" + ("ordinary steps" if gap.cuda else "deep steps") + ")",
+                 value=round(gap.coverage, 4), threshold=OP_COVERAGE),
+        Evidence(what="host gap per step", value=round(gap.gap_s, 6), unit="s"),
+        Evidence(what="op time per deep step", value=round(gap.op_time_s, 6), unit="s"),
+    )
+    return Finding(rule=NAME, bottleneck="launch_overhead",
+                   summary=f"host overhead: {gap.where} ({gap.coverage:.0%} op time)",
+                   severity=gap.gap_s / gap.step_s, evidence=evidence)
 
 
 RULE = host_overhead_rule

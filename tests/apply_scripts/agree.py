@@ -36,6 +36,7 @@ for p in (str(ROOT), str(ROOT / "tests")):
         sys.path.insert(0, p)
 
 from fakes import FakeContext  # noqa: E402
+from recommendations import wire  # noqa: E402
 
 from advisor.apply import registry  # noqa: E402
 from advisor.apply.executor import Executor  # noqa: E402
@@ -93,7 +94,7 @@ def worker(rank: int, world: int, port: int, scenario: str, out: str) -> None:
         gen = torch.Generator().manual_seed(100 + rank)
         losses = []
         command = {"type": "apply", "at_step": AT_STEP, "measure_steps": 1,
-                   "recommendation": {"id": "lr", "remedy": "scale_lr", "params": {"factor": factor}}}
+                   "recommendation": wire("lr", "scale_lr", params={"factor": factor})}
         passed_3 = threading.Event()
         late = None
         if scenario == "late_on_1" and rank == 1:

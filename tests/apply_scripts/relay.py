@@ -18,15 +18,17 @@ from pathlib import Path
 import torch.distributed as dist
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for path in (str(ROOT), str(ROOT / "tests")):
+    if path not in sys.path:
+        sys.path.insert(0, path)
 
 from advisor.agent.relay import CommandRelay  # noqa: E402
 from advisor.probes.comm.intercept import CollectiveInterceptor  # noqa: E402
 from advisor.records.settings import MultinodeSettings  # noqa: E402
+from recommendations import wire  # noqa: E402
 
-APPLY = {"type": "apply", "recommendation": {"id": "fused-optimizer", "remedy": "fused_optimizer",
-                                             "params": {"optimizers": None}}, "at_step": 4, "measure_steps": 3}
+APPLY = {"type": "apply", "recommendation": wire("fused-optimizer", "fused_optimizer", params={"optimizers": None}),
+         "at_step": 4, "measure_steps": 3}
 CONFLICT = {"type": "revert"}
 
 

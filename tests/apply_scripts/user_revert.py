@@ -26,6 +26,7 @@ for p in (str(ROOT), str(ROOT / "tests")):
         sys.path.insert(0, p)
 
 from fakes import FakeContext  # noqa: E402
+from recommendations import recommendation  # noqa: E402
 
 from advisor.apply import registry  # noqa: E402
 from advisor.apply.executor import Executor  # noqa: E402
@@ -80,7 +81,7 @@ def worker(rank: int, world: int, port: int, voted: bool, out: str) -> None:
         for i in range(STEPS):
             ctx.step = i
             if i == 1:
-                ex.submit(ApplyCommand(recommendation={"id": "lr", "remedy": "halve_lr", "params": {"factor": 0.5}},
+                ex.submit(ApplyCommand(recommendation=recommendation("lr", "halve_lr", params={"factor": 0.5}),
                                        at_step=AT_STEP, measure_steps=1))
             if i == SEEN and rank == 0:
                 ex.submit(revert)

@@ -31,6 +31,7 @@ if str(ROOT / "tests") not in sys.path:
     sys.path.insert(0, str(ROOT / "tests"))
 
 from fakes import FakeContext  # noqa: E402
+from recommendations import wire  # noqa: E402
 
 from advisor.apply import registry  # noqa: E402
 from advisor.apply.executor import Executor  # noqa: E402
@@ -111,7 +112,7 @@ def worker(rank: int, world: int, port: int, scenario: str, out: str) -> None:
                 ctx.step = i
                 if i == 1:
                     executor.submit({"type": "apply", "at_step": AT_STEP, "measure_steps": 2,
-                                     "recommendation": {"id": f"zero-{stage}", "remedy": "zero", "params": {"stage": stage}}})
+                                     "recommendation": wire(f"zero-{stage}", "zero", params={"stage": stage})})
                 executor.on_boundary(i)
             if scenario in ("switch", "switch_revert", "revert_before_step", "restage", "eval_revert") and i == AT_STEP:
                 handle = apply_zero(target, stage=stage)

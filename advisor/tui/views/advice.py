@@ -3,7 +3,8 @@ trade-off curve as a chart, predicted against measured after each apply, and the
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Sequence
 
 from rich.table import Table
 from rich.text import Text
@@ -11,6 +12,8 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable
 
+from advisor.records.advice import CurvePoint, Recommendation
+from advisor.records.results import ApplyHistory, ApplyResult
 from advisor.records.units import fmt_bytes, fmt_seconds
 from advisor.tui.chart import Chart
 from advisor.tui.fit_table import Column, FitTable
@@ -22,13 +25,16 @@ from advisor.tui.view_model import ViewModel
 MIB = 1024 * 1024
 
 
-def curve_table(curve: list[dict[str, Any]]) -> Table:
+def _added_s(point: CurvePoint) -> float:
+    return point.overhead_s if math.isfinite(point.overhead_s) else 0.0  # no finite cost: nothing drawn
+
+
+def curve_table(curve: Sequence[CurvePoint]) -> Table:
     table = Table("budget", "peak", "added time", box=None, pad_edge=False)
     for column in table.columns:
         column.no_wrap = True
-    for p in sorted(curve, key=lambda p: p.get("budget_bytes") or 0):
-        table.add_row(fmt_bytes(p.get("budget_bytes")), fmt_bytes(p.get("peak_memory_bytes")),
-                      "+" + fmt_seconds(p.get("overhead_s")))
+    for p in sorted(curve, key=lambda p: p.budget_bytes):
+        table.add_row(fmt_bytes(p.budget_bytes), fmt_bytes(p.peak_memory_bytes), "+" + fmt_seconds(_added_s(p)))
     return table
 
 
@@ -41,23 +47,23 @@ def history_columns(world_size: int) -> list[Column]:
             Column(key="pred_step", label="pred. step", drop=3), Column(key="pred_peak", label="pred. peak", drop=3)]
 
 
-def history_rows(applied: list[dict[str, Any]], world_size: int = 1, rank: int | None = None) -> list[list[str]]:
+def history_rows(applied: Sequence[ApplyHistory], world_size: int = 1, rank: int | None = None) -> list[list[str]]:
     """One row per decision, oldest first: remedy, the ranks it stands for (several ranks), status,
     the first step it changed, measured (``rank``'s) and predicted step time and peak."""
     rows = []
     for row in applied_rows(applied):
         r = row.shown(rank)
-        predicted = r.get("predicted") or {}
-        measured = r.get("measured") or {}
-        after = measured.get("after") or {}
-        before = measured.get("before") or {}
-        cells = [str(r.get("remedy") or r.get("recommendation_id"))]
+        cells = [str(r.remedy or r.recommendation_id)]
         if world_size > 1:
             cells.append(row.who(world_size))
-        cells += [row.status, "" if r.get("at_step") is None else str(r["at_step"]),
-                  f"{fmt_seconds(before.get('step_time_s'))} → {fmt_seconds(after.get('step_time_s'))}" if measured else "—",
-                  f"{fmt_bytes(before.get('peak_memory_bytes'))} → {fmt_bytes(after.get('peak_memory_bytes'))}" if measured else "—",
-                  fmt_seconds(predicted.get("step_time_s")), fmt_bytes(predicted.get("peak_memory_bytes"))]
+        cells.append(row.status)
+        cells.append("" if r.at_step is None else str(r.at_step))
+        if isinstance(r, ApplyResult):
+            cells += [f"{fmt_seconds(r.before.step_time_s)} → {fmt_seconds(r.after.step_time_s)}",
+                      f"{fmt_bytes(r.before.peak_memory_bytes)} → {fmt_bytes(r.after.peak_memory_bytes)}",
+                      fmt_seconds(r.predicted.step_time_s), fmt_bytes(r.predicted.peak_memory_bytes)]
+        else:  # a revert on request measures nothing
+            cells += ["—", "—", "—", "—"]
         rows.append(cells)
     return rows
 
@@ -90,24 +96,25 @@ class AdviceView(Vertical):
         self.query_one("#history").display = bool(rows)
         self.show_curve(self.query_one(RecommendationsView).selected)
 
-    def show_curve(self, rec: dict[str, Any] | None) -> None:
+    def show_curve(self, rec: Recommendation | None) -> None:
         chart = self.query_one(Chart)
-        curve = (rec or {}).get("curve") or []
+        curve = rec.curve if rec is not None and rec.curve else []
         chart.display = bool(curve)
         self.query_one("#advice-lower").display = bool(curve) or self.query_one("#history").display
-        if not curve:
+        if rec is None or not curve:
             chart.draw(None, Text("no trade-off curve for the selected remedy", style="dim"))
             return
-        points = sorted(curve, key=lambda p: p.get("budget_bytes") or 0)
+        points = sorted(rec.curve, key=lambda p: p.budget_bytes)
+        title = rec.title or rec.remedy
 
         def plot(plt: Any) -> None:
-            peaks = [(p.get("peak_memory_bytes") or 0) / MIB for p in points]
-            added = [(p.get("overhead_s") or 0) * 1e3 for p in points]
+            peaks = [p.peak_memory_bytes / MIB for p in points]
+            added = [_added_s(p) * 1e3 for p in points]
             plt.plot(peaks, added, marker="braille", color="cyan")
             plt.scatter(peaks, added, color="orange")
             plt.xlabel("predicted peak memory, MiB")
             plt.ylabel("added ms/step")
-            plt.title(f"{rec.get('title') or rec.get('remedy')}: trade-off, added step time by peak memory")  # type: ignore[union-attr]
+            plt.title(f"{title}: trade-off, added step time by peak memory")
 
         chart.draw(plot, curve_table(points), legend=[("a plan the solver considered", "orange")])
 

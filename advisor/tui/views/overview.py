@@ -32,7 +32,7 @@ def diagnosis_sentence(model: ViewModel) -> str:
     d = model.diagnosis
     if not d:
         return "No diagnosis yet: waiting for a deep-sampled step." if not model.finished else "No diagnosis: nothing was measured."
-    return f"Bottleneck: {d.get('bottleneck', '?')}: {d.get('summary', '')}"
+    return f"Bottleneck: {d.bottleneck}: {d.summary}"
 
 
 def facts_lines(model: ViewModel) -> list[list[Any]]:

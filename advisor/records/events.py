@@ -1,0 +1,215 @@
+"""Typed payloads of the agents' events: one frozen record per ``Event.name`` the controller or the
+recommender reads.
+
+An ``Event`` travels with ``data``, a JSON object (samples.py keeps that wire and store shape); its
+payload is that object decoded, checked field by field, into the record below that has the event's
+name: ``Oom.of(event)``, or ``payload(event)`` for whichever kind it is. The controller decodes once
+at its edge (``advisor/intake.py``: an event whose payload does not decode is dropped there), so
+readers take attributes, never ``data.get``. Emitters build the record and send
+``payload.event(rank=, step=)``. Keys a newer agent adds are ignored; fields the readers do not need
+yet stay in ``data`` (the report's memory section shows an OOM's whole record).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import ClassVar, Sequence
+
+from advisor.records.checkpoint_saves import CHECKPOINT_APIS, CHECKPOINT_SAVES
+from advisor.records.payload import P, Payload
+from advisor.records.results import ApplyResult, ApplyStarted, RevertResult
+from advisor.records.samples import Event
+
+
+@dataclass(frozen=True, kw_only=True)
+class WarningEvent(Payload):
+    """Something the user should read (``source``: which part said it, as "apply" or "restart")."""
+
+    NAME: ClassVar[str] = "warning"
+    message: str = ""
+    source: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Oom(Payload):
+    """The job ran out of memory (``kind`` "cuda" or "error"), or an op would exceed an enforced
+    budget ("budget"): the failed request and what was allocated when it failed (bytes)."""
+
+    NAME: ClassVar[str] = "oom"
+    kind: str = ""
+    message: str = ""
+    op: str | None = None
+    module: str | None = None
+    requested_bytes: int | None = None
+    budget_bytes: int | None = None
+    categories: dict[str, int] = field(default_factory=dict)  # MEMORY_CATEGORIES at the failure
+    inferred_bytes: dict[str, int] = field(default_factory=dict)  # allocator bytes given to a category
+    step: int | None = None
+    phase: str | None = None  # "forward", "backward", "optimizer", ...
+    allocated_bytes: int | None = None  # CUDA's allocator at the failure (None elsewhere)
+    reserved_bytes: int | None = None
+    rank: int = 0  # not on the wire: the event's rank, set by ``at_rank``
+
+    def at_rank(self, event: Event) -> "Oom":
+        """This OOM stamped with the rank and step of the event that carried it."""
+        return replace(self, rank=event.rank, step=self.step if self.step is not None else event.step)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModuleActivations(Payload):
+    """Activation bytes each module and its descendants saved, on one deep step."""
+
+    NAME: ClassVar[str] = "module_activations"
+    inclusive_bytes: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CudaMemory(Payload):
+    """The CUDA caching allocator and NVML at the end of a deep step (bytes; None where unknown)."""
+
+    NAME: ClassVar[str] = "cuda_memory"
+    allocated_bytes: int | None = None
+    reserved_bytes: int | None = None
+    device_used_bytes: int | None = None
+    device_used_outside_torch_bytes: int | None = None
+    device_total_used_bytes: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointSave(Payload):
+    """The script saved captured state (``advisor/agent/saves.py``); read by the ZeRO predictor."""
+
+    NAME: ClassVar[str] = "checkpoint_save"
+    api: str
+    saves: tuple[str, ...] = ()
+    sharded: bool = False
+    step: int | None = None
+    rank: int = 0  # not on the wire: the event's rank (``Profile.checkpoint_saves`` spans ranks)
+
+    def at_rank(self, event: Event) -> "CheckpointSave":
+        """This save stamped with the rank of the event that carried it."""
+        return replace(self, rank=event.rank)
+
+    def __post_init__(self) -> None:
+        if self.api not in CHECKPOINT_APIS:
+            raise ValueError(f"api {self.api[:40]!r} is not one of {list(CHECKPOINT_APIS)}")
+        if not set(self.saves) <= set(CHECKPOINT_SAVES):
+            raise ValueError(f"saves {list(self.saves)} is not a subset of {list(CHECKPOINT_SAVES)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataLoaderSettings(Payload):
+    """One of the script's DataLoaders as the agent captured it (and after a remedy changed it)."""
+
+    NAME: ClassVar[str] = "dataloader"
+    index: int = 0
+    num_workers: int = 0
+    pin_memory: bool = False
+    prefetch_factor: int | None = None
+    persistent_workers: bool = False
+    batch_size: int | None = None
+    sampler: str | None = None
+    seeded: bool = False
+    cpu_count: int = 1  # CPUs the training process may run on
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceSpec(Payload):
+    """A device's ceilings and how they were found (``advisor/probes/device/spec.py`` measures them).
+
+    FLOP/s per dtype key ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8"), bandwidth in bytes/s,
+    capacity in bytes. The host link (pinned host<->device copies, bytes/s) rides along for the
+    offload remedies; ``count``: devices one process sees (a run's device, not the event's)."""
+
+    NAME: ClassVar[str] = "device_spec"
+    type: str = ""  # "cpu" | "cuda"
+    name: str = ""
+    index: int | None = None
+    driver: str | None = None
+    peak_flops: dict[str, float] = field(default_factory=dict)  # the values in use
+    memory_bandwidth: float | None = None
+    memory_capacity: int | None = None
+    source: str = "spec"  # where the values in use came from: "spec", "measured" or "override"
+    part: str | None = None  # the spec-table entry matched
+    spec_peak_flops: dict[str, float] = field(default_factory=dict)
+    spec_memory_bandwidth: float | None = None
+    measured_peak_flops: dict[str, float] = field(default_factory=dict)
+    measured_memory_bandwidth: float | None = None
+    host_link_bandwidth: float | None = None
+    host_link_source: str | None = None  # "measured", "override", "assumed" or "unknown: ..."
+    count: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineStages(Payload):
+    """The live in-process pipeline split (``apply/remedies/pipeline.py``), with each stage's
+    measured forward seconds per pipelined forward; ``mode`` "pipeline" while it is in force."""
+
+    NAME: ClassVar[str] = "pipeline_stages"
+    stages: tuple[tuple[str, ...], ...] = ()
+    devices: tuple[str, ...] = ()
+    micro_batches: int = 1
+    mode: str = ""
+    refusal: str | None = None
+    pipelined_forwards: int = 0
+    stage_times_s: tuple[float, ...] = ()
+    previous_stages: tuple[tuple[str, ...], ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeepSamplingStopped(Payload):
+    """A deep step was so much slower than the light ones that scheduled deep sampling ended."""
+
+    NAME: ClassVar[str] = "deep_sampling_stopped"
+    step: int = 0
+    deep_s: float = 0.0
+    light_s: float = 0.0
+    slowdown: float | None = None
+    limit_s: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Job(Payload):
+    """The token rank 0 drew for this run of a multi-node job (``advisor/agent/relay.py``)."""
+
+    NAME: ClassVar[str] = "job"
+    token: str
+    world_size: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class PeerLost(Payload):
+    """Ranks whose heartbeat stopped (``silent_s`` seconds without a beat)."""
+
+    NAME: ClassVar[str] = "peer_lost"
+    ranks: tuple[int, ...] = ()
+    message: str = ""
+    silent_s: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PeerExit(Payload):
+    """A peer rank wrote a non-zero exit code."""
+
+    NAME: ClassVar[str] = "peer_exit"
+    ranks: tuple[int, ...] = ()
+    code: int = 0
+    message: str = ""
+
+
+# Every payload by event name (the apply outcomes are results.py's).
+PAYLOADS: dict[str, type[Payload]] = {cls.NAME: cls for cls in (
+    WarningEvent, Oom, ModuleActivations, CudaMemory, CheckpointSave, DataLoaderSettings, DeviceSpec, PipelineStages,
+    DeepSamplingStopped, Job, PeerLost, PeerExit, ApplyResult, ApplyStarted, RevertResult)}
+
+
+def payload(event: Event) -> Payload | None:
+    """The typed payload of ``event``, None for a name with none; ``ValueError`` naming the field
+    when its data does not fit."""
+    cls = PAYLOADS.get(event.name)
+    return None if cls is None else cls.of(event)
+
+
+def payloads(events: Sequence[Event], cls: type[P]) -> list[tuple[Event, P]]:
+    """Each event named ``cls.NAME`` with its payload, in order."""
+    return [(e, cls.of(e)) for e in events if e.name == cls.NAME]
