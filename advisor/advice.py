@@ -65,7 +65,7 @@ def advise_state(state: SessionState, *, budget_bytes: int | None = None
     if profile is None:
         return None, []
     # Calibration reads the whole session's applies, not only the current regime's.
-    diagnosis, recommendations = advise(profile, errors=model_errors(state.applied))
+    diagnosis, recommendations = advise(profile, errors=model_errors(state.applied, state.steps))
     described = regime.rank0_steps()
     if described:
         diagnosis = replace(diagnosis, steps=StepSpan(first=described[0].index, last=described[-1].index))

@@ -25,9 +25,13 @@ def calibration_line(rec: dict[str, Any]) -> str | None:
     if not cal:
         return None
     applies = cal.get("applies", 0)
-    return (f"calibrated {fmt_seconds(cal.get('step_time_s'))} ({fmt_seconds(cal.get('low_s'))}-"
-            f"{fmt_seconds(cal.get('high_s'))}), model error {_percent(cal.get('model_error', 0.0))} "
-            f"over {applies} apply" + ("" if applies == 1 else "s"))
+    error, shift = cal.get("model_error", 0.0), cal.get("shift_error")
+    line = (f"calibrated {fmt_seconds(cal.get('step_time_s'))} ({fmt_seconds(cal.get('low_s'))}-"
+            f"{fmt_seconds(cal.get('high_s'))}), model error {_percent(error)} over {applies} apply"
+            + ("" if applies == 1 else "s"))
+    if shift is not None and abs(shift - error) > 1e-9:  # one window moves the calibration a bounded amount
+        line += f", shifted by {_percent(shift)} at most"
+    return line
 
 
 def applied_time_line(applied: dict[str, Any]) -> str | None:

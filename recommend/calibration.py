@@ -12,12 +12,18 @@ relative error
 and corrects later predictions of the same remedy with it:
 
 - **shift**: the calibrated step time is ``predicted / (1 + e)``, ``e`` the median error of
-  the remedy's applies (one error per apply: the median over its ranks). A model that was
-  12% high once is taken to be 12% high again.
+  the remedy's applies (one error per apply: the median over its ranks), bounded by
+  ``MAX_SHIFT_PER_APPLY`` for each apply that gave one: one window moves the calibration by at
+  most 25% whatever it measured, so a noisy window ("489 ms → 98.8 ms", +992%) no longer turns the
+  next prediction for a 235 ms job into 22.9 ms. A model that was 12% high once is taken to be
+  12% high again; one that was 10x off is taken to be 25% off until more applies agree.
+- **noisy windows** do not correct: a window whose light steps spread more than ``NOISY_SPREAD``
+  of their mean (``(max - min) / mean``, read from the session's steps) measured noise as much
+  as the remedy. Its error stays in the history, with its spread, and is left out of the shift.
 - **widen**: the calibrated interval is spanned by ``predicted / (1 + e_i)`` over every
-  observed error, so it holds what each past apply would have said. With fewer than
-  ``TRUSTED_APPLIES`` applies one error says little about the next, so the interval also
-  holds the uncorrected prediction: the shift is a guess until it repeats.
+  error used (each bounded like the shift), so it holds what each past apply would have said.
+  With fewer than ``TRUSTED_APPLIES`` applies one error says little about the next, so the
+  interval also holds the uncorrected prediction: the shift is a guess until it repeats.
 
 The model's own prediction (``predicted``) is never overwritten: errors are always measured
 against it, so a correction never feeds on itself. Ranking uses the calibrated value.
@@ -33,13 +39,16 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from advisor.records.advice import Calibration, Recommendation
 from advisor.records.jsonable import to_json
 from advisor.records.results import ApplyHistory, ApplyResult
+from advisor.records.samples import StepSample
 
 TRUSTED_APPLIES = 3  # below this many applies the interval keeps the uncorrected prediction
+MAX_SHIFT_PER_APPLY = 0.25  # the most one apply's window moves the calibrated step time (relative error)
+NOISY_SPREAD = 0.5  # (max - min) / mean of a window's light steps above which it corrects nothing
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +63,17 @@ class ApplyError:
     predicted_peak_bytes: int | None
     measured_peak_bytes: int | None
     peak_error: float | None
+    # The window's light steps (every rank of the apply): how many, their shortest and longest time.
+    measured_steps: int = 0
+    measured_low_s: float | None = None
+    measured_high_s: float | None = None
+
+    @property
+    def noisy(self) -> bool:
+        """The window's steps spread too widely for its error to correct the model."""
+        if self.measured_low_s is None or self.measured_high_s is None or not self.measured_step_time_s:
+            return False
+        return (self.measured_high_s - self.measured_low_s) / self.measured_step_time_s > NOISY_SPREAD
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -61,6 +81,10 @@ class ApplyError:
             "ranks": list(self.ranks),
             "predicted_step_time_s": to_json(self.predicted_step_time_s),
             "measured_step_time_s": to_json(self.measured_step_time_s),
+            "measured_steps": self.measured_steps,
+            "measured_low_s": to_json(self.measured_low_s),
+            "measured_high_s": to_json(self.measured_high_s),
+            "noisy": self.noisy,
             "step_time_error": to_json(self.step_time_error),
             "predicted_peak_bytes": self.predicted_peak_bytes,
             "measured_peak_bytes": self.measured_peak_bytes,
@@ -77,7 +101,8 @@ class RemedyErrors:
 
     @property
     def step_time_errors(self) -> list[float]:
-        return [a.step_time_error for a in self.applies if a.step_time_error is not None]
+        """The errors that correct the model: every apply timed on light steps, noisy windows left out."""
+        return [a.step_time_error for a in self.applies if a.step_time_error is not None and not a.noisy]
 
     @property
     def step_time_error(self) -> float | None:
@@ -95,6 +120,7 @@ class RemedyErrors:
             "applies": len(self.applies),
             "step_time_error": to_json(self.step_time_error),
             "step_time_samples": len(self.step_time_errors),
+            "noisy_windows": sum(1 for a in self.applies if a.noisy and a.step_time_error is not None),
             "peak_error": to_json(self.peak_error),
             "history": [a.to_dict() for a in self.applies],
         }
@@ -110,11 +136,23 @@ def _median(values: list[float] | list[int]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def model_errors(applied: Iterable[ApplyHistory]) -> dict[str, RemedyErrors]:
+def _window_times(entry: ApplyResult, steps: Mapping[int, Sequence[StepSample]] | None) -> list[float]:
+    """The times of the light steps ``entry``'s after-window was timed on (the device's where the
+    rank sent them), from the session's step records; empty without them."""
+    if steps is None or not entry.after.time_steps:
+        return []
+    wanted = set(entry.after.time_steps)
+    return [s.device_time_s if s.device_time_s is not None else s.time_s
+            for s in steps.get(entry.rank, ()) if s.index in wanted and not s.deep]
+
+
+def model_errors(applied: Iterable[ApplyHistory],
+                 steps: Mapping[int, Sequence[StepSample]] | None = None) -> dict[str, RemedyErrors]:
     """Per remedy kind, its applies' errors in session order (failed applies and user reverts left out).
 
     The ranks of one apply (same remedy, same ``at_step``) make one entry: the median of
-    their figures, so a wide job does not count one apply world-size times.
+    their figures, so a wide job does not count one apply world-size times. ``steps`` (the
+    session's ``StepSample``s by rank) gives each window's spread.
     """
     groups: dict[tuple[str, int | None], list[ApplyResult]] = {}
     for entry in applied:
@@ -130,11 +168,13 @@ def model_errors(applied: Iterable[ApplyHistory]) -> dict[str, RemedyErrors]:
                           if e.after.step_time_s is not None and (e.after.step_kind or "light") == "light"])
         p_peak = _median([e.predicted.peak_memory_bytes for e in entries if e.predicted.peak_memory_bytes is not None])
         m_peak = _median([e.after.peak_memory_bytes for e in entries if e.after.peak_memory_bytes is not None])
+        window = [t for e in entries if (e.after.step_kind or "light") == "light" for t in _window_times(e, steps)]
         error = ApplyError(
             at_step=at_step, ranks=tuple(sorted(e.rank for e in entries)),
             predicted_step_time_s=p_time, measured_step_time_s=m_time, step_time_error=_relative(p_time, m_time),
             predicted_peak_bytes=None if p_peak is None else int(p_peak),
-            measured_peak_bytes=None if m_peak is None else int(m_peak), peak_error=_relative(p_peak, m_peak))
+            measured_peak_bytes=None if m_peak is None else int(m_peak), peak_error=_relative(p_peak, m_peak),
+            measured_steps=len(window), measured_low_s=min(window, default=None), measured_high_s=max(window, default=None))
         if error.step_time_error is not None or error.peak_error is not None:
             out.setdefault(remedy, []).append(error)
     return {remedy: RemedyErrors(remedy=remedy, applies=tuple(errors)) for remedy, errors in out.items()}
@@ -146,14 +186,17 @@ def calibrate(rec: Recommendation, errors: RemedyErrors | None) -> Recommendatio
     observed = errors.step_time_errors if errors is not None else []
     if predicted is None or not observed:
         return rec
-    error = statistics.median(observed)
-    candidates = [predicted / (1.0 + e) for e in observed if e > -1.0]
+    bound = MAX_SHIFT_PER_APPLY * len(observed)  # each window moves it by a bounded amount
+    measured = statistics.median(observed)
+    error = max(-bound, min(bound, measured))
+    used = [max(-bound, min(bound, e)) for e in observed]
+    candidates = [predicted / (1.0 + e) for e in used if e > -1.0]
     if len(observed) < TRUSTED_APPLIES:
         candidates.append(predicted)
     shifted = predicted / (1.0 + error) if error > -1.0 else predicted
     return replace(rec, calibration=Calibration(
         model_step_time_s=predicted, step_time_s=shifted, low_s=min(candidates + [shifted]),
-        high_s=max(candidates + [shifted]), model_error=error, applies=len(observed)))
+        high_s=max(candidates + [shifted]), model_error=measured, shift_error=error, applies=len(observed)))
 
 
 def calibrate_all(recs: Iterable[Recommendation], errors: Mapping[str, RemedyErrors]) -> list[Recommendation]:

@@ -3,6 +3,8 @@ later predictions of that remedy shifted and widened by it (recommend/calibratio
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from advisor.advice import advise_state
@@ -135,3 +137,45 @@ def test_a_recorded_session_re_advised_after_an_apply_carries_the_model_error():
     assert row["remedy"] == "activation_checkpointing" and row["step_time_error"] == pytest.approx(0.1)
     assert calibration_line(again.to_dict()).endswith("model error +10.0% over 1 apply")  # the report's rows
     assert applied_time_line(state.applied[0].as_history()).endswith("model error +10.0%")
+
+
+def test_one_wild_window_moves_the_calibration_by_a_bounded_amount():
+    """A window that read 10x the model's error (a noisy "489 ms -> 98.8 ms" once made a +992%
+    model error and a "calibrated 22.9 ms" for a 235 ms job) shifts the next prediction by 25% at
+    most; the error measured is still shown, and a second apply that agrees doubles the bound."""
+    wild = _applied("activation_checkpointing", 5, 1.078, 0.0988)
+    errors = model_errors([wild])["activation_checkpointing"]
+    assert errors.step_time_error == pytest.approx(9.911, abs=1e-3)  # measured, recorded as it is
+    cal = calibrate(_rec("activation_checkpointing", 0.235), errors).calibration
+    assert cal.model_error == pytest.approx(9.911, abs=1e-3)
+    assert cal.step_time_s == pytest.approx(0.235 / 1.25)  # not 0.235 / 10.9 = 21.6 ms
+    assert cal.low_s == pytest.approx(0.235 / 1.25) and cal.high_s == pytest.approx(0.235)
+    line = calibration_line(replace(_rec("activation_checkpointing", 0.235), calibration=cal).to_dict())
+    assert "model error +991.1%" in line and line.endswith("shifted by +25.0% at most")
+    two = model_errors([wild, _applied("activation_checkpointing", 9, 1.078, 0.0988)])["activation_checkpointing"]
+    assert calibrate(_rec("activation_checkpointing", 0.235), two).calibration.step_time_s == pytest.approx(0.235 / 1.5)
+
+
+def test_a_window_whose_steps_spread_wider_than_its_mean_does_not_correct():
+    """The window's light steps come from the session's records: their spread is shown, and a
+    window spread over more than half its mean measured noise as much as the remedy."""
+    from advisor.records.samples import StepSample
+
+    def window(first: int, times: list[float]) -> tuple[ApplyResult, list[StepSample]]:
+        steps = [StepSample(index=first + i, time_s=t) for i, t in enumerate(times)]
+        mean = sum(times) / len(times)
+        result = _applied("activation_checkpointing", first, 1.2, mean)
+        after = Measurement(step_time_s=mean, time_steps=tuple(s.index for s in steps), step_kind="light")
+        return result.with_(after=after), steps
+
+    steady, steady_steps = window(5, [0.98, 1.0, 1.02])
+    noisy, noisy_steps = window(20, [0.3, 1.0, 1.7])
+    errors = model_errors([steady, noisy], {0: steady_steps + noisy_steps})["activation_checkpointing"]
+    first, second = errors.applies
+    assert (first.measured_steps, first.measured_low_s, first.measured_high_s) == (3, 0.98, 1.02)
+    assert not first.noisy and second.noisy and (second.measured_low_s, second.measured_high_s) == (0.3, 1.7)
+    assert errors.step_time_errors == [pytest.approx(0.2)]  # the noisy window is left out of the shift
+    row = errors.to_dict()
+    assert row["noisy_windows"] == 1 and row["history"][1]["noisy"] is True
+    assert row["history"][0]["measured_low_s"] == 0.98
+    assert model_errors([noisy])["activation_checkpointing"].step_time_errors  # without steps: no spread known

@@ -96,11 +96,14 @@ class Calibration(Checked):
     ``(predicted - measured) / measured`` over ``applies`` applies."""
 
     model_step_time_s: float  # the cost model's prediction, as in ``Recommendation.predicted``
-    step_time_s: float  # shifted: model / (1 + model_error)
+    step_time_s: float  # shifted: model / (1 + shift_error)
     low_s: float  # the interval the past applies' errors (and, with few, the model itself) span
     high_s: float
-    model_error: float
+    model_error: float  # the median error measured
     applies: int
+    # The error the shift uses: ``model_error`` bounded by 25% per apply (one window moves the
+    # calibration by a bounded amount); None in records from before the bound, where it is model_error.
+    shift_error: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -109,6 +112,7 @@ class Calibration(Checked):
             "low_s": to_json(self.low_s),
             "high_s": to_json(self.high_s),
             "model_error": to_json(self.model_error),
+            "shift_error": to_json(self.model_error if self.shift_error is None else self.shift_error),
             "applies": self.applies,
         }
 

@@ -48,7 +48,7 @@ def _comm(state: SessionState, report: dict[str, Any], budget: int | None) -> di
 def _advice(state: SessionState, report: dict[str, Any], budget: int | None) -> dict[str, Any]:
     # The same call the live advice loop makes, on the same records: the report only serialises it.
     diagnosis, recommendations = advise_state(state, budget_bytes=budget)
-    calibration = [errors.to_dict() for errors in model_errors(state.applied).values()]
+    calibration = [errors.to_dict() for errors in model_errors(state.applied, state.steps).values()]
     return {"diagnosis": None if diagnosis is None else diagnosis.to_dict(),
             "recommendations": [r.to_dict() for r in recommendations],
             "applied": [entry.as_history() for entry in state.applied], "calibration": calibration}
