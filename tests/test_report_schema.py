@@ -32,7 +32,7 @@ FIXTURE = DATA / "report_schema.json"
 RECORDED = ("gpt", "ddp", "oom", "gpt_h100")
 UPDATE = os.environ.get("ADVISOR_UPDATE_SCHEMA") == "1"
 FRESH = "attach --apply auto examples/gpt.py"
-FRESH_ARGS = ("--headless", "--steps", "10", "--memory-budget", "30MB", "--apply", "auto", "--apply-at-step", "5",
+FRESH_ARGS = ("--headless", "--steps", "14", "--memory-budget", "30MB", "--apply", "auto", "--apply-at-step", "5",
               "examples/gpt.py")
 
 _MEASURED_BEFORE = {"peak_memory_bytes": 34411364, "step_time_s": 0.27, "steps": [1, 4], "time_steps": [4],
