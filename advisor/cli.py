@@ -49,6 +49,15 @@ def _apply_choice(value: str) -> str:
     raise argparse.ArgumentTypeError(f"expected 'auto' or a recommendation id such as checkpoint-blocks-4, got {value!r}")
 
 
+def _log_target(value: str) -> Any:
+    from advisor.trackers import parse_target  # its writers load their tools only when used
+
+    try:
+        return parse_target(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _steps_list(value: str) -> list[int]:
     try:
         steps = sorted({int(v) for v in value.split(",") if v.strip()})
@@ -119,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     attach.add_argument("--plan", metavar="FILE", help="apply a plan file's remedies before the first step")
     attach.add_argument("--allow-inexact", action="store_true",
                         help="allow live remedies that change numerics (apply class live-opt-in)")
+    attach.add_argument("--log-to", type=_log_target, action="append", metavar="TOOL[:WHERE]",
+                        help="also log the findings, the applies and the step-time and memory series to "
+                             "tensorboard[:DIR], mlflow[:TRACKING_URI] or wandb[:PROJECT] (repeatable)")
     add_multinode_options(attach)
     # Optional to argparse so that a missing SCRIPT gets an accurate message (cmd_attach).
     attach.add_argument("script", metavar="SCRIPT", nargs="?", help="the training script")
@@ -268,8 +280,19 @@ def cmd_attach(ns: argparse.Namespace) -> int:
         check_output_path(ns.json, "--json", protected=[ns.script])
     if ns.apply_at_step and not ns.apply:
         raise UsageError("--apply-at-step needs --apply", hint="e.g. --apply auto --apply-at-step 5")
+    check_log_targets(ns.log_to)
     ns.multinode = multinode_from_namespace(ns)
     return run_attach(ns, agent_settings(ns))
+
+
+def check_log_targets(targets: list[Any] | None) -> None:
+    """Fail before the job starts when a ``--log-to`` tool is not installed."""
+    from advisor.trackers import missing_package
+
+    for target in targets or []:
+        missing = missing_package(target)
+        if missing:
+            raise UsageError(missing)
 
 
 def cmd_sessions(ns: argparse.Namespace) -> int:

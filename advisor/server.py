@@ -241,14 +241,14 @@ class ChannelServer:
                     pass
 
 
-def sweep_stale_sockets() -> int:
-    """Remove socket folders that controllers killed earlier left behind (this user's, with no
-    listener); returns how many were removed."""
+def sweep_stale_sockets(*, name: str = "agent.sock") -> int:
+    """Remove socket folders that controllers killed earlier left behind (this user's, holding only
+    a socket called ``name``, with no listener); returns how many were removed."""
     removed = 0
     for folder in glob.glob(os.path.join(tempfile.gettempdir(), SOCKET_PREFIX + "*")):
-        path = os.path.join(folder, "agent.sock")
+        path = os.path.join(folder, name)
         try:
-            if os.lstat(folder).st_uid != os.getuid() or os.listdir(folder) != ["agent.sock"]:
+            if os.lstat(folder).st_uid != os.getuid() or os.listdir(folder) != [name]:
                 continue
             if time.time() - os.lstat(path).st_mtime < 60:
                 continue  # perhaps a controller between bind() and listen()

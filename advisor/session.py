@@ -6,8 +6,10 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
+import types
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
@@ -57,12 +59,13 @@ class AttachOptions:
     capture_output: bool = False  # TUI mode: the script's output goes to output.log
     settings: AgentSettings = field(default_factory=AgentSettings)  # the training process's (advisor.cli)
     multinode: MultiNode = field(default_factory=MultiNode)  # this controller's place in a multi-node job
+    label: str | None = None  # the session folder's name after its time (default: the script's stem)
 
 
 class Session:
     def __init__(self, options: AttachOptions) -> None:
         self.options = options
-        self.dir = new_session_dir(options.script)
+        self.dir = new_session_dir(options.label or options.script)
         self.id = self.dir.name
         self.db_path = self.dir / DB_NAME
         self.live = LiveState(session_id=self.id, session_path=str(self.dir))
@@ -91,6 +94,11 @@ class Session:
         if self.job["id"] is None:
             self.job["id"] = self.id
         self._save_job()
+
+    @property
+    def secret_file(self) -> str:
+        """Where the agents read the session's secret (removed once every rank said hello)."""
+        return str(self._secret_file)
 
     # -- the job (multi-node) ----------------------------------------------------------
     @property
@@ -431,3 +439,17 @@ def merge_plan_env(env: Mapping[str, str], plan_env: Mapping[str, str]) -> dict[
         names = {o.split(":", 1)[0] for o in out[key].split(",") if o}
         out[key] = ",".join([o for o in mine if o.split(":", 1)[0] not in names] + [out[key]])
     return out
+
+
+class _CallableModule(types.ModuleType):
+    """``advisor.session(...)`` is the in-process API (advisor/api.py). Importing this module sets
+    the package's attribute ``session`` to the module (Python does that for every submodule), so in
+    a process that imported both, the call lands here and is passed on."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from advisor.api import session  # loaded with the package already: no import cost
+
+        return session(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
