@@ -264,6 +264,10 @@ class InProcessSession:
     def _request(self, op: str, **args: Any) -> Any:
         if self.path is None:
             raise AdvisorError("this advisor session was never started")
+        if self._run is not None and self._run.agent.step > 0:
+            # Asked from inside the loop: the answer counts every step closed so far, which the
+            # channel may still hold (it sends every 50 ms); the controller waits for them.
+            args["until_step"] = int(self._run.agent.step) - 1
         try:
             with ControlClient(self.path) as client:
                 return client.request(op, **args)

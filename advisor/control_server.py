@@ -33,6 +33,7 @@ log = logging.getLogger("advisor.control")
 MAX_CLIENTS = 8
 CONTROL_SOCKET = "control.sock"
 ADVICE_WAIT_S = 10.0  # how long a request for advice waits for the records already in to be advised on
+CATCH_UP_S = 10.0  # how long it waits for the step the client has seen (``until_step``) to arrive
 
 Handler = Callable[[str, dict[str, Any]], Any]
 
@@ -53,19 +54,35 @@ class ControlOps:
             raise RequestError(f"unknown request {op!r}")
         return method(args)
 
+    def _catch_up(self, args: dict[str, Any]) -> None:
+        """Advice as of the client's ``until_step``: an in-process session asks from inside its
+        loop, whose records (sent every 50 ms) may not be here yet. Wait for that step to arrive,
+        then for the advice loop to have seen everything that arrived."""
+        until = args.get("until_step")
+        if isinstance(until, int) and not isinstance(until, bool):
+            live, deadline, seen = self.session.live, time.monotonic() + CATCH_UP_S, -1
+            while time.monotonic() < deadline:
+                if live.version != seen:
+                    seen = live.version
+                    state = live.snapshot()
+                    if state.finished or state.latest_step() >= until:
+                        break
+                time.sleep(0.01)
+        self.advice.wait_idle(ADVICE_WAIT_S)
+
     def op_status(self, args: dict[str, Any]) -> dict[str, Any]:
         state = self.session.live.snapshot()
         return {"session_id": self.session.id, "path": str(self.session.dir), "latest_step": state.latest_step(),
                 "finished": state.finished, "pending_apply": state.pending_apply, "applied": state.applied}
 
     def op_advice(self, args: dict[str, Any]) -> dict[str, Any]:
-        self.advice.wait_idle(ADVICE_WAIT_S)
+        self._catch_up(args)
         state = self.session.live.snapshot()
         return {"diagnosis": state.diagnosis, "recommendations": state.recommendations,
                 "latest_step": state.latest_step()}
 
     def op_report(self, args: dict[str, Any]) -> dict[str, Any]:
-        self.advice.wait_idle(ADVICE_WAIT_S)
+        self._catch_up(args)
         budget = args.get("budget_bytes")
         if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget <= 0):
             raise RequestError("budget_bytes must be a whole number of bytes above 0")
@@ -75,6 +92,7 @@ class ControlOps:
         rec_id, confirm = args.get("recommendation_id"), args.get("confirm", False)
         if not isinstance(rec_id, str) or not isinstance(confirm, bool):
             raise RequestError("apply needs recommendation_id (a string) and confirm (true or false)")
+        self._catch_up(args)  # the boundary it lands at is counted from the latest step seen
         state = self.session.live.snapshot()
         rec = next((r for r in state.recommendations if r.get("id") == rec_id), None)
         refusal = self.advice.apply(rec_id, confirmed=confirm)
@@ -89,6 +107,7 @@ class ControlOps:
 
     def op_revert(self, args: dict[str, Any]) -> dict[str, Any]:
         rec_id = args.get("recommendation_id")
+        self._catch_up(args)
         kept = last_kept(self.session.live.snapshot().applied)
         if rec_id is not None and kept is not None and kept.get("recommendation_id") != rec_id:
             raise RequestError(f"{rec_id!r} is not the remedy in force (that is {kept.get('recommendation_id')!r}): "
