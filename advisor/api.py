@@ -210,6 +210,12 @@ class InProcessSession:
             self._end_controller(code)
         return isinstance(exc, StopTraining)
 
+    def note(self, message: str) -> None:
+        """Add a warning to the session's report (while the session is open; the trainer callbacks
+        say so when the trainer's steps and the advisor's differ)."""
+        if self._run is not None:
+            self._run.agent.outbox.warn(message)
+
     def _close_at_exit(self) -> None:
         """The interpreter exits with the session open (a notebook kernel, a forgotten ``close``)."""
         self.close()

@@ -121,16 +121,16 @@ class Capture:
         advisor/api.py) as if seen at construction; how many were captured. DataLoader iterators
         made before are not known (``running_iterator`` is None until the next ``iter()``)."""
         found = 0
-        by_type: dict[type, Callable[[Any], None] | None] = {}  # one issubclass walk per type, not per object
+        by_type: dict[type, tuple[type, Callable[[Any], None]] | None] = {}  # one issubclass walk per type
         for obj in objects:
             kind = type(obj)  # never isinstance: a proxy's __class__ may run code or raise
             if kind not in by_type:
-                by_type[kind] = next((cb for cls, cb in self._adopters if issubclass(kind, cls)), None)
-            callback = by_type[kind]
-            if callback is None:
+                by_type[kind] = next(((cls, cb) for cls, cb in self._adopters if issubclass(kind, cls)), None)
+            found_as = by_type[kind]
+            if found_as is None or (found_as[0] is torch.optim.Optimizer and not _initialised_optimizer(obj)):
                 continue
             try:
-                callback(obj)
+                found_as[1](obj)
                 found += 1
             except Exception:  # capturing must never break the script
                 pass
@@ -184,6 +184,14 @@ class Capture:
 
         cls._register_builtin_comm_hook = _register_builtin_comm_hook  # type: ignore[method-assign]
         add_undo(lambda: setattr(cls, "_register_builtin_comm_hook", builtin))
+
+
+def _initialised_optimizer(obj: Any) -> bool:
+    """Whether ``Optimizer.__init__`` ran for ``obj`` (what a capture at construction sees). A
+    wrapper that subclasses Optimizer without it (accelerate's ``AcceleratedOptimizer``, which
+    delegates to the optimizer it holds) has none of an optimizer's hook tables: it is left out,
+    as it is under ``advisor attach``, and the optimizer it holds is captured instead."""
+    return "_optimizer_step_pre_hooks" in getattr(obj, "__dict__", {})
 
 
 def _wrap_init(cls: type, callback: Callable[[Any], None], add_undo: AddUndo) -> None:
