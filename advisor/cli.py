@@ -185,6 +185,14 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("--fail-on", metavar="SPEC", help="exit 1 when B regresses past a threshold, e.g. "
                       "step_time:+5%%,peak_memory:+10%%")
     diff.add_argument("--top", type=_positive, default=10, metavar="N", help="ops shown (default 10)")
+
+    mcp = sub.add_parser("mcp", help="serve the sessions to coding agents (Model Context Protocol, stdio)",
+                         description="A Model Context Protocol server on stdin/stdout: tools that list sessions, "
+                         "read report sections, give the diagnosis and recommendations at a budget, the evidence "
+                         "for a finding, and write plans. Read-only unless --allow-apply.")
+    mcp.add_argument("--allow-apply", action="store_true",
+                     help="also offer apply and revert on live sessions (a live-opt-in remedy still needs the "
+                          "caller's explicit confirm)")
     return parser
 
 
@@ -380,6 +388,16 @@ def cmd_open(ns: argparse.Namespace) -> int:
 
 
 COMMANDS["open"] = cmd_open
+
+
+def cmd_mcp(ns: argparse.Namespace) -> int:
+    from advisor.mcp_server import run_stdio
+    from advisor.mcp_tools import build_server
+
+    return run_stdio(build_server(allow_apply=ns.allow_apply))
+
+
+COMMANDS["mcp"] = cmd_mcp
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:

@@ -173,7 +173,10 @@ class ControlServer:
         nonce = secrets.token_hex(16)
         reader.deadline = time.monotonic() + HELLO_TIMEOUT_S  # the whole handshake, however it trickles
         conn.sendall(encode({"type": "challenge", "nonce": nonce, "seq": 0}, self._secret))
-        hello = reader.read()
+        try:
+            hello = reader.read()
+        except OSError:  # the deadline passed (TimeoutError), or the peer went away
+            hello = None
         reader.deadline = None
         conn.settimeout(None)
         ok = bool(hello) and hello.get("type") == "hello" and hello.get("nonce") == nonce and hello.get("seq") == 0
