@@ -108,7 +108,7 @@ def test_the_tools_give_what_advisor_report_gives(client: Client, home: Path, tm
     assert [r["id"] for r in advice["recommendations"]] == [r["id"] for r in expected["recommendations"]]
     top = expected["recommendations"][0]
     assert advice["recommendations"][0]["predicted"] == top["predicted"] and top["live"]
-    evidence = client.call("get_evidence", finding=top["id"], memory_budget="24MB")  # a size, as a user writes one["structuredContent"]
+    evidence = client.call("get_evidence", finding=top["id"], memory_budget="24MB")["structuredContent"]  # a size
     assert evidence["evidence"] == top["evidence"] and evidence["params"] == top["params"]
     why = client.call("get_evidence", finding="diagnosis", memory_budget=BUDGET)["structuredContent"]
     assert why["evidence"] == expected["diagnosis"]["evidence"]
