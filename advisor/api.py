@@ -82,6 +82,19 @@ def _agent_present() -> bool:
     return bool(lifecycle is not None and lifecycle.present())
 
 
+def _multi_rank() -> bool:
+    """One process of a multi-process job (torchrun, ``accelerate launch``): each rank opens its own
+    session with its own controller, which cannot make every rank apply at one boundary."""
+    try:
+        return int(os.environ.get("WORLD_SIZE") or 1) > 1
+    except ValueError:
+        return False
+
+
+MULTI_RANK_APPLY = ("an in-process session of a multi-rank job records each rank on its own and applies nothing: "
+                    "`advisor attach --nproc-per-node N` applies remedies on every rank at one step boundary")
+
+
 def _main_script() -> str | None:
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
@@ -93,6 +106,8 @@ class InProcessSession:
 
     def __init__(self, *, name: str | None, memory_budget: int | str | None, probes: str | Iterable[str],
                  apply: str | None, allow_inexact: bool, log_to: str | Iterable[str] | None) -> None:
+        if apply is not None and _multi_rank():
+            raise AdvisorError(f"advisor.session(apply={apply!r}): {MULTI_RANK_APPLY}")
         self.name = name
         self._options = attach_options(memory_budget=memory_budget, probes=probes, apply=apply,
                                        allow_inexact=allow_inexact, log_to=log_to)
@@ -311,10 +326,14 @@ class InProcessSession:
         (``live-opt-in``). Raises ``AdvisorError`` with the reason when it is refused."""
         if not self._live():
             raise AdvisorError("the session has ended: there is no running loop to apply a remedy to")
+        if _multi_rank() and not self._borrowed:
+            raise AdvisorError(MULTI_RANK_APPLY)
         return dict(self._request("apply", recommendation_id=recommendation_id, confirm=confirm))
 
     def revert(self, recommendation_id: str | None = None) -> dict[str, Any]:
         """Revert the remedy in force (the last one kept) at the next step boundary."""
         if not self._live():
             raise AdvisorError("the session has ended: nothing to revert")
+        if _multi_rank() and not self._borrowed:
+            raise AdvisorError(MULTI_RANK_APPLY)
         return dict(self._request("revert", recommendation_id=recommendation_id))
