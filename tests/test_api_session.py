@@ -111,3 +111,21 @@ def test_advice_and_apply_from_inside_the_loop(tmp_path: Path) -> None:
     assert applied["recommendation_id"] == sent["recommendation_id"]
     assert applied["at_step"] >= sent["at_step"] and applied["status"] == "kept", applied
     assert [s["loss"] for s in report["steps"]] == bare
+
+
+@pytest.mark.slow
+def test_the_readmes_example_runs_as_pasted(tmp_path: Path) -> None:
+    """README "In your own process": the snippet, as written, records a session `advisor report` reads."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### In your own process"):]
+    start = section.index("```python\n") + len("```python\n")
+    snippet = section[start:section.index("\n```", start)]
+    script = tmp_path / "notebook.py"
+    script.write_text(snippet)
+    home = tmp_path / "home"
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(home), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    recorded = report_latest(home, tmp_path)
+    assert [s["index"] for s in recorded["steps"]] == list(range(30))
+    assert done.stdout.splitlines()[-1] == recorded["diagnosis"]["summary"]
