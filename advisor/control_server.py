@@ -16,7 +16,6 @@ import logging
 import os
 import secrets
 import socket
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ from advisor.records.control import CONTROL_FILE, HELLO_TIMEOUT_S, REQUEST_MAX, 
 from advisor.records.wire import HELLO_MAX, FrameReader, WireError, encode, new_secret
 from advisor.regime import last_kept
 from advisor.report import build_report
-from advisor.server import SOCKET_PREFIX, sweep_stale_sockets
+from advisor.server import SOCKET_PREFIX, accept_connections, listen_privately
 
 log = logging.getLogger("advisor.control")
 
@@ -125,14 +124,8 @@ class ControlServer:
         self._handler = handler
         self._session_dir = Path(session_dir)
         self._secret = new_secret()
-        sweep_stale_sockets(name=CONTROL_SOCKET)
-        self._dir = tempfile.mkdtemp(prefix=SOCKET_PREFIX + "control-")  # AF_UNIX paths are short
-        os.chmod(self._dir, 0o700)
-        self.path = os.path.join(self._dir, CONTROL_SOCKET)
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock.bind(self.path)
-        os.chmod(self.path, 0o600)
-        self._sock.listen(MAX_CLIENTS)
+        self._dir, self.path, self._sock = listen_privately(CONTROL_SOCKET, backlog=MAX_CLIENTS,
+                                                            prefix=SOCKET_PREFIX + "control-")
         self._clients = 0
         self._lock = threading.Lock()
         self._closed = False
@@ -141,20 +134,16 @@ class ControlServer:
         threading.Thread(target=self._accept_loop, name="advisor-control", daemon=True).start()
 
     def _accept_loop(self) -> None:
-        while not self._closed:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            with self._lock:
-                full = self._clients >= MAX_CLIENTS
-                if not full:
-                    self._clients += 1
-            if full:
+        accept_connections(self._sock, closed=lambda: self._closed, admit=self._admit, serve=self._serve,
+                           name="advisor-control-client")
+
+    def _admit(self, conn: socket.socket) -> socket.socket | None:
+        with self._lock:
+            if self._clients >= MAX_CLIENTS:
                 self.rejected += 1
-                conn.close()
-                continue
-            threading.Thread(target=self._serve, args=(conn,), name="advisor-control-client", daemon=True).start()
+                return None
+            self._clients += 1
+        return conn
 
     def _serve(self, conn: socket.socket) -> None:
         try:

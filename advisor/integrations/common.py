@@ -49,3 +49,29 @@ class TrainerSession:
             current.note(message)
             warnings.warn(f"advisor: {message}", RuntimeWarning, stacklevel=3)
         current.close(exc)
+
+
+class SessionCallback:
+    """What both callbacks share: the arguments of ``advisor.session()``, the latest run's session,
+    and ``close()``. A mixin placed before the trainer library's callback class."""
+
+    def __init__(self, *, name: str | None = None, memory_budget: int | str | None = None,
+                 probes: str | Iterable[str] = "all", apply: str | None = None, allow_inexact: bool = False,
+                 log_to: str | Iterable[str] | None = None) -> None:
+        super().__init__()
+        self._run = TrainerSession(name=name, memory_budget=memory_budget, probes=probes, apply=apply,
+                                   allow_inexact=allow_inexact, log_to=log_to)
+
+    @property
+    def session(self) -> InProcessSession | None:
+        """The latest run's session (``.report()``, ``.recommendations()``, ``.apply(id)``)."""
+        return self._run.session
+
+    @property
+    def trainer_steps(self) -> int:
+        """The trainer's optimizer steps in the latest run's session."""
+        return self._run.trainer_steps
+
+    def close(self) -> None:
+        """End the session now (a run that raised, in a notebook)."""
+        self._run.end()

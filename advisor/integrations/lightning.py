@@ -10,35 +10,18 @@ loss is the closure's. Its optimizer steps are the session's step boundaries
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any
 
 try:
     from lightning.pytorch.callbacks import Callback
 except ImportError:  # the package before its rename
     from pytorch_lightning.callbacks import Callback
 
-from advisor.api import InProcessSession
-from advisor.integrations.common import TrainerSession
+from advisor.integrations.common import SessionCallback
 
 
-class AdvisorCallback(Callback):
+class AdvisorCallback(SessionCallback, Callback):
     """Record a ``Trainer.fit`` run: the same arguments as ``advisor.session()``."""
-
-    def __init__(self, *, name: str | None = None, memory_budget: int | str | None = None,
-                 probes: str | Iterable[str] = "all", apply: str | None = None, allow_inexact: bool = False,
-                 log_to: str | Iterable[str] | None = None) -> None:
-        super().__init__()
-        self._run = TrainerSession(name=name, memory_budget=memory_budget, probes=probes, apply=apply,
-                                   allow_inexact=allow_inexact, log_to=log_to)
-
-    @property
-    def session(self) -> InProcessSession | None:
-        """The latest run's session (``.report()``, ``.recommendations()``, ``.apply(id)``)."""
-        return self._run.session
-
-    @property
-    def trainer_steps(self) -> int:
-        return self._run.trainer_steps
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._run.begin(global_step=trainer.global_step, default_name=type(pl_module).__name__)

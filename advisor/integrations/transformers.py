@@ -10,31 +10,15 @@ ends that session.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any
 
 from transformers import TrainerCallback
 
-from advisor.api import InProcessSession
-from advisor.integrations.common import TrainerSession
+from advisor.integrations.common import SessionCallback
 
 
-class AdvisorCallback(TrainerCallback):
+class AdvisorCallback(SessionCallback, TrainerCallback):
     """Record a ``Trainer.train()`` run: the same arguments as ``advisor.session()``."""
-
-    def __init__(self, *, name: str | None = None, memory_budget: int | str | None = None,
-                 probes: str | Iterable[str] = "all", apply: str | None = None, allow_inexact: bool = False,
-                 log_to: str | Iterable[str] | None = None) -> None:
-        self._run = TrainerSession(name=name, memory_budget=memory_budget, probes=probes, apply=apply,
-                                   allow_inexact=allow_inexact, log_to=log_to)
-
-    @property
-    def session(self) -> InProcessSession | None:
-        """The latest run's session (``.report()``, ``.recommendations()``, ``.apply(id)``)."""
-        return self._run.session
-
-    @property
-    def trainer_steps(self) -> int:
-        return self._run.trainer_steps
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._run.begin(global_step=state.global_step, default_name=getattr(args, "run_name", None) or "trainer")
@@ -43,8 +27,4 @@ class AdvisorCallback(TrainerCallback):
         self._run.step(global_step=state.global_step)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._run.end()
-
-    def close(self) -> None:
-        """End the session now (a run that raised, in a notebook)."""
         self._run.end()

@@ -28,37 +28,25 @@ parser.add_argument("--gpt", action="store_true")
 parser.add_argument("--gpt-layers", type=int, default=2)
 parser.add_argument("--gpt-hidden", type=int, default=32)
 parser.add_argument("--probes", default="all")
-parser.add_argument("--blocks", type=int, default=0)
 parser.add_argument("--batch", type=int, default=32)
 parser.add_argument("--budget")
-parser.add_argument("--apply")
 parser.add_argument("--apply-id")
 parser.add_argument("--apply-at", type=int, default=-1)
 parser.add_argument("--result")
 args = parser.parse_args()
 
 torch.manual_seed(0)
-hooks_before = (len(nn_module._global_forward_pre_hooks),
-                len(nn_module._global_forward_hooks),
-                len(optim_module._global_optimizer_pre_hooks),
-                len(optim_module._global_optimizer_post_hooks))
-functions_before = (torch.autograd.backward, torch.optim.Optimizer.__init__, torch.nn.Module.zero_grad,
-                    torch.utils.data.DataLoader.__init__)
 
 
-class Blocks(torch.nn.Module):
-    def __init__(self, n: int) -> None:
-        super().__init__()
-        self.inp = torch.nn.Linear(16, 64)
-        self.blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh())
-                                          for _ in range(n))
-        self.out = torch.nn.Linear(64, 1)
+def hooks_and_wrappers() -> tuple:
+    """The global hook tables' sizes and the functions the agent wraps, as they are now."""
+    return (len(nn_module._global_forward_pre_hooks), len(nn_module._global_forward_hooks),
+            len(optim_module._global_optimizer_pre_hooks), len(optim_module._global_optimizer_post_hooks),
+            torch.autograd.backward, torch.optim.Optimizer.__init__, torch.nn.Module.zero_grad,
+            torch.utils.data.DataLoader.__init__)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.inp(x)
-        for block in self.blocks:
-            x = block(x)
-        return self.out(x)
+
+before = hooks_and_wrappers()
 
 
 if args.gpt:
@@ -68,8 +56,6 @@ if args.gpt:
     cfg = GPTConfig(vocab=64, seq=16, layers=args.gpt_layers, hidden=args.gpt_hidden, heads=2)
     model = GPT(cfg)
     gen = torch.Generator().manual_seed(0)
-elif args.blocks:
-    model = Blocks(args.blocks)
 else:
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -77,8 +63,7 @@ if args.gan:
     critic = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
     opt_critic = torch.optim.Adam(critic.parameters(), lr=1e-3)
 
-session = None if args.bare else advisor.session(name="inprocess", memory_budget=args.budget, probes=args.probes,
-                                                          apply=args.apply)
+session = None if args.bare else advisor.session(name="inprocess", memory_budget=args.budget, probes=args.probes)
 applied = None
 with session if session is not None else contextlib.nullcontext():
     for step in range(args.steps):
@@ -109,13 +94,7 @@ for step in range(2 if not args.gpt else 0):  # training goes on after the block
     opt.zero_grad()
     print(f"after {step} loss {loss.item()!r}", flush=True)
 
-hooks_after = (len(nn_module._global_forward_pre_hooks),
-               len(nn_module._global_forward_hooks),
-               len(optim_module._global_optimizer_pre_hooks),
-               len(optim_module._global_optimizer_post_hooks))
-functions_after = (torch.autograd.backward, torch.optim.Optimizer.__init__, torch.nn.Module.zero_grad,
-                   torch.utils.data.DataLoader.__init__)
-print("hooks removed", hooks_after == hooks_before and functions_after == functions_before, flush=True)
+print("hooks removed", hooks_and_wrappers() == before, flush=True)
 if args.result and session is not None:
     with open(args.result, "w") as handle:
         json.dump({"id": session.id, "steps": session.report()["steps"], "applied": applied,
