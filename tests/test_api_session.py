@@ -129,3 +129,24 @@ def test_the_readmes_example_runs_as_pasted(tmp_path: Path) -> None:
     recorded = report_latest(home, tmp_path)
     assert [s["index"] for s in recorded["steps"]] == list(range(30))
     assert done.stdout.splitlines()[-1] == recorded["diagnosis"]["summary"]
+
+
+def test_import_advisor_stays_cheap() -> None:
+    """``import advisor`` (for ``advisor.session``) loads neither torch nor the agent: a session
+    loads them when it starts."""
+    code = ("import sys, advisor; print(sorted(m for m in ('torch', 'advisor.agent', 'numpy', 'rich', 'textual') "
+            "if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
+
+
+def test_the_api_stays_callable_beside_the_controllers_session_module() -> None:
+    """Importing the controller's module ``advisor.session`` makes it the package's attribute
+    ``session`` (Python does that for every submodule): calling it still opens an in-process session."""
+    import advisor
+    import advisor.session as session_module
+
+    assert advisor.session is session_module and hasattr(session_module, "Session")
+    opened = advisor.session(name="beside", probes="memory")
+    assert isinstance(opened, advisor.InProcessSession) and not opened.active
+    assert opened.name == "beside"

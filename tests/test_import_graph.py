@@ -15,6 +15,8 @@ that violation (the second half of this file), so the checker cannot quietly go 
 - no import cycle among our modules, ``TYPE_CHECKING`` imports included;
 - no module reachable from the report paths imports torch (the runtime closure from the
   report, its sections, the comparisons, the planning path and ``recommend/``);
+- the user-process side (``advisor.api``, ``advisor.integrations``) loads the agent only inside
+  functions, so ``import advisor`` never loads torch;
 - ``TYPE_CHECKING`` is honoured only when it is ``typing``'s and never assigned in the module.
 """
 
