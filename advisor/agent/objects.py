@@ -53,7 +53,8 @@ class ScriptObjects:
     def adopt_existing(self) -> int:
         """Capture the optimizers, schedulers, wrappers and DataLoaders that exist now, built before
         ``install`` (an in-process session opened after the script built them): one pass over the
-        garbage collector's objects, once (tens of milliseconds for a million objects). An
+        garbage collector's objects, once (0.13-0.25 s for the 410,000 objects of a process that imported
+        transformers and lightning, on a loaded 2-core machine: a session's start, not a step). An
         optimizer found here is known before its first step, so a loop of several optimizers
         gets its period from the first step on."""
         return self.capture.adopt(gc.get_objects())
