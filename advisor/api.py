@@ -169,8 +169,12 @@ class InProcessSession:
         threading.Thread(target=self._read_lines, name="advisor-session-controller", daemon=True).start()
         hello = self._next_message(START_TIMEOUT_S)
         if hello is None or not hello.get("ok"):
-            self._controller.wait(10)
-            self._controller = None
+            controller, self._controller = self._controller, None
+            try:
+                controller.wait(10)
+            except subprocess.TimeoutExpired:  # it never answered: ours to stop
+                controller.kill()
+                controller.wait()
             error = (hello or {}).get("error") or "the advisor's controller did not start"
             raise AdvisorError(f"advisor.session(): {error}", hint=(hello or {}).get("hint"),
                                exit_code=(hello or {}).get("exit_code"))
@@ -189,8 +193,14 @@ class InProcessSession:
                               started=time.time(), socket_path=str(hello["socket"]),
                               secret=read_secret_file(str(hello["secret_file"])), session_dir=str(self.path),
                               warnings=setting_warnings)
-        run.install_hooks()
-        run.adopt_existing()  # what the script built before the block (models are found at their forward)
+        try:
+            run.install_hooks()
+            run.adopt_existing()  # what the script built before the block (models are found at their forward)
+        except BaseException:  # nothing of the agent may stay behind in the user's process
+            run.remove_hooks()
+            run.close_channel()
+            self._restore_kineto()
+            raise
         self._run = run
 
     def close(self, exc: BaseException | None = None) -> bool:
@@ -219,11 +229,14 @@ class InProcessSession:
             run.report_exit(code, reason, info)
             run.close_channel()
         finally:
-            if self._kineto is not None and os.environ.get("KINETO_LOG_LEVEL") == self._kineto:
-                del os.environ["KINETO_LOG_LEVEL"]
-            self._kineto = None
+            self._restore_kineto()
             self._end_controller(code)
         return isinstance(exc, StopTraining)
+
+    def _restore_kineto(self) -> None:
+        if self._kineto is not None and os.environ.get("KINETO_LOG_LEVEL") == self._kineto:
+            del os.environ["KINETO_LOG_LEVEL"]
+        self._kineto = None
 
     def note(self, message: str) -> None:
         """Add a warning to the session's report (while the session is open; the trainer callbacks

@@ -150,3 +150,19 @@ def test_the_api_stays_callable_beside_the_controllers_session_module() -> None:
     opened = advisor.session(name="beside", probes="memory")
     assert isinstance(opened, advisor.InProcessSession) and not opened.active
     assert opened.name == "beside"
+
+
+def test_a_bad_argument_is_one_clear_error_and_leaves_nothing(tmp_path: Path) -> None:
+    """The controller parses the arguments as `advisor attach` parses its options: the same checks,
+    the same words, raised in the user's process before any hook is installed."""
+    import advisor
+
+    for kwargs, words in (({"memory_budget": "lots"}, "--memory-budget"), ({"probes": "memry"}, "memry"),
+                          ({"log_to": "neptune"}, "unknown tracker 'neptune'")):
+        with pytest.raises(advisor.AdvisorError, match=words) as raised:
+            with advisor.session(**kwargs):
+                pytest.fail("the block must not run")
+        assert raised.value.exit_code == 2
+    assert not (Path(os.environ["ADVISOR_HOME"]) / "sessions").exists() or not any(
+        (Path(os.environ["ADVISOR_HOME"]) / "sessions").iterdir())
+    assert "advisor.agent.lifecycle" not in sys.modules or not sys.modules["advisor.agent.lifecycle"].present()

@@ -42,8 +42,11 @@ def hooks_and_wrappers() -> tuple:
     """The global hook tables' sizes and the functions the agent wraps, as they are now."""
     return (len(nn_module._global_forward_pre_hooks), len(nn_module._global_forward_hooks),
             len(optim_module._global_optimizer_pre_hooks), len(optim_module._global_optimizer_post_hooks),
-            torch.autograd.backward, torch.optim.Optimizer.__init__, torch.nn.Module.zero_grad,
-            torch.utils.data.DataLoader.__init__)
+            torch.autograd.backward, torch.optim.Optimizer.__init__, torch.optim.Optimizer.zero_grad,
+            torch.nn.Module.zero_grad, torch.optim.lr_scheduler.LRScheduler.__init__,
+            torch.utils.data.DataLoader.__init__, torch.utils.data.DataLoader.__iter__,
+            torch.utils.data.dataloader._BaseDataLoaderIter.__next__, torch.amp.grad_scaler.GradScaler.scale,
+            torch.nn.parallel.DistributedDataParallel.__init__, torch.save, sys.unraisablehook, tuple(sys.meta_path))
 
 
 before = hooks_and_wrappers()
