@@ -12,6 +12,7 @@ served at once; requests are at most ``REQUEST_MAX`` bytes; nothing is unpickled
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import secrets
@@ -39,6 +40,18 @@ Handler = Callable[[str, dict[str, Any]], Any]
 
 class RequestError(Exception):
     """A request the controller refuses: the message goes back to the client."""
+
+
+def _plain(value: Any) -> Any:
+    """A state record in its JSON form (the report's shape): typed records by their ``to_dict``,
+    other dataclasses field by field, lists item by item; plain values as they are."""
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return value
 
 
 class ControlOps:
@@ -72,12 +85,13 @@ class ControlOps:
     def op_status(self, args: dict[str, Any]) -> dict[str, Any]:
         state = self.session.live.snapshot()
         return {"session_id": self.session.id, "path": str(self.session.dir), "latest_step": state.latest_step(),
-                "finished": state.finished, "pending_apply": state.pending_apply, "applied": state.applied}
+                "finished": state.finished, "pending_apply": _plain(state.pending_apply),
+                "applied": _plain(state.applied)}
 
     def op_advice(self, args: dict[str, Any]) -> dict[str, Any]:
         self._catch_up(args)
         state = self.session.live.snapshot()
-        return {"diagnosis": state.diagnosis, "recommendations": state.recommendations,
+        return {"diagnosis": _plain(state.diagnosis), "recommendations": _plain(state.recommendations),
                 "latest_step": state.latest_step()}
 
     def op_report(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -92,22 +106,22 @@ class ControlOps:
         if not isinstance(rec_id, str) or not isinstance(confirm, bool):
             raise RequestError("apply needs recommendation_id (a string) and confirm (true or false)")
         self._catch_up(args)  # the boundary it lands at is counted from the latest step seen
-        state = self.session.live.snapshot()
-        rec = next((r for r in state.recommendations if r.get("id") == rec_id), None)
+        recs = _plain(self.session.live.snapshot().recommendations)
+        rec = next((r for r in recs if r.get("id") == rec_id), None)
         refusal = self.advice.apply(rec_id, confirmed=confirm)
         if refusal:
             if rec is not None and rec.get("apply_class") == "live-opt-in" and not confirm:
                 refusal += ("; it changes the training's numerics: apply it only with the user's explicit "
                             "consent, by asking again with confirm=true")
             raise RequestError(refusal)
-        pending = self.session.live.snapshot().pending_apply or {}
+        pending = _plain(self.session.live.snapshot().pending_apply) or {}
         return {"recommendation_id": rec_id, "at_step": pending.get("at_step"),
                 "apply_class": (rec or {}).get("apply_class")}
 
     def op_revert(self, args: dict[str, Any]) -> dict[str, Any]:
         rec_id = args.get("recommendation_id")
         self._catch_up(args)
-        kept = last_kept(self.session.live.snapshot().applied)
+        kept = _plain(last_kept(self.session.live.snapshot().applied))
         if rec_id is not None and kept is not None and kept.get("recommendation_id") != rec_id:
             raise RequestError(f"{rec_id!r} is not the remedy in force (that is {kept.get('recommendation_id')!r}): "
                                "remedies are reverted last applied first")
