@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from advisor import tui  # its package defers textual until make_app is used (headless never loads it)
 from advisor.advice import AdviceLoop
+from advisor.control_server import ControlOps, ControlServer
 from advisor.errors import EXIT_LAUNCH, AdvisorError
 from advisor.live_source import SessionSource
 from advisor.progress import ProgressPrinter
@@ -21,6 +22,7 @@ from advisor.report import build_report, write_json, write_text
 from advisor.exits import signal_name
 from advisor.records.units import plain_text
 from advisor.session import AttachOptions, Session, allowed_plan_env
+from advisor.trackers import log_report
 from advisor.tui.results import RESULT_LEFT_RUNNING, RESULT_STOP_TRAINING
 
 CONTROLLER_LOG = "controller.log"  # where the controller writes once its terminal is gone (SIGHUP)
@@ -161,7 +163,11 @@ def run_attach(ns: argparse.Namespace, settings: AgentSettings) -> int:
     except OSError as exc:
         session.close()
         raise AdvisorError(f"could not start the training process: {exc}", exit_code=EXIT_LAUNCH) from None
+    control: ControlServer | None = None
     try:
+        # Local clients holding the session's control secret (`advisor mcp --allow-apply`) reach the
+        # advice loop as the TUI does (advisor/control_server.py).
+        control = ControlServer(session.dir, ControlOps(session, advice, budget_bytes=ns.memory_budget))
         finished: dict[str, Any] = {}
         with StopOnSignal(session) as stop:
             if ns.headless:
@@ -169,9 +175,12 @@ def run_attach(ns: argparse.Namespace, settings: AgentSettings) -> int:
             else:
                 returncode = _follow_tui(session, advice, ns, stop, finished)
             code, reason = finished["result"] if "result" in finished else session.finish(returncode, note=stop.note())
+        control.close()  # the job has ended: nothing to apply to any more
         advice.finish()
         return _report(session, ns, code, reason)
     finally:
+        if control is not None:
+            control.close()
         advice.close()
         session.close()
 
@@ -246,6 +255,7 @@ def _report(session: Session, ns: argparse.Namespace, code: int, reason: str) ->
     state = session.live.snapshot()
     report = build_report(state, budget_bytes=ns.memory_budget)
     session.save_analysis(diagnosis=report.get("diagnosis"), recommendations=report.get("recommendations"))
+    log_report(report, getattr(ns, "log_to", None) or [])
     if ns.json:
         try:
             write_json(report, ns.json)

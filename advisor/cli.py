@@ -69,6 +69,15 @@ def _apply_choice(value: str) -> str:
     raise argparse.ArgumentTypeError(f"expected 'auto' or a recommendation id such as checkpoint-blocks-4, got {value!r}")
 
 
+def _log_target(value: str) -> Any:
+    from advisor.trackers import parse_target  # its writers load their tools only when used
+
+    try:
+        return parse_target(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _steps_list(value: str) -> list[int]:
     try:
         steps = sorted({int(v) for v in value.split(",") if v.strip()})
@@ -142,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     attach.add_argument("--plan", metavar="FILE", help="apply a plan file's remedies before the first step")
     attach.add_argument("--allow-inexact", action="store_true",
                         help="allow live remedies that change numerics (apply class live-opt-in)")
+    attach.add_argument("--log-to", type=_log_target, action="append", metavar="TOOL[:WHERE]",
+                        help="also log the findings, the applies and the step-time and memory series to "
+                             "tensorboard[:DIR], mlflow[:TRACKING_URI] or wandb[:PROJECT] (repeatable)")
     add_multinode_options(attach)
     # Optional to argparse so that a missing SCRIPT gets an accurate message (cmd_attach).
     attach.add_argument("script", metavar="SCRIPT", nargs="?", help="the training script")
@@ -202,6 +214,14 @@ def build_parser() -> argparse.ArgumentParser:
                            "against the invariants docs/report-schema.md states: exit 0 when consistent, 1 "
                            "with one line per breach (field and values), 2 when a file is not a report.")
     check.add_argument("reports", nargs="+", metavar="REPORT.json", help="the JSON reports to check")
+
+    mcp = sub.add_parser("mcp", help="serve the sessions to coding agents (Model Context Protocol, stdio)",
+                         description="A Model Context Protocol server on stdin/stdout: tools that list sessions, "
+                         "read report sections, give the diagnosis and recommendations at a budget, the evidence "
+                         "for a finding, and write plans. Read-only unless --allow-apply.")
+    mcp.add_argument("--allow-apply", action="store_true",
+                     help="also offer apply and revert on live sessions (a live-opt-in remedy still needs the "
+                          "caller's explicit confirm)")
     return parser
 
 
@@ -297,8 +317,19 @@ def cmd_attach(ns: argparse.Namespace) -> int:
         check_output_path(ns.json, "--json", protected=[ns.script])
     if ns.apply_at_step and not ns.apply:
         raise UsageError("--apply-at-step needs --apply", hint="e.g. --apply auto --apply-at-step 5")
+    check_log_targets(ns.log_to)
     ns.multinode = multinode_from_namespace(ns)
     return run_attach(ns, agent_settings(ns))
+
+
+def check_log_targets(targets: list[Any] | None) -> None:
+    """Fail before the job starts when a ``--log-to`` tool is not installed."""
+    from advisor.trackers import missing_package
+
+    for target in targets or []:
+        missing = missing_package(target)
+        if missing:
+            raise UsageError(missing)
 
 
 def cmd_sessions(ns: argparse.Namespace) -> int:
@@ -395,6 +426,15 @@ def cmd_check(ns: argparse.Namespace) -> int:
 
 
 COMMANDS["check"] = cmd_check
+
+def cmd_mcp(ns: argparse.Namespace) -> int:
+    from advisor.mcp_server import run_stdio
+    from advisor.mcp_tools import build_server
+
+    return run_stdio(build_server(allow_apply=ns.allow_apply))
+
+
+COMMANDS["mcp"] = cmd_mcp
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:

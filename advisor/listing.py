@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -19,10 +20,44 @@ from advisor.store import load_state, read_meta
 NARROW = 110  # columns below which the listing leaves out "created"
 
 
+@dataclass(frozen=True, kw_only=True)
+class SessionRow:
+    """One recorded session as ``advisor sessions`` lists it (and ``advisor mcp``'s list_sessions)."""
+
+    id: str
+    path: Path  # its database
+    created: float | None = None  # seconds since 1970
+    script: str = ""
+    status: str = ""  # "exit 0: completed", "running or interrupted", "unreadable: ...", "...; store incomplete"
+    finished: bool = False
+    exit_code: int | None = None
+    readable: bool = True
+
+
+def session_rows(home: Path | None = None) -> list[SessionRow]:
+    """Every session under ``home`` (the sessions folder), oldest first; never writes anything."""
+    home = home if home is not None else sessions_dir(create=False)  # a read path, even on a read-only home
+    rows = []
+    for db in sorted(home.glob(f"*/{DB_NAME}")):
+        try:
+            meta = read_meta(db)
+        except (SessionError, OSError) as exc:  # one bad session never hides the others
+            rows.append(SessionRow(id=db.parent.name, path=db, status=f"unreadable: {_why(exc, db)}", readable=False))
+            continue
+        finished = bool(meta.get("finished"))
+        status = f"exit {meta.get('exit_code')}: {meta.get('exit_reason', '')}" if finished else _unfinished_status(db)
+        if isinstance(meta.get("store_error"), dict):  # the disk filled up (or failed) while it recorded
+            status += f"; store incomplete ({meta['store_error'].get('error')})"
+        rows.append(SessionRow(id=db.parent.name, path=db, created=meta.get("created"),
+                               script=str(meta.get("script", "")), status=status, finished=finished,
+                               exit_code=meta.get("exit_code") if finished else None))
+    return rows
+
+
 def print_sessions(console: Console | None = None) -> int:
     console = console or report_console(sys.stdout)  # off a terminal: COLUMNS, at least 120
-    home = sessions_dir(create=False)  # a read path: nothing is created, even on a read-only home
-    rows = sorted(home.glob(f"*/{DB_NAME}"))
+    home = sessions_dir(create=False)
+    rows = session_rows(home)
     if not rows:
         console.print(f"no sessions yet in {home}; `advisor attach SCRIPT` records one")
         return 0
@@ -36,21 +71,14 @@ def print_sessions(console: Console | None = None) -> int:
         table.add_column("created", no_wrap=True)
     table.add_column("script", overflow="ellipsis", max_width=40, min_width=6)
     table.add_column("status", min_width=16)
-    for db in rows:
-        try:
-            meta = read_meta(db)
-        except (SessionError, OSError) as exc:  # one bad session never hides the others
-            row = [Text(db.parent.name), "", "", Text(f"unreadable: {_why(exc, db)}", style="red")]
-            table.add_row(*(row[:1] + row[2:] if narrow else row))
-            continue
-        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(meta.get("created", 0)))
-        status = (f"exit {meta.get('exit_code')}: {meta.get('exit_reason', '')}" if meta.get("finished")
-                  else _unfinished_status(db))
-        if isinstance(meta.get("store_error"), dict):  # the disk filled up (or failed) while it recorded
-            status += f"; store incomplete ({meta['store_error'].get('error')})"
-        # Script paths and exit reasons come from the user's process: text, never markup.
-        row = [Text(db.parent.name), created, Text(str(meta.get("script", ""))), Text(status)]
-        table.add_row(*(row[:1] + row[2:] if narrow else row))
+    for row in rows:
+        if not row.readable:
+            cells = [Text(row.id), "", "", Text(row.status, style="red")]
+        else:
+            created = time.strftime("%Y-%m-%d %H:%M", time.localtime(row.created or 0))
+            # Script paths and exit reasons come from the user's process: text, never markup.
+            cells = [Text(row.id), created, Text(row.script), Text(row.status)]
+        table.add_row(*(cells[:1] + cells[2:] if narrow else cells))
     console.print(table)
     return 0
 

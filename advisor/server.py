@@ -58,14 +58,7 @@ class ChannelServer:
         self._on_hello = on_hello
         self._on_disconnect = on_disconnect
         self._max_connections = max_connections
-        sweep_stale_sockets()
-        self._dir = tempfile.mkdtemp(prefix=SOCKET_PREFIX)  # short path: AF_UNIX paths are limited to ~107 bytes
-        os.chmod(self._dir, 0o700)
-        self.path = os.path.join(self._dir, "agent.sock")
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock.bind(self.path)
-        os.chmod(self.path, 0o600)
-        self._sock.listen(64)
+        self._dir, self.path, self._sock = listen_privately("agent.sock", backlog=64)
         self._peers: list[_Peer] = []
         self._lock = threading.Lock()
         self.rejected = 0
@@ -76,21 +69,20 @@ class ChannelServer:
         threading.Thread(target=self._accept_loop, name="advisor-accept", daemon=True).start()
 
     def _accept_loop(self) -> None:
-        while not self._closed:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            with self._lock:
-                full = len(self._peers) >= self._max_connections
-                peer = _Peer(conn)
-                if not full:
-                    self._peers.append(peer)
-            if full:
-                self._reject(f"connection refused: {self._max_connections} connections already open")
-                conn.close()
-                continue
-            threading.Thread(target=self._serve, args=(peer,), name="advisor-recv", daemon=True).start()
+        accept_connections(self._sock, closed=lambda: self._closed, admit=self._admit, serve=self._serve,
+                           name="advisor-recv")
+
+    def _admit(self, conn: socket.socket) -> _Peer | None:
+        with self._lock:
+            if len(self._peers) >= self._max_connections:
+                full = True
+            else:
+                full, peer = False, _Peer(conn)
+                self._peers.append(peer)
+        if full:
+            self._reject(f"connection refused: {self._max_connections} connections already open")
+            return None
+        return peer
 
     def _serve(self, peer: _Peer) -> None:
         reader = FrameReader(peer.conn, self._secret, max_length=HELLO_MAX)
@@ -241,14 +233,45 @@ class ChannelServer:
                     pass
 
 
-def sweep_stale_sockets() -> int:
-    """Remove socket folders that controllers killed earlier left behind (this user's, with no
-    listener); returns how many were removed."""
+def listen_privately(name: str, *, backlog: int, prefix: str = SOCKET_PREFIX) -> tuple[str, str, socket.socket]:
+    """(folder, path, listening socket): a Unix socket ``name`` (0600) in a fresh private temporary
+    folder (0700), after sweeping the stale ones a killed controller left. The temporary folder, not
+    the session folder: AF_UNIX paths are limited to about 107 bytes."""
+    sweep_stale_sockets(name=name)
+    folder = tempfile.mkdtemp(prefix=prefix)
+    os.chmod(folder, 0o700)
+    path = os.path.join(folder, name)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    os.chmod(path, 0o600)
+    sock.listen(backlog)
+    return folder, path, sock
+
+
+def accept_connections(sock: socket.socket, *, closed: Callable[[], bool], admit: Callable[[socket.socket], Any],
+                       serve: Callable[[Any], None], name: str) -> None:
+    """Accept until ``closed()`` or the socket closes: ``admit(conn)`` returns what ``serve`` gets, on
+    a daemon thread of its own, or None to refuse (the connection is closed at once)."""
+    while not closed():
+        try:
+            conn, _ = sock.accept()
+        except OSError:
+            return
+        admitted = admit(conn)
+        if admitted is None:
+            conn.close()
+            continue
+        threading.Thread(target=serve, args=(admitted,), name=name, daemon=True).start()
+
+
+def sweep_stale_sockets(*, name: str = "agent.sock") -> int:
+    """Remove socket folders that controllers killed earlier left behind (this user's, holding only
+    a socket called ``name``, with no listener); returns how many were removed."""
     removed = 0
     for folder in glob.glob(os.path.join(tempfile.gettempdir(), SOCKET_PREFIX + "*")):
-        path = os.path.join(folder, "agent.sock")
+        path = os.path.join(folder, name)
         try:
-            if os.lstat(folder).st_uid != os.getuid() or os.listdir(folder) != ["agent.sock"]:
+            if os.lstat(folder).st_uid != os.getuid() or os.listdir(folder) != [name]:
                 continue
             if time.time() - os.lstat(path).st_mtime < 60:
                 continue  # perhaps a controller between bind() and listen()

@@ -6,8 +6,10 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
+import types
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
@@ -59,12 +61,13 @@ class AttachOptions:
     capture_output: bool = False  # TUI mode: the script's output goes to output.log
     settings: AgentSettings = field(default_factory=AgentSettings)  # the training process's (advisor.cli)
     multinode: MultiNode = field(default_factory=MultiNode)  # this controller's place in a multi-node job
+    label: str | None = None  # the session folder's name after its time (default: the script's stem)
 
 
 class Session:
     def __init__(self, options: AttachOptions) -> None:
         self.options = options
-        self.dir = new_session_dir(options.script)
+        self.dir = new_session_dir(options.label or options.script)
         self.id = self.dir.name
         self.db_path = self.dir / DB_NAME
         self.live = LiveState(session_id=self.id, session_path=str(self.dir))
@@ -93,6 +96,11 @@ class Session:
         if self.job["id"] is None:
             self.job["id"] = self.id
         self._save_job()
+
+    @property
+    def secret_file(self) -> str:
+        """Where the agents read the session's secret (removed once every rank said hello)."""
+        return str(self._secret_file)
 
     # -- the job (multi-node) ----------------------------------------------------------
     @property
@@ -439,3 +447,17 @@ def _peer_message(event: Event) -> str:
     """What a ``peer_lost`` or ``peer_exit`` event says."""
     found = payload(event)
     return found.message if isinstance(found, (PeerLost, PeerExit)) else ""
+
+
+class _CallableModule(types.ModuleType):
+    """``advisor.session(...)`` is the in-process API (advisor/api.py). Importing this module sets
+    the package's attribute ``session`` to the module (Python does that for every submodule), so in
+    a process that imported both, the call lands here and is passed on."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from advisor.api import session  # loaded with the package already: no import cost
+
+        return session(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

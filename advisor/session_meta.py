@@ -79,6 +79,7 @@ TOP: dict[str, Check] = {
     "recommendations": _optional(_objects),
     "imported": _object,
     "store_error": _object,
+    "in_process": _object,  # an in-process session's {pid, name} (advisor/hosted.py)
 }
 
 JOB: dict[str, Check] = {

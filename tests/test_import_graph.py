@@ -15,6 +15,8 @@ that violation (the second half of this file), so the checker cannot quietly go 
 - no import cycle among our modules, ``TYPE_CHECKING`` imports included;
 - no module reachable from the report paths imports torch (the runtime closure from the
   report, its sections, the comparisons, the planning path and ``recommend/``);
+- the user-process side (``advisor.api``, ``advisor.integrations``) loads the agent only inside
+  functions, so ``import advisor`` never loads torch;
 - ``TYPE_CHECKING`` is honoured only when it is ``typing``'s and never assigned in the module.
 """
 
@@ -41,6 +43,19 @@ SOURCES = {
 }
 OURS = tuple(SOURCES)
 CONTROLLER = "advisor (controller)"
+# The user's own process, where an in-process session runs the agent around the user's loop
+# (``advisor.session()``, the trainer callbacks). ``import advisor`` loads ``advisor.api``, so it
+# reaches the agent (and torch) only inside the functions that start a session.
+USER = "advisor (user process)"
+USER_MODULES = ("advisor.api", "advisor.integrations")
+# The controller modules the user-process side may import: torch-free, rich-free, small.
+USER_CONTROLLER_OK = ("advisor.errors", "advisor.launch")
+# Controller modules that may import the user-process side, each with its reason.
+CONTROLLER_TO_USER: dict[str, str] = {
+    "advisor": "the package exports advisor.session(), the in-process API",
+    "advisor.session": "a process that imported this module has it as the package's attribute `session`: "
+                       "its __call__ forwards advisor.session(...) to the API",
+}
 BARE = ("probes", "apply", "recommend", "agent", "records")  # our folders, never imported by these names
 
 # package -> the packages of ours it may import
@@ -51,6 +66,7 @@ TABLE: dict[str, set[str]] = {
     "advisor.recommend": {"advisor.recommend", "advisor.records"},
     "advisor.agent": {"advisor.agent", "advisor.probes", "advisor.apply", "advisor.records"},
     CONTROLLER: {CONTROLLER, "advisor.recommend", "advisor.records"},
+    USER: {USER, "advisor.agent", "advisor.records"},  # and USER_CONTROLLER_OK
 }
 # package -> the third-party top-level names it may import (the standard library is always allowed)
 THIRD_PARTY: dict[str, set[str]] = {
@@ -60,6 +76,15 @@ THIRD_PARTY: dict[str, set[str]] = {
     "advisor.recommend": {"numpy"},
     "advisor.agent": {"torch"},
     CONTROLLER: set(),
+    USER: set(),
+}
+# Modules that wrap one optional tool each (an extra in pyproject.toml), imported only when asked for.
+TOOL_LIBRARIES: dict[str, set[str]] = {
+    "advisor.trackers.tensorboard_log": {"tensorboardX"},
+    "advisor.trackers.mlflow_log": {"mlflow"},
+    "advisor.trackers.wandb_log": {"wandb"},
+    "advisor.integrations.transformers": {"transformers"},
+    "advisor.integrations.lightning": {"lightning", "pytorch_lightning"},
 }
 # Controller modules that draw: rich for the reports and progress lines, textual for the TUI.
 TUI = ("advisor.tui",)  # the package and everything under it
@@ -86,6 +111,8 @@ DEFERRED: dict[str, str] = {
     "advisor.cli": "per-command imports keep `advisor --help` and `advisor sessions` fast",
     "advisor.tui": "textual loads only when the TUI is built (headless never imports it)",
     "advisor.agent.bootstrap": "the training process imports the agent after setting up sys.path",
+    "advisor.api": "the agent (and torch) load when a session starts: `import advisor` stays cheap",
+    "advisor.session": CONTROLLER_TO_USER["advisor.session"],
 }
 
 
@@ -127,6 +154,8 @@ def _files(root: Path) -> list[tuple[str, Path]]:
 
 
 def _package_of(module: str) -> str:
+    if _is_under(module, USER_MODULES):
+        return USER
     for package in OURS:
         if _is_under(module, (package,)):
             return package
@@ -242,6 +271,7 @@ def _ours(name: str, known: set[str]) -> str | None:
 def _allowed_third_party(module: str) -> set[str]:
     package = _package_of(module)
     allowed = set(THIRD_PARTY[package])
+    allowed |= TOOL_LIBRARIES.get(module, set())
     if package == CONTROLLER and _is_under(module, TUI):
         allowed |= TUI_LIBRARIES
     elif package == CONTROLLER and _is_under(module, RENDER):
@@ -260,8 +290,15 @@ def _table_problems(tree: dict[str, Module]) -> list[str]:
                 problems.append(f"{where} imports {imp.name!r} by its bare name; use advisor.{imp.name}")
             elif top == "advisor":
                 target = _package_of(imp.name)
+                if package == USER and target == CONTROLLER and _is_under(imp.name, USER_CONTROLLER_OK):
+                    continue
+                if package == CONTROLLER and target == USER and module.name in CONTROLLER_TO_USER:
+                    continue
                 if target not in TABLE[package]:
                     problems.append(f"{where} ({package}) may not import {imp.name} ({target})")
+                elif package == USER and target == "advisor.agent" and not imp.deferred:
+                    problems.append(f"{where} imports {imp.name} at module level: `import advisor` would load "
+                                    "the agent and torch (import it where a session starts)")
             elif top not in sys.stdlib_module_names and not imp.typing_only:
                 if top not in _allowed_third_party(module.name):
                     problems.append(f"{where} ({package}) may not import the third-party package {top}")
@@ -468,6 +505,15 @@ INJECTED = {
                                  "    import torch\n"},
         ["advisor.recommend.profile:", "may not import the third-party package torch",
          "torch on a report path: advisor.recommend.profile"]),
+    "the agent at the top of the in-process API": (
+        {"advisor/api.py": "from advisor.agent import lifecycle  # noqa\n"},
+        ["advisor.api:", "imports advisor.agent.lifecycle at module level"]),
+    "the user-process side in the report": (
+        {"advisor/report.py": "from advisor import api  # noqa\n"},
+        ["advisor.report:", "may not import advisor.api (advisor (user process))"]),
+    "a tracker's library elsewhere in the controller": (
+        {"advisor/listing.py": "import wandb  # noqa\n"},
+        ["advisor.listing:", "may not import the third-party package wandb"]),
     "a function-level import of ours": (
         {"advisor/report.py": "def _x():\n    from advisor.records import units\n    return units\n"},
         ["advisor.report:", "imports advisor.records.units inside a function"]),

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -46,6 +46,7 @@ class Capture:
         self._loaders: list[weakref.ref] = []
         # id(loader) -> (the loader, its latest iterator), both weak: an id is reused once freed
         self._iterators: dict[int, tuple[weakref.ref, weakref.ref]] = {}
+        self._adopters: list[tuple[type, Callable[[Any], None]]] = []  # set by ``install``, for ``adopt``
 
     @staticmethod
     def _alive(refs: list[weakref.ref]) -> list[Any]:
@@ -108,8 +109,32 @@ class Capture:
             pass
         for cls, callback in classes:
             _wrap_init(cls, callback, add_undo)
+        # Objects built before the hooks get the same callbacks, but a DDP object keeps its own
+        # all-reduce: it may have run (or been given a hook) already, and takes one hook ever.
+        self._adopters = [(cls, (lambda w: self._add(self._wrappers, w)) if callback is on_ddp else callback)
+                          for cls, callback in classes]
         self._wrap_iter(add_undo)
         self._wrap_register_comm_hook(add_undo)
+
+    def adopt(self, objects: Iterable[Any]) -> int:
+        """Capture ``objects`` built before ``install`` (an in-process session opened mid-script,
+        advisor/api.py) as if seen at construction; how many were captured. DataLoader iterators
+        made before are not known (``running_iterator`` is None until the next ``iter()``)."""
+        found = 0
+        by_type: dict[type, tuple[type, Callable[[Any], None]] | None] = {}  # one issubclass walk per type
+        for obj in objects:
+            kind = type(obj)  # never isinstance: a proxy's __class__ may run code or raise
+            if kind not in by_type:
+                by_type[kind] = next(((cls, cb) for cls, cb in self._adopters if issubclass(kind, cls)), None)
+            found_as = by_type[kind]
+            if found_as is None or (found_as[0] is torch.optim.Optimizer and not _initialised_optimizer(obj)):
+                continue
+            try:
+                found_as[1](obj)
+                found += 1
+            except Exception:  # capturing must never break the script
+                pass
+        return found
 
     def _wrap_iter(self, add_undo: AddUndo) -> None:
         """Remember the iterator each DataLoader hands out (the one the script's loop holds)."""
@@ -159,6 +184,14 @@ class Capture:
 
         cls._register_builtin_comm_hook = _register_builtin_comm_hook  # type: ignore[method-assign]
         add_undo(lambda: setattr(cls, "_register_builtin_comm_hook", builtin))
+
+
+def _initialised_optimizer(obj: Any) -> bool:
+    """Whether ``Optimizer.__init__`` ran for ``obj`` (what a capture at construction sees). A
+    wrapper that subclasses Optimizer without it (accelerate's ``AcceleratedOptimizer``, which
+    delegates to the optimizer it holds) has none of an optimizer's hook tables: it is left out,
+    as it is under ``advisor attach``, and the optimizer it holds is captured instead."""
+    return "_optimizer_step_pre_hooks" in getattr(obj, "__dict__", {})
 
 
 def _wrap_init(cls: type, callback: Callable[[Any], None], add_undo: AddUndo) -> None:
