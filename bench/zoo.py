@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
             result = conformance.run_entry(entry, home=home, smoke=args.smoke, steps=args.steps)
             results.append(result)
             marks = " ".join(f"{name}={check.status}" for name, check in result.checks.items())
-            print(f"{entry.name}: {marks} ({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
+            notes = "".join(f"; {note}" for note in result.notes)
+            print(f"{entry.name}: {marks} ({time.perf_counter() - start:.0f} s{notes})", file=sys.stderr, flush=True)
         text = conformance.table(results)
     print(text)
     if args.markdown:

@@ -34,7 +34,7 @@ class Entry:
     env: dict[str, str] = field(default_factory=dict)
     ranks: int = 1
     smoke_steps: int = 4
-    full_steps: int = 12
+    full_steps: int = 20
     size: Callable[[int], int] = lambda steps: steps  # {size}: a dataset size giving that many steps
     steps_taken: int = 1  # optimizer steps (advisor steps) per unit of {steps}
     prepare: str | None = None  # a datagen.PREPARE key
@@ -43,7 +43,7 @@ class Entry:
     loss_pattern: str | None = None  # regex: the printed losses, compared as printed
     artifacts: tuple[str, ...] = ()  # globs under the run folder: checkpoints whose tensors are compared
     smoke: bool = True  # in the CI smoke subset
-    timeout_s: int = 420
+    timeout_s: int = 420  # per run; a smoke run gets at most SMOKE_TIMEOUT_S (zoo/conformance.py)
 
     def expected_steps(self, steps: int) -> int:
         return steps * self.steps_taken
@@ -84,14 +84,14 @@ ENTRIES: tuple[Entry, ...] = (
         masks=_HF_MASKS, loss_pattern=r"'loss': '?([0-9.e+-]+)", artifacts=("out/model.safetensors",),
     ),
     Entry(
-        name="accelerate_nlp", script="accelerate_nlp/nlp_example.py", smoke_steps=6,
+        name="accelerate_nlp", script="accelerate_nlp/nlp_example.py", smoke_steps=6, full_steps=21,
         covers=("accelerate loop", "bf16 autocast", "variable sequence lengths per batch"),
         args=("--cpu", "--mixed_precision", "bf16"),
         # three epochs of batches of 16 (the script's own): {steps} is a multiple of 3
         env={"ZOO_DATASET_SIZE": "{size}", "ZOO_TEST_SIZE": "32"}, size=lambda n: 16 * n // 3,
     ),
     Entry(
-        name="accelerate_accum", script="accelerate_accum/gradient_accumulation.py", ranks=2, smoke_steps=6,
+        name="accelerate_accum", script="accelerate_accum/gradient_accumulation.py", ranks=2, smoke_steps=6, full_steps=21,
         covers=("accelerate loop", "DDP", "no_sync accumulation (accelerator.accumulate)"),
         args=("--cpu", "--gradient_accumulation_steps", "2"),
         env={"ZOO_DATASET_SIZE": "{size}", "ZOO_TEST_SIZE": "32"},
