@@ -25,6 +25,25 @@ _HF_MASKS = (
 _PROGRESS_MASKS = (r"\d+(\.\d+)?(it/s|s/it)", r"\d+:\d\d(:\d\d)?", r"\?it/s")
 
 
+def _run_clm(*extra: str, batch: str = "4") -> tuple[str, ...]:
+    """run_clm.py training a 2-layer GPT-2 of width 32 from a config, with the tokenizer of datagen."""
+    return ("--model_type", "gpt2",
+            "--config_overrides", "n_embd=32,n_layer=2,n_head=2,n_positions=64,vocab_size=400",
+            "--tokenizer_name", "{run}/tokenizer", "--train_file", "{run}/train.txt", "--do_train",
+            "--output_dir", "{run}/out", "--max_steps", "{steps}", "--per_device_train_batch_size", batch,
+            "--block_size", "32", "--use_cpu", "--report_to", "none", "--logging_steps", "1",
+            "--save_strategy", "no", "--seed", "42", *extra)
+
+
+def _train_gpt2(total_batch_size: str, *extra: str) -> tuple[str, ...]:
+    """llm.c's train_gpt2.py on the tiny d2 model, micro-batches of 2 x 32 tokens."""
+    return ("--input_bin", "{run}/train.bin", "--model", "d2", "--batch_size", "2", "--sequence_length", "32",
+            "--total_batch_size", total_batch_size, "--num_iterations", "{steps}", "--write_tensors", "0", *extra)
+
+
+_LLMC_MASKS = (r"\(\d+\.\d+ ms \| \d+ tok/s\)", r"avg: \d+\.\d+ms", r"avg: nanms")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Entry:
     name: str
@@ -53,34 +72,19 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(
         name="hf_clm", script="hf_clm/run_clm.py", prepare="hf_clm",
         covers=("Hugging Face Trainer", "GPT-2 from a config", "tied weights"),
-        args=("--model_type", "gpt2",
-              "--config_overrides", "n_embd=32,n_layer=2,n_head=2,n_positions=64,vocab_size=400",
-              "--tokenizer_name", "{run}/tokenizer", "--train_file", "{run}/train.txt", "--do_train",
-              "--output_dir", "{run}/out", "--max_steps", "{steps}", "--per_device_train_batch_size", "4",
-              "--block_size", "32", "--use_cpu", "--report_to", "none", "--logging_steps", "1",
-              "--save_strategy", "no", "--seed", "42"),
+        args=_run_clm(),
         masks=_HF_MASKS, loss_pattern=r"'loss': '?([0-9.e+-]+)", artifacts=("out/model.safetensors",),
     ),
     Entry(
         name="hf_clm_ddp_accum", script="hf_clm/run_clm.py", prepare="hf_clm", ranks=2, smoke=False,
         covers=("Hugging Face Trainer", "DDP", "gradient accumulation (no_sync)"),
-        args=("--model_type", "gpt2",
-              "--config_overrides", "n_embd=32,n_layer=2,n_head=2,n_positions=64,vocab_size=400",
-              "--tokenizer_name", "{run}/tokenizer", "--train_file", "{run}/train.txt", "--do_train",
-              "--output_dir", "{run}/out", "--max_steps", "{steps}", "--per_device_train_batch_size", "2",
-              "--gradient_accumulation_steps", "2", "--block_size", "32", "--use_cpu", "--report_to", "none",
-              "--logging_steps", "1", "--save_strategy", "no", "--seed", "42"),
+        args=_run_clm("--gradient_accumulation_steps", "2", batch="2"),
         masks=_HF_MASKS, loss_pattern=r"'loss': '?([0-9.e+-]+)", artifacts=("out/model.safetensors",),
     ),
     Entry(
         name="hf_clm_compile", script="hf_clm/run_clm.py", prepare="hf_clm", smoke=False,
         covers=("Hugging Face Trainer", "torch.compile"),
-        args=("--model_type", "gpt2",
-              "--config_overrides", "n_embd=32,n_layer=2,n_head=2,n_positions=64,vocab_size=400",
-              "--tokenizer_name", "{run}/tokenizer", "--train_file", "{run}/train.txt", "--do_train",
-              "--output_dir", "{run}/out", "--max_steps", "{steps}", "--per_device_train_batch_size", "4",
-              "--block_size", "32", "--use_cpu", "--report_to", "none", "--logging_steps", "1",
-              "--save_strategy", "no", "--seed", "42", "--torch_compile"),
+        args=_run_clm("--torch_compile"),
         masks=_HF_MASKS, loss_pattern=r"'loss': '?([0-9.e+-]+)", artifacts=("out/model.safetensors",),
     ),
     Entry(
@@ -117,26 +121,22 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(
         name="llmc", script="llmc/train_gpt2.py", prepare="llmc",
         covers=("llm.c-style trainer", "tied-weight GPT", "gradient accumulation"),
-        args=("--input_bin", "{run}/train.bin", "--model", "d2", "--batch_size", "2", "--sequence_length", "32",
-              "--total_batch_size", "128", "--num_iterations", "{steps}", "--write_tensors", "0", "--device", "cpu"),
-        masks=(r"\(\d+\.\d+ ms \| \d+ tok/s\)", r"avg: \d+\.\d+ms", r"avg: nanms"),
+        args=_train_gpt2("128", "--device", "cpu"),
+        masks=_LLMC_MASKS,
         loss_pattern=r"train loss ([0-9.]+)",
     ),
     Entry(
         name="llmc_ddp", script="llmc/train_gpt2.py", prepare="llmc", ranks=2, smoke=False,
         covers=("llm.c-style trainer", "DDP", "require_backward_grad_sync accumulation"),
-        args=("--input_bin", "{run}/train.bin", "--model", "d2", "--batch_size", "2", "--sequence_length", "32",
-              "--total_batch_size", "256", "--num_iterations", "{steps}", "--write_tensors", "0"),
-        masks=(r"\(\d+\.\d+ ms \| \d+ tok/s\)", r"avg: \d+\.\d+ms", r"avg: nanms"),
+        args=_train_gpt2("256"),
+        masks=_LLMC_MASKS,
         loss_pattern=r"train loss ([0-9.]+)",
     ),
     Entry(
         name="llmc_compile", script="llmc/train_gpt2.py", prepare="llmc", smoke=False,
         covers=("llm.c-style trainer", "torch.compile of a plain nn.Module"),
-        args=("--input_bin", "{run}/train.bin", "--model", "d2", "--batch_size", "2", "--sequence_length", "32",
-              "--total_batch_size", "64", "--num_iterations", "{steps}", "--write_tensors", "0", "--device", "cpu",
-              "--compile", "1"),
-        masks=(r"\(\d+\.\d+ ms \| \d+ tok/s\)", r"avg: \d+\.\d+ms", r"avg: nanms"),
+        args=_train_gpt2("64", "--device", "cpu", "--compile", "1"),
+        masks=_LLMC_MASKS,
         loss_pattern=r"train loss ([0-9.]+)",
     ),
     Entry(
