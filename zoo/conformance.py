@@ -40,6 +40,7 @@ from typing import Any
 ZOO = Path(__file__).resolve().parent
 ROOT = ZOO.parent
 sys.path.insert(0, str(ZOO))
+sys.path.insert(0, str(ROOT))  # this checkout's advisor (for advisor.check), also from bench/zoo.py
 
 from manifest import BY_NAME, ENTRIES, Entry  # noqa: E402
 
