@@ -199,12 +199,13 @@ def _file_digest(path: Path) -> str:
 
 
 def masked_stdout(text: str, entry: Entry) -> list[str]:
-    """Lines with the masks applied. Ranks share one pipe and cut into each other's lines at
+    """Lines with the masks applied (a line that is all mask is left out). Ranks share one pipe and cut into each other's lines at
     any write, even inside a word, so on several ranks what is compared is the sorted list of
     the characters (less whitespace): nothing missing, nothing added, whatever the interleaving."""
     lines = re.split(r"\r\n|\r|\n", text)
     for mask in entry.masks:
         lines = [re.sub(mask, "<masked>", line) for line in lines]
+    lines = [line for line in lines if line != "<masked>"]  # a line masked whole is left out
     if entry.ranks > 1:
         return sorted(char for line in lines for char in line if not char.isspace())
     return lines
