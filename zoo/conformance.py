@@ -205,7 +205,8 @@ def masked_stdout(text: str, entry: Entry) -> list[str]:
     lines = re.split(r"\r\n|\r|\n", text)
     for mask in entry.masks:
         lines = [re.sub(mask, "<masked>", line) for line in lines]
-    lines = [line for line in lines if line != "<masked>"]  # a line masked whole is left out
+    # trailing blanks never mean anything (progress bars pad to a width); a line masked whole is left out
+    lines = [line.rstrip() for line in lines if line != "<masked>"]
     if entry.ranks > 1:
         return sorted(char for line in lines for char in line if not char.isspace())
     return lines

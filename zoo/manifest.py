@@ -22,8 +22,8 @@ _HF_MASKS = (
     r"\[\d\d:\d\d(:\d\d)?<[^\]]*\]",
 )
 # Progress bars (Lightning's, rich or tqdm, go to stdout): elapsed and remaining times, rates.
-# rich pads each line to the bar's width, which the rate's digits change: leading and trailing blanks.
-_PROGRESS_MASKS = (r"\d+(\.\d+)?(it/s|s/it)", r"\d+:\d\d(:\d\d)?", r"\?it/s", r"^ +", r" +$")
+# rich pads each line to the bar's width, which the rate's digits change: leading blanks too.
+_PROGRESS_MASKS = (r"\d+(\.\d+)?(it/s|s/it)", r"\d+:\d\d(:\d\d)?", r"\?it/s", r"^ +")
 
 
 def _run_clm(*extra: str, batch: str = "4") -> tuple[str, ...]:
