@@ -380,7 +380,7 @@ def run_entry(entry: Entry, *, home: Path, smoke: bool, steps: int | None = None
         else:
             budget = int(peak * BUDGET_FRACTION)
             run = result.runs["apply"] = execute(entry, steps, home, "apply",
-                                                 ["--memory-budget", str(budget), "--apply", "auto"], timeout_s=timeout)
+                                                 ["--memory-budget", f"{budget}B", "--apply", "auto"], timeout_s=timeout)
             result.checks[APPLY_CHECK] = check_apply(bare, run)
     return result
 
