@@ -56,6 +56,8 @@ class AttachOptions:
     capture_output: bool = False  # TUI mode: the script's output goes to output.log
     settings: AgentSettings = field(default_factory=AgentSettings)  # the training process's (advisor.cli)
     multinode: MultiNode = field(default_factory=MultiNode)  # this controller's place in a multi-node job
+    bootstrap: str = BOOTSTRAP  # the module the training process runs (``advisor fit``: advisor.fit.bootstrap)
+    env: dict[str, str] = field(default_factory=dict)  # added to its environment (a fit's world: RANK, ...)
 
 
 class Session:
@@ -278,7 +280,7 @@ class Session:
             # torchrun as it is, run through LAUNCHER_CODE so that it says which worker failed first.
             assert command[1:3] == ["-m", "torch.distributed.run"], command
             return [command[0], "-c", LAUNCHER_CODE, *command[3:]]
-        return python_command(BOOTSTRAP, [opts.script, *opts.args])
+        return python_command(opts.bootstrap, [opts.script, *opts.args])
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -294,6 +296,7 @@ class Session:
         # A plan's restart remedies (checked when the plan was read; again here, whoever built the
         # settings), then the advisor's own variables, which nothing a plan says may replace.
         env.update(merge_plan_env(env, allowed_plan_env(settings.plan_env)))
+        env.update(self.options.env)
         env.update({
             SOCKET_ENV: self.server.path,
             SECRET_ENV: str(self._secret_file),

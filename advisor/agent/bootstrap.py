@@ -9,6 +9,7 @@ it ended, and exits with the script's own exit code.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import runpy
 import signal
@@ -16,7 +17,7 @@ import socket
 import sys
 import time
 import traceback
-from typing import Any
+from typing import Any, Callable, ContextManager
 
 SESSION_ENV = "ADVISOR_SESSION_DIR"
 CONFIG_ENV = "ADVISOR_CONFIG"
@@ -58,7 +59,11 @@ def exit_code_of(exc: SystemExit) -> int:
     return 1
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *,
+         around_script: Callable[[Any, Any], ContextManager[Any]] | None = None) -> int:
+    """Run the script under the agent. ``around_script(agent, run_info)``: a context entered just around the
+    script's run, after the agent and its hooks are in place and left before they go (``advisor
+    fit``'s fake world, ``advisor.fit.bootstrap``)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
         print("advisor agent: usage: bootstrap SCRIPT [ARGS...] (started by advisor attach)", file=sys.stderr)
@@ -107,13 +112,14 @@ def main(argv: list[str] | None = None) -> int:
     probes, probe_warnings = build_probes(settings)
     agent = Agent(emit=emit, settings=settings, probes=probes, rank=rank, world_size=world_size)
     agent_holder.append(agent)
-    agent.outbox.emit(RunInfo(
+    run_info = RunInfo(
         script=os.path.abspath(script), argv=script_args, rank=rank, local_rank=local_rank,
         world_size=world_size, pid=os.getpid(), hostname=socket.gethostname(), started_at=started,
         torch_version=torch.__version__, python_version=sys.version.split()[0],
         device=device_info(local_rank), config=settings.to_dict(),
         restart_count=_restart_count(),
-    ))
+    )
+    agent.outbox.emit(run_info)
     for warning in [*setting_warnings, *probe_warnings]:
         agent.outbox.emit(Event(rank=rank, name="warning", data={"message": warning}))
     agent.attach_probes()
@@ -136,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     code, reason = 0, "completed"
     exc_info: dict[str, Any] = {}
     try:
-        runpy.run_path(script, run_name="__main__")
+        with around_script(agent, run_info) if around_script is not None else contextlib.nullcontext():
+            runpy.run_path(script, run_name="__main__")
     except StopTraining as exc:
         code, reason = 0, str(exc)
     except SystemExit as exc:
