@@ -186,6 +186,8 @@ def install_cuda(patches: Patches, target: TargetDevice, *, device_count: int,
     for name in ("range_push", "range_pop", "mark"):
         patches.set(cuda.nvtx, name, nothing)
     patches.set(cuda.nvtx, "range", lambda *a, **k: contextlib.nullcontext())
+    # Python's view of the accelerator (FSDP2's default mesh asks it); C++ keeps the CPU's.
+    patches.set(torch._C, "_get_accelerator", lambda *args: torch.device("cuda"))
     accelerator = getattr(torch, "accelerator", None)
     if accelerator is not None:
         for name, value in {

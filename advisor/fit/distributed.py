@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
 from advisor.fit.patches import Patches
 from advisor.records.fit import FitSettings
@@ -73,6 +74,30 @@ _all_reduce_hook.__annotations__ = {"group": Any, "bucket": dist.GradBucket,
                                     "return": torch.futures.Future[torch.Tensor]}
 
 
+def _real_device_meshes(patches: Patches) -> None:
+    """A ``DeviceMesh`` reads its rank map (``tolist``, ``nonzero``): it is built of real tensors,
+    outside the fake mode. A rank map made under it (``init_device_mesh``'s ``arange``, or the
+    script's own) has no values; it is taken to be the identity map of its shape, which is what
+    both make."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    original = DeviceMesh.__init__
+
+    def real(value: Any) -> Any:
+        if isinstance(value, FakeTensor):
+            with unset_fake_temporarily():
+                return torch.arange(value.numel(), dtype=value.dtype).view(tuple(value.shape))
+        return value
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        args = tuple(real(a) for a in args)
+        kwargs = {k: real(v) for k, v in kwargs.items()}
+        with unset_fake_temporarily(), torch._C.DisableTorchFunction():
+            original(self, *args, **kwargs)
+
+    patches.set(DeviceMesh, "__init__", __init__)
+
+
 def install_world(patches: Patches, settings: FitSettings) -> None:
     """Route the script's process group, DDP and all-reduce to the fake world (restored by ``patches``)."""
     import torch.distributed.distributed_c10d as c10d
@@ -100,6 +125,7 @@ def install_world(patches: Patches, settings: FitSettings) -> None:
     patches.set(c10d, "all_reduce", all_reduce)
     patches.set(dist, "all_reduce", all_reduce)
 
+    _real_device_meshes(patches)
     cls = torch.nn.parallel.DistributedDataParallel
     built = cls.__init__  # the agent's capturing wrapper, when it is installed
 

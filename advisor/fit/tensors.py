@@ -162,3 +162,16 @@ def install_device_view(patches: Patches) -> None:
         return -1 if where.type == "cpu" else (where.index or 0)
 
     patches.set(FakeTensor, "get_device", get_device)
+
+    # A DTensor (FSDP2's parameters, their gradients and state) is a wrapper made with its local
+    # tensor's C++ device: it says where its local shard is.
+    from torch.distributed.tensor import DTensor
+
+    wrapper = DTensor.device  # inherited from the C++ tensor
+
+    def dtensor_device(self: Any) -> torch.device:
+        local = getattr(self, "_local_tensor", None)
+        return local.device if isinstance(local, FakeTensor) else wrapper.__get__(self)
+
+    patches.set(DTensor, "device", property(dtensor_device))
+    patches.set(DTensor, "is_cuda", property(lambda self: self.device.type == "cuda"))
