@@ -91,6 +91,7 @@ def build_fit_report(state: SessionState, *, fit: FitSettings, budget_bytes: int
         "tracked_peak_bytes": tracked, "peak_step": memory.get("peak_step"),
         "block_rounding": "CUDA caching allocator, 512-byte blocks" if device is not None else None,
         "categories_at_peak": memory.get("categories_at_peak"),
+        "categories_max": memory.get("categories_max"),
         "model_state": model_state(state),
         "modules": [{k: m.get(k) for k in ("name", "type", "parameter_bytes", "activation_bytes", "input_bytes")}
                     for m in (memory.get("modules") or [])[:TOP_MODULES]],
@@ -120,8 +121,8 @@ def _unrunnable(event: dict[str, Any]) -> dict[str, Any] | None:
     if not found:
         return None
     hints = {
-        "read": "move the read after the first optimizer step (a fit answers later reads with placeholders), "
-                "or guard it with `if not torch.compiler.is_compiling()`-style checks of your own",
+        "read": "a fit answers reads after the first optimizer step with placeholders: move this one after "
+                "optimizer.step(), or put it behind a flag of the script's own",
         "shape": "a fit cannot know an output shape that depends on values; give the op a fixed size "
                  "(a padded index, a mask multiply) to plan the job",
         "kernel": "register a fake implementation for the op (torch.library.register_fake) so its output "
@@ -179,7 +180,9 @@ def render_fit_report(report: dict[str, Any]) -> str:
                      f"(fake tensors have no values): {read['code']}")
     if report.get("unrunnable"):
         found = report["unrunnable"]
-        lines.append(f"cannot fit: {found['message']}")
+        where = found.get("where") or {}
+        lines.append(f"cannot fit: the run cannot go on from {where.get('file', '?')}:{where.get('line', '?')} "
+                     f"({found.get('op')}; see the error below)")
         return "\n".join(lines)
     memory = report.get("memory")
     if memory is None:
