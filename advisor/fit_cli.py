@@ -15,7 +15,6 @@ import json
 import sys
 from typing import Any
 
-from advisor.errors import EXIT_LAUNCH, AdvisorError
 from advisor.fit_report import build_fit_report, render_fit_report, write_fit_plan
 from advisor.records.fit import FitSettings
 from advisor.records.settings import AgentSettings
@@ -44,11 +43,7 @@ def run_fit(ns: argparse.Namespace) -> int:
                             capture_output=True, settings=settings, bootstrap=FIT_BOOTSTRAP,
                             env=fit.environment())
     session = Session(options)
-    try:
-        session.start()
-    except OSError as exc:
-        session.close()
-        raise AdvisorError(f"could not start the fitting process: {exc}", exit_code=EXIT_LAUNCH) from None
+    session.launch("fitting process")
     try:
         print(f"advisor: fitting {ns.script} for {_job(fit)} on fake tensors; session {session.id}",
               file=sys.stderr, flush=True)

@@ -74,7 +74,8 @@ def build_fit_report(state: SessionState, *, fit: FitSettings, budget_bytes: int
         "world": {"nproc_per_node": fit.nproc_per_node, "nnodes": fit.nnodes, "world_size": fit.world_size,
                   "ranks_run": [0]},
         "run": {"steps": event.get("steps"), "steps_wanted": event.get("steps_wanted"),
-                "stopped_at": event.get("stopped_at"), "placeholder_reads": event.get("placeholders") or [],
+                "stopped_at": event.get("stopped_at"), "stopped_by": event.get("stopped_by"),
+                "placeholder_reads": event.get("placeholders") or [],
                 "exit_reason": state.exit_reason, "exit_code": state.exit_code},
         "unrunnable": _unrunnable(event),
         "warnings": [e.data.get("message", "") for e in state.events if e.name == "warning"],
@@ -169,7 +170,13 @@ def render_fit_report(report: dict[str, Any]) -> str:
              + (f" · {world['nproc_per_node']} per node x {world['nnodes']} node(s), world {world['world_size']}"
                 if world["world_size"] > 1 else "")]
     run = report["run"]
-    if run.get("stopped_at"):
+    if run.get("stopped_by"):
+        where, by = run.get("stopped_at") or {}, run["stopped_by"]
+        what = "its output shape depends on values" if by["kind"] == "shape" else "it has no fake implementation"
+        lines.append(f"stopped early, in step {by['step']}, at {where.get('file')}:{where.get('line')}: {by['op']} "
+                     f"cannot run on fake tensors ({what}); the figures below are those of the "
+                     f"{run.get('steps')} step(s) before it, the rest of the step is not counted")
+    elif run.get("stopped_at"):
         where = run["stopped_at"]
         lines.append(f"ran {run.get('steps')} optimizer step(s) on fake tensors; stopped at {where.get('file')}:"
                      f"{where.get('line')} (the first value read after them)")

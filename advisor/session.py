@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
+from advisor.errors import EXIT_LAUNCH, AdvisorError
 from advisor.exits import (
     LAUNCHER_CODE,
     LAUNCHER_EXITS,
@@ -327,6 +328,14 @@ class Session:
         finally:
             if out is not None:
                 out.close()
+
+    def launch(self, what: str = "training process") -> None:
+        """``start``, or close the session and raise the launch error (exit code 4) naming ``what``."""
+        try:
+            self.start()
+        except OSError as exc:
+            self.close()
+            raise AdvisorError(f"could not start the {what}: {exc}", exit_code=EXIT_LAUNCH) from None
 
     def poll(self) -> int | None:
         return None if self.process is None else self.process.poll()

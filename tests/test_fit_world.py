@@ -142,3 +142,15 @@ def test_leaving_puts_torch_back() -> None:
     model = nn.Linear(2, 2)
     assert model.to("cpu").weight.device.type == "cpu"
     assert FakeTensor.__dict__["device"].fget.__module__.startswith("torch")
+
+
+def test_an_op_whose_shape_depends_on_values_ends_the_run_and_is_named() -> None:
+    with _world(steps_done=0):
+        with pytest.raises(FitUnrunnable, match="output shape depends on the values") as raised:
+            torch.randn(4, device="cuda").nonzero()
+        assert raised.value.kind == "shape" and raised.value.op == "aten.nonzero"
+    with _world(steps_done=1) as world:
+        with pytest.raises(_Stop):
+            torch.randn(4, device="cuda").nonzero()
+        assert world.reads.log.stopped_by == {"op": "aten.nonzero", "kind": "shape", "step": 1}
+        assert world.reads.log.stopped_at is not None and world.reads.log.stopped_at["file"] == __file__

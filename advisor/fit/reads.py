@@ -12,8 +12,10 @@ implementation (a custom CUDA op). ``Reads.unrunnable`` decides, op by op:
   a ``GradScaler``, a logged loss of 0.0) and the run goes on; every such read is counted by line;
 - a read made by the advisor itself (its loss record) gets the placeholder at any time.
 
-An op whose output shape depends on values, or that has no fake kernel, stops the run wherever it
-comes, with the line and the op named: its output cannot be guessed.
+An op whose output shape depends on values, or that has no fake kernel, cannot be given a
+placeholder (its output cannot be guessed): before the first step it ends the fit as above; after
+it, the run stops there, cleanly, with the op and the line named (``ReadLog.stopped_by``), and the
+report's figures are those of the steps that completed.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class ReadLog:
 
     placeholders: dict[tuple[str, int, str], int] = field(default_factory=dict)
     stopped_at: dict[str, Any] | None = None
+    stopped_by: dict[str, Any] | None = None  # an op that could not run after the first step: {op, kind, step}
 
 
 def script_frame() -> dict[str, Any] | None:
@@ -120,9 +123,12 @@ class Reads:
             self.log.stopped_at = where
             raise self._stop(f"advisor fit: stopped at {_line(where)} after {done} step(s): it reads a value "
                              "that fake tensors do not have")
-        if not is_read or done == 0:
-            kind = "read" if is_read else ("shape" if "DynamicOutputShape" in type(exc).__name__ else "kernel")
+        kind = "read" if is_read else ("shape" if "DynamicOutputShape" in type(exc).__name__ else "kernel")
+        if done == 0:
             raise FitUnrunnable(_explain(kind, op, where, done), where, op, kind)
+        if not is_read:
+            self.log.stopped_at, self.log.stopped_by = where, {"op": op, "kind": kind, "step": done}
+            raise self._stop(f"advisor fit: stopped early: {_explain(kind, op, where, done)}")
         key = (where or {}).get("file", "?"), (where or {}).get("line", 0), (where or {}).get("code", "")
         self.log.placeholders[key] = self.log.placeholders.get(key, 0) + 1
         return placeholder(args[0] if args else None)

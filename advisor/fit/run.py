@@ -57,6 +57,7 @@ class FitRun:
         data: dict[str, Any] = {
             "target": self.settings.target, "world_size": self.settings.world_size,
             "steps": self.agent.step, "steps_wanted": FIT_STEPS, "stopped_at": log.stopped_at,
+            "stopped_by": log.stopped_by,
             "placeholders": [{"file": f, "line": line, "code": code, "count": n}
                              for (f, line, code), n in sorted(log.placeholders.items())],
             "communicators": communicators,
