@@ -76,6 +76,7 @@ def build_fit_report(state: SessionState, *, fit: FitSettings, budget_bytes: int
         "run": {"steps": event.get("steps"), "steps_wanted": event.get("steps_wanted"),
                 "stopped_at": event.get("stopped_at"), "stopped_by": event.get("stopped_by"),
                 "placeholder_reads": event.get("placeholders") or [],
+                "early_reads": event.get("early_reads") or [],
                 "exit_reason": state.exit_reason, "exit_code": state.exit_code},
         "unrunnable": _unrunnable(event),
         "warnings": [e.data.get("message", "") for e in state.events if e.name == "warning"],
@@ -119,11 +120,21 @@ def build_fit_report(state: SessionState, *, fit: FitSettings, budget_bytes: int
 
 def _unrunnable(event: dict[str, Any]) -> dict[str, Any] | None:
     found = event.get("unrunnable")
+    early = event.get("early_reads") or []
+    if not found and early and not event.get("steps"):
+        # Values read before the first step got 0, and the script never reached a step: its flow
+        # depended on them (a loop that skips a batch whose loss is not finite).
+        where = {k: early[0][k] for k in ("file", "line", "code")}
+        lines = "; ".join(f"{r['file']}:{r['line']} ({r['code']})" for r in early)
+        found = {"kind": "read", "op": "aten._local_scalar_dense", "where": where,
+                 "message": f"the script never reached its first optimizer step on fake tensors: it reads values "
+                            f"the model computed before it, at {lines}, and fake tensors have none (each read "
+                            "was answered 0)"}
     if not found:
         return None
     hints = {
-        "read": "a fit answers reads after the first optimizer step with placeholders: move this one after "
-                "optimizer.step(), or put it behind a flag of the script's own",
+        "read": "the value decides the script's path (a skipped batch, an early exit), and a fit has none: "
+                "put the check behind a flag of the script's own, or after optimizer.step()",
         "shape": "a fit cannot know an output shape that depends on values; give the op a fixed size "
                  "(a padded index, a mask multiply) to plan the job",
         "kernel": "register a fake implementation for the op (torch.library.register_fake) so its output "
@@ -182,6 +193,10 @@ def render_fit_report(report: dict[str, Any]) -> str:
                      f"{where.get('line')} (the first value read after them)")
     elif run.get("steps") is not None:
         lines.append(f"ran {run.get('steps')} optimizer step(s) on fake tensors")
+    for read in run.get("early_reads") or []:
+        lines.append(f"  before the first optimizer step, {read['file']}:{read['line']} read a value {read['count']} "
+                     f"time(s), answered 0: if the script's flow depends on it, it may differ on the target: "
+                     f"{read['code']}")
     for read in run.get("placeholder_reads") or []:
         lines.append(f"  {read['file']}:{read['line']} read a value {read['count']} time(s): answered 0 "
                      f"(fake tensors have no values): {read['code']}")

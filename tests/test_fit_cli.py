@@ -161,7 +161,7 @@ def test_a_read_before_the_first_step_is_named_with_its_line(tmp_path: Path) -> 
     code, out, err = _finish(_run(["fit", "--json", str(report), str(script)], tmp_path, "early"))
     assert code == 1
     line = next(i for i, text in enumerate(script.read_text().splitlines(), 1) if "isfinite" in text)
-    assert f"early_read.py:{line}" in err and "before its first optimizer step" in err
+    assert f"early_read.py:{line}" in err and "never reached its first optimizer step" in err
     found = json.loads(report.read_text())["unrunnable"]
     assert found["kind"] == "read" and found["where"]["line"] == line
 

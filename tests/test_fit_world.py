@@ -118,19 +118,33 @@ def test_batches_are_loaded_for_real_and_become_fake_on_the_device() -> None:
             assert isinstance(moved, FakeTensor) and moved.device.type == "cuda"
 
 
-def test_values_read_after_the_first_step_get_placeholders_and_before_it_stop() -> None:
+def test_values_read_get_placeholders_by_line_and_after_the_last_step_stop_the_run() -> None:
     with _world(steps_done=1) as world:
         loss = torch.randn(3, device="cuda").sum()
         assert loss.item() == 0.0 and bool(loss > 0) is False
-        assert sum(world.reads.log.placeholders.values()) == 2
-    with _world(steps_done=0):
+        assert sum(world.reads.log.placeholders.values()) == 2 and not world.reads.log.early
+    with _world(steps_done=0) as world:  # before the first step: said apart, by line
         loss = torch.randn(3, device="cuda").sum()
-        with pytest.raises(FitUnrunnable, match="before its first optimizer step") as raised:
-            float(loss)
-        assert raised.value.where is not None and raised.value.where["file"] == __file__
+        assert float(loss) == 0.0
+        [(path, line, code)] = world.reads.log.early
+        assert path == __file__ and "float(loss)" in code
     with _world(steps_done=3):
         with pytest.raises(_Stop):
-            torch.randn(3).sum().item()
+            torch.randn(3, device="cuda").sum().item()
+
+
+def test_the_scripts_host_data_is_real_and_the_models_tensors_fake() -> None:
+    """nanoGPT's batches: random offsets drawn on the host, read to slice the data, before the first
+    step. Host tensors the script makes are real (reading them works); a module's are fake."""
+    with _world(steps_done=0) as world:
+        data = torch.arange(100)
+        offsets = torch.randint(0, 90, (4,), generator=torch.Generator().manual_seed(0))
+        batch = torch.stack([data[i:i + 8] for i in offsets])
+        assert type(batch) is torch.Tensor and batch[:, 1].tolist() == (offsets + 1).tolist()
+        model = nn.Linear(8, 2)
+        assert isinstance(model.weight, FakeTensor) and world.mode.place_of(model.weight) is None
+        out = model.to("cuda")(batch.float().to("cuda"))
+        assert isinstance(out, FakeTensor) and out.device.type == "cuda"
 
 
 def test_leaving_puts_torch_back() -> None:

@@ -15,9 +15,11 @@ mode, and a device move inside one would meet the CPU-only build's refusal.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
@@ -51,7 +53,8 @@ class DeviceCalls(TorchFunctionMode):
         self.autocast = CudaPolicy() if self.target == "cuda" else None
 
     def _place_for(self, device: torch.device | None) -> int | None | bool:
-        """The place ``device`` names; False when it names neither the host nor the target."""
+        """The place ``device`` names; False when it names neither the host nor the target (with a
+        CPU target, the CPU is the host)."""
         if device is None or device.type == "cpu":
             return HOST
         if device.type == self.target:
@@ -60,30 +63,34 @@ class DeviceCalls(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = dict(kwargs or {})
-        if self.target is None:
-            return func(*args, **kwargs)
         name = getattr(func, "__name__", "")
-        if name in _MOVES and args and isinstance(args[0], torch.Tensor):
-            return self._move(name, args, kwargs)
-        if name in _PINNING and args and isinstance(args[0], torch.Tensor):
-            return args[0]  # the host copy a fit has no use for pinning
-        if name in _PINNED and args and isinstance(args[0], torch.Tensor):
-            return False
+        if self.target is not None and args and isinstance(args[0], torch.Tensor):
+            if name in _MOVES:
+                return self._move(name, args, kwargs)
+            if name in _PINNING:
+                return args[0]  # the host copy a fit has no use for pinning
+            if name in _PINNED:
+                return False
         if self.autocast is not None:
             cast = self.autocast.cast(name, args, kwargs)
             if cast is not None:
                 args, kwargs = cast
         named = "device" in kwargs
         place = self._place_for(_device(kwargs["device"])) if named else HOST
-        if named and place is not False:
+        if named and place is not False and self.target is not None:
             kwargs["device"] = "cpu"
+        if place is HOST and not _has_tensor((args, kwargs)) and not _in_module_construction():
+            # A factory on the host (a device-less one: the default device's, the CPU unless the
+            # script set one, whose device context passes it on as ``device=``), outside a
+            # module's construction: the script's own host data (random indices, a batch built
+            # by hand), made for real, so that reading it works as under python.
+            with unset_fake_temporarily():
+                return func(*args, **kwargs)
         result = func(*args, **kwargs)
         if named and place is not False:
             self.mode.place_all(result, place)
         elif not named and not _has_tensor((args, kwargs)):
-            # A factory without a device: the default device's (the CPU unless the script set one,
-            # whose device context passes it on as ``device=``).
-            self.mode.place_all(result, HOST)
+            self.mode.place_all(result, HOST)  # made in a module's construction: fake, on the host
         return result
 
     def _move(self, name: str, args: tuple, kwargs: dict[str, Any]) -> Any:
@@ -117,10 +124,24 @@ class DeviceCalls(TorchFunctionMode):
             if result is tensor:
                 return tensor
         else:  # a copy to the other side, as PyTorch makes one
+            if wanted is not HOST and not isinstance(tensor, FakeTensor):
+                tensor = self.mode.from_tensor(tensor)  # real host data becomes fake on the device
             result = tensor.to(dtype=dtype if dtype is not None else tensor.dtype, non_blocking=non_blocking,
                                copy=True, **extra)
         self.mode.place(result, wanted)
         return result
+
+
+def _in_module_construction() -> bool:
+    """Whether an ``nn.Module``'s ``__init__`` is on the stack: what it makes is the model's
+    (parameters, buffers), fake even on the host, so that a model larger than this machine's
+    memory can be built and planned."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name == "__init__" and isinstance(frame.f_locals.get("self"), torch.nn.Module):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
 
 
 def _has_tensor(value: Any) -> bool:

@@ -3,19 +3,21 @@
 A fake tensor has a shape and no values, so three kinds of op cannot run on one: reading a value
 into Python (``loss.item()``, ``if (x > 0).any():``, ``float(t)``), an op whose output's shape
 depends on values (``nonzero``, ``x[mask]``, ``unique``), and a kernel without a fake
-implementation (a custom CUDA op). ``Reads.unrunnable`` decides, op by op:
+implementation (a custom CUDA op). (The script's host data is real, ``advisor.fit.functions``:
+reading it works as under python.) ``Reads.unrunnable`` decides, op by op:
 
-- before the first optimizer step has completed, the fit cannot go on: ``FitUnrunnable`` names the
-  line of the script and the op (the script would have to change for a fit to run it);
 - after the steps the fit needs (``steps``), the run stops there, cleanly (``StopTraining``);
-- between the two, a value read into Python gets a placeholder (0, False or 0.0: "no overflow" to
-  a ``GradScaler``, a logged loss of 0.0) and the run goes on; every such read is counted by line;
-- a read made by the advisor itself (its loss record) gets the placeholder at any time.
-
-An op whose output shape depends on values, or that has no fake kernel, cannot be given a
-placeholder (its output cannot be guessed): before the first step it ends the fit as above; after
-it, the run stops there, cleanly, with the op and the line named (``ReadLog.stopped_by``), and the
-report's figures are those of the steps that completed.
+- before that, a value read into Python gets a placeholder (0, False or 0.0: "no overflow" to a
+  ``GradScaler``, a logged loss of 0.0) and the run goes on; every such read is counted by line,
+  and those before the first optimizer step apart (``ReadLog.early``): a script whose flow depends
+  on such a value may not take the path it takes on the target, and the report names each line
+  (when it never reaches an optimizer step, the fit fails with them named);
+- a read made by the advisor itself (its loss record) gets the placeholder at any time;
+- an op whose output shape depends on values, or that has no fake kernel, cannot be given a
+  placeholder (its output cannot be guessed): before the first step it ends the fit
+  (``FitUnrunnable``, naming the line of the script and the op); after it, the run stops there,
+  cleanly, with the op and the line named (``ReadLog.stopped_by``), and the report's figures are
+  those of the steps that completed.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class ReadLog:
     """The placeholder reads of a fit, by line: (file, line, code) -> count."""
 
     placeholders: dict[tuple[str, int, str], int] = field(default_factory=dict)
+    early: dict[tuple[str, int, str], int] = field(default_factory=dict)  # the reads before the first step
     stopped_at: dict[str, Any] | None = None
     stopped_by: dict[str, Any] | None = None  # an op that could not run after the first step: {op, kind, step}
 
@@ -123,14 +126,15 @@ class Reads:
             self.log.stopped_at = where
             raise self._stop(f"advisor fit: stopped at {_line(where)} after {done} step(s): it reads a value "
                              "that fake tensors do not have")
-        kind = "read" if is_read else ("shape" if "DynamicOutputShape" in type(exc).__name__ else "kernel")
-        if done == 0:
-            raise FitUnrunnable(_explain(kind, op, where, done), where, op, kind)
         if not is_read:
+            kind = "shape" if "DynamicOutputShape" in type(exc).__name__ else "kernel"
+            if done == 0:
+                raise FitUnrunnable(_explain(kind, op, where, done), where, op, kind)
             self.log.stopped_at, self.log.stopped_by = where, {"op": op, "kind": kind, "step": done}
             raise self._stop(f"advisor fit: stopped early: {_explain(kind, op, where, done)}")
         key = (where or {}).get("file", "?"), (where or {}).get("line", 0), (where or {}).get("code", "")
-        self.log.placeholders[key] = self.log.placeholders.get(key, 0) + 1
+        counts = self.log.early if done == 0 else self.log.placeholders
+        counts[key] = counts.get(key, 0) + 1
         return placeholder(args[0] if args else None)
 
 

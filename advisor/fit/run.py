@@ -58,8 +58,7 @@ class FitRun:
             "target": self.settings.target, "world_size": self.settings.world_size,
             "steps": self.agent.step, "steps_wanted": FIT_STEPS, "stopped_at": log.stopped_at,
             "stopped_by": log.stopped_by,
-            "placeholders": [{"file": f, "line": line, "code": code, "count": n}
-                             for (f, line, code), n in sorted(log.placeholders.items())],
+            "placeholders": _reads(log.placeholders), "early_reads": _reads(log.early),
             "communicators": communicators,
         }
         if isinstance(exc, FitUnrunnable):
@@ -67,6 +66,10 @@ class FitRun:
         self.agent.outbox.event("fit", data, step=None)
         if isinstance(exc, FitUnrunnable):  # said in the event; the controller reports it
             raise StopTraining(f"advisor fit: {exc}") from None
+
+
+def _reads(counts: dict[tuple[str, int, str], int]) -> list[dict[str, Any]]:
+    return [{"file": f, "line": line, "code": code, "count": n} for (f, line, code), n in sorted(counts.items())]
 
 
 def _communicators() -> list[int]:

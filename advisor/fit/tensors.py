@@ -107,6 +107,10 @@ class FitTensorMode(FakeTensorMode):
         if self.target is not None and isinstance(device, torch.device) and device.type == self.target:
             named = device.index or 0
             kwargs = {**kwargs, "device": torch.device("cpu")}
+        if named is None and _all_real(args, kwargs):
+            # Only real tensors in: the script's host data (made for real by ``advisor.fit.functions``
+            # or a DataLoader), computed for real, as under python (FakeTensorMode would fake it).
+            return func(*args, **kwargs)
         self.depth += 1
         try:
             out = super().dispatch(func, types, args, kwargs)
@@ -140,6 +144,16 @@ class FitTensorMode(FakeTensorMode):
                 continue
             if key not in self._places:  # a view or an in-place result keeps its base's place
                 self.place(tensor, place)
+
+
+def _all_real(args: Any, kwargs: Any) -> bool:
+    """Whether an op has tensor inputs and none of them is fake."""
+    found = False
+    for value in tree_flatten((args, kwargs))[0]:
+        if isinstance(value, FakeTensor):
+            return False
+        found = found or isinstance(value, torch.Tensor)
+    return found
 
 
 def install_device_view(patches: Patches) -> None:

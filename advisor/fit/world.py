@@ -4,8 +4,8 @@ In order: ``torch.cuda`` answers for the target (``cuda_api``), fake tensors say
 (``tensors``), CUDA autocast is mirrored on the CPU's (``autocast``), modules move by setting their
 parameters' data (``modules``), a process group of the target's world size is PyTorch's fake one
 and DDP runs on it (``distributed``), loaded weights are read as shapes (``weights``), batches are
-loaded for real outside the fake mode, and then the fake mode and the device calls' mode are
-entered. Everything is put back on the way out, last first. A process forked from inside (a
+loaded for real outside the fake mode, ``torch.compile`` leaves models eager, and then the fake
+mode and the device calls' mode are entered. Everything is put back on the way out, last first. A process forked from inside (a
 DataLoader worker) leaves the fake modes, so that its batches are real tensors.
 """
 
@@ -70,6 +70,7 @@ class FitWorld:
             install_world(patches, self.settings)
             Weights(self.mode).install(patches)
             _real_batches(patches)
+            _eager_compile(patches)
             self.mode.__enter__()
             self.calls.__enter__()
         except BaseException:
@@ -96,6 +97,18 @@ def _foreach_on_device(patches: Patches) -> None:
 
     types = list(optimizer._foreach_supported_types)
     patches.set(optimizer, "_foreach_supported_types", [*types, FakeTensor])
+
+
+def _eager_compile(patches: Patches) -> None:
+    """``torch.compile`` and ``module.compile()`` leave the model as it is: dynamo cannot trace the
+    fit's fake tensors as it traces real ones, so a compiled model is planned as it runs eagerly
+    (a compiled graph may save less for backward than eager ops do)."""
+
+    def compile(model: Any = None, **options: Any) -> Any:
+        return model if model is not None else (lambda fn: fn)
+
+    patches.set(torch, "compile", compile)
+    patches.set(torch.nn.Module, "compile", lambda self, *args, **kwargs: None)
 
 
 def _real_batches(patches: Patches) -> None:
