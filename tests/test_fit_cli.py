@@ -170,3 +170,24 @@ def test_an_unknown_target_is_a_usage_error(tmp_path: Path) -> None:
     code, out, err = _finish(_run(["fit", "--target", "h1000", str(EXAMPLES / "gpt.py")], tmp_path, "bad"))
     assert code == 2
     assert "unknown target 'h1000'" in err and "h100" in err
+
+
+@pytest.mark.slow
+def test_the_plan_a_fit_writes_is_applied_by_attach_and_its_peak_holds(tmp_path: Path) -> None:
+    """On the CPU, where the plan can be run here: the fit's plan for a budget examples/gpt.py does
+    not fit, applied by `advisor attach --plan`, measures the peak the fit predicted for it."""
+    script = [str(EXAMPLES / "gpt.py"), *SMALL["gpt"], "--device", "cpu"]
+    plan = tmp_path / "plan.json"
+    unplanned = fit(tmp_path, "--target", "cpu", str(EXAMPLES / "gpt.py"), *SMALL["gpt"], "--device", "cpu",
+                    name="unplanned")
+    budget = int(unplanned["memory"]["tracked_peak_bytes"] * 0.8)
+    report = fit(tmp_path, "--target", "cpu", "--memory-budget", str(budget), "-o", str(plan), *script)
+    predicted = report["plan"]["predicted_tracked_bytes"]
+    assert predicted <= budget and plan.exists()
+    attached = tmp_path / "attach.json"
+    code, out, err = _finish(_run(["attach", "--headless", "--steps", "3", "--plan", str(plan), "--json",
+                                   str(attached), *script], tmp_path, "attach"))
+    assert code == 0, err[-3000:]
+    measured = json.loads(attached.read_text())
+    assert [a.get("remedy") for a in measured["applied"]] == [report["plan"]["recommendation"]["remedy"]]
+    assert abs(measured["memory"]["peak_bytes"] - predicted) <= 0.05 * predicted
