@@ -38,6 +38,8 @@ _OURS = tuple({os.path.realpath(os.path.join(os.path.dirname(__file__), "..", na
 
 
 _HERE = os.path.dirname(os.path.realpath(__file__)) + os.sep  # the fake world's own frames
+_PASS_THROUGH = tuple(os.path.realpath(os.path.join(os.path.dirname(__file__), "..", name)) + os.sep
+                      for name in ("probes", "apply"))  # dispatch modes and patches the script's ops go through
 
 
 class FitUnrunnable(BaseException):
@@ -79,12 +81,12 @@ def script_frame() -> dict[str, Any] | None:
 
 
 def ours_first() -> bool:
-    """Whether the innermost frame outside torch and the fake world is this installation's (the
-    agent reading a loss), not the script's."""
+    """Whether the innermost frame outside torch, the fake world and the probes' dispatch modes
+    (which pass every op on) is this installation's (the agent reading a loss), not the script's."""
     frame = sys._getframe(1)
     while frame is not None:
         real = os.path.realpath(frame.f_code.co_filename)
-        if not real.startswith((_TORCH_DIR, _HERE)) and not frame.f_code.co_filename.startswith("<"):
+        if not real.startswith((_TORCH_DIR, _HERE, *_PASS_THROUGH)) and not frame.f_code.co_filename.startswith("<"):
             return any(real.startswith(o + os.sep) for o in _OURS)
         frame = frame.f_back  # type: ignore[assignment]
     return False
