@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
 
 from advisor.probes.compute import formulas
+from advisor.probes.memory.categories import local_part
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,6 +53,9 @@ class OpCounter(TorchDispatchMode):
         packet = func.overloadpacket
         if packet.__name__ in _SKIP or func.namespace != "aten":  # e.g. profiler._record_function_*
             return out
+        # A DTensor op (FSDP2's optimizer step, a clip over sharded gradients) is seen here with its
+        # global shapes; this rank moves and computes its local shards' bytes and FLOPs.
+        args, kwargs, out = tree_map(local_part, (args, kwargs, out))
         inputs = formulas.tensor_args(args, kwargs)
         cost = formulas.op_cost(func, args, kwargs, out, inputs)
         module, phase = self._where()
