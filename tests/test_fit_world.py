@@ -168,3 +168,30 @@ def test_an_op_whose_shape_depends_on_values_ends_the_run_and_is_named() -> None
             torch.randn(4, device="cuda").nonzero()
         assert world.reads.log.stopped_by == {"op": "aten.nonzero", "kind": "shape", "step": 1}
         assert world.reads.log.stopped_at is not None and world.reads.log.stopped_at["file"] == __file__
+
+
+def test_an_op_on_dtensors_is_counted_on_this_ranks_shards() -> None:
+    """A world of 4 in this process (PyTorch's fake process group): a DTensor sharded on dim 0,
+    whose op the compute probe's counter sees with the global shape, is costed on the local one."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+
+    from advisor.probes.compute.counter import OpCounter
+
+    with _world(nproc=4):
+        dist.init_process_group("nccl")
+        try:
+            mesh = init_device_mesh("cuda", (4,))
+            sharded = distribute_tensor(torch.empty(64, 16, device="cuda"), mesh, [Shard(0)])
+            counter = OpCounter(lambda: ("", "optimizer"))
+            with counter:
+                sharded.mul_(2.0)
+            [call] = [c for c in counter.calls if c.name == "aten.mul_"]
+            plain = OpCounter(lambda: ("", "optimizer"))
+            with plain:
+                torch.empty(16, 16, device="cuda").mul_(2.0)
+            [shard] = [c for c in plain.calls if c.name == "aten.mul_"]
+            assert call.input_shapes[0] == (16, 16)  # this rank's quarter, not (64, 16)
+            assert (call.bytes, call.flops) == (shard.bytes, shard.flops)
+        finally:
+            dist.destroy_process_group()

@@ -12,11 +12,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
 from advisor.probes.compute import formulas
-from advisor.probes.memory.categories import local_part
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,7 +55,7 @@ class OpCounter(TorchDispatchMode):
             return out
         # A DTensor op (FSDP2's optimizer step, a clip over sharded gradients) is seen here with its
         # global shapes; this rank moves and computes its local shards' bytes and FLOPs.
-        args, kwargs, out = tree_map(local_part, (args, kwargs, out))
+        args, kwargs, out = tree_map(_shard, (args, kwargs, out))
         inputs = formulas.tensor_args(args, kwargs)
         cost = formulas.op_cost(func, args, kwargs, out, inputs)
         module, phase = self._where()
@@ -72,6 +72,13 @@ class OpCounter(TorchDispatchMode):
             )
         )
         return out
+
+
+def _shard(value: Any) -> Any:
+    """A DTensor's local tensor (the same object each time, so an in-place op's output is still its
+    input), anything else as it is."""
+    local = getattr(value, "_local_tensor", None) if isinstance(value, torch.Tensor) else None
+    return local if isinstance(local, torch.Tensor) else value
 
 
 def count_ops(fn: Callable[[], Any], *, phase: str = "forward") -> list[OpCall]:
