@@ -11,18 +11,16 @@ own output goes to the session's ``output.log``: its values are placeholders.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 from advisor.fit_report import build_fit_report, render_fit_report, write_fit_plan
-from advisor.records.fit import FitSettings
+from advisor.records.fit import FIT_STEPS, FitSettings
 from advisor.records.settings import AgentSettings
 from advisor.report import write_json
 from advisor.session import AttachOptions, Session
 
 FIT_BOOTSTRAP = "advisor.fit.bootstrap"
-FIT_STEPS = 3  # advisor.fit.run.FIT_STEPS: step 0 builds the optimizer state, 1 is tracked, 2 counted
 EXIT_UNRUNNABLE = 1  # the script could not be run on fake tensors (a read before its first step, ...)
 
 
@@ -85,5 +83,5 @@ def _job(fit: FitSettings) -> str:
 def _summary(report: dict[str, Any]) -> dict[str, Any]:
     """The fit's verdict in the session's metadata (``advisor sessions`` and a later report)."""
     verdict = report.get("verdict") or {}
-    return json.loads(json.dumps({"target": report.get("target"), "fits": verdict.get("fits"),
-                                  "predicted_peak_bytes": verdict.get("predicted_bytes")}))
+    return {"target": report["target"]["key"], "world_size": report["world"]["world_size"],
+            "fits": verdict.get("fits"), "predicted_bytes": verdict.get("predicted_bytes")}

@@ -20,11 +20,9 @@ from advisor.agent.probe_registry import device_info
 from advisor.fit.reads import FitUnrunnable, Reads
 from advisor.fit.world import FitWorld
 from advisor.probes.memory.probe import MemoryProbe
+from advisor.records.fit import FIT_STEPS
 from advisor.records.samples import RunInfo
 
-# The optimizer steps a fit runs: step 0 builds the optimizer's state, step 1 is the steady step
-# the memory probe tracks, step 2 the one the compute probe counts (advisor.records.schedule).
-FIT_STEPS = 3
 
 
 class FitRun:

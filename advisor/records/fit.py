@@ -14,6 +14,9 @@ from dataclasses import dataclass
 
 GB = 10**9
 MIB = 2**20
+# The optimizer steps a fit runs: step 0 builds the optimizer's state, step 1 is the steady step
+# the memory probe tracks, step 2 the one the compute probe counts (advisor.records.schedule).
+FIT_STEPS = 3
 
 
 @dataclass(frozen=True, kw_only=True)
