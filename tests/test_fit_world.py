@@ -185,7 +185,9 @@ def test_an_op_on_dtensors_is_counted_on_this_ranks_shards() -> None:
             sharded = distribute_tensor(torch.empty(64, 16, device="cuda"), mesh, [Shard(0)])
             counter = OpCounter(lambda: ("", "optimizer"))
             with counter:
+                doubled = sharded * 2.0
                 sharded.mul_(2.0)
+            assert type(doubled) is type(sharded)  # the script still gets its DTensor back
             [call] = [c for c in counter.calls if c.name == "aten.mul_"]
             plain = OpCounter(lambda: ("", "optimizer"))
             with plain:

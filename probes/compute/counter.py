@@ -55,17 +55,17 @@ class OpCounter(TorchDispatchMode):
             return out
         # A DTensor op (FSDP2's optimizer step, a clip over sharded gradients) is seen here with its
         # global shapes; this rank moves and computes its local shards' bytes and FLOPs.
-        args, kwargs, out = tree_map(_shard, (args, kwargs, out))
-        inputs = formulas.tensor_args(args, kwargs)
-        cost = formulas.op_cost(func, args, kwargs, out, inputs)
+        local_args, local_kwargs, local_out = tree_map(_shard, (args, kwargs, out))
+        inputs = formulas.tensor_args(local_args, local_kwargs)
+        cost = formulas.op_cost(func, local_args, local_kwargs, local_out, inputs)
         module, phase = self._where()
         self.calls.append(
             OpCall(
                 name=str(packet),
                 module=module,
                 phase=phase,
-                input_shapes=tuple(tuple(s) for s in formulas.input_shapes(args, kwargs, inputs)),
-                dtype=formulas.op_dtype(args, kwargs, out, inputs),
+                input_shapes=tuple(tuple(s) for s in formulas.input_shapes(local_args, local_kwargs, inputs)),
+                dtype=formulas.op_dtype(local_args, local_kwargs, local_out, inputs),
                 flops=cost.flops,
                 bytes=cost.bytes,
                 inline_s=elapsed,
