@@ -13,7 +13,6 @@ from typing import Any, Callable
 from advisor import tui  # its package defers textual until make_app is used (headless never loads it)
 from advisor.advice import AdviceLoop
 from advisor.control_server import ControlOps, ControlServer
-from advisor.errors import EXIT_LAUNCH, AdvisorError
 from advisor.live_source import SessionSource
 from advisor.progress import ProgressPrinter
 from advisor.records.settings import AgentSettings
@@ -158,11 +157,7 @@ def run_attach(ns: argparse.Namespace, settings: AgentSettings) -> int:
     advice = AdviceLoop(session, budget_bytes=settings.memory_budget_bytes,
                         apply=ns.apply, apply_at_step=ns.apply_at_step)
     session.add_listener(advice.on_record)
-    try:
-        session.start()
-    except OSError as exc:
-        session.close()
-        raise AdvisorError(f"could not start the training process: {exc}", exit_code=EXIT_LAUNCH) from None
+    session.launch()
     control: ControlServer | None = None
     try:
         # Local clients holding the session's control secret (`advisor mcp --allow-apply`) reach the

@@ -13,6 +13,7 @@ from advisor import __version__
 from advisor.errors import AdvisorError, UsageError
 from advisor.multinode import add_options as add_multinode_options
 from advisor.multinode import from_namespace as multinode_from_namespace
+from advisor.records.fit import target_names
 from advisor.records.settings import AgentSettings, probe_names
 from advisor.records.units import parse_rate, parse_size
 
@@ -60,6 +61,12 @@ def _probes(value: str) -> str:
         probe_names(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
+def _target(value: str) -> str:
+    if value not in target_names():
+        raise argparse.ArgumentTypeError(f"unknown target {value!r}; valid: {', '.join(target_names())}")
     return value
 
 
@@ -158,6 +165,25 @@ def build_parser() -> argparse.ArgumentParser:
     # Optional to argparse so that a missing SCRIPT gets an accurate message (cmd_attach).
     attach.add_argument("script", metavar="SCRIPT", nargs="?", help="the training script")
     attach.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's own arguments")
+
+    fit = sub.add_parser("fit", help="plan a job for a device this machine does not have",
+                         description="Run SCRIPT with ARGS, unmodified, in one process on fake tensors placed on "
+                         "the target device, for its first optimizer steps, and report per rank the predicted peak "
+                         "memory, the roofline step time, whether it fits and, if not, the best plan.")
+    fit.add_argument("--target", type=_target, default="cpu", metavar="DEVICE",
+                     help="the device to plan for: cpu (default), h100, h100-pcie, h200, a100-80gb, a100-40gb, "
+                          "a10, l4, v100, t4")
+    fit.add_argument("--nproc-per-node", type=_positive, default=1, metavar="N",
+                     help="ranks per node of the planned job (default 1); the script's process group is a fake one "
+                          "of this world size")
+    fit.add_argument("--nnodes", type=_positive, default=1, metavar="M", help="nodes of the planned job (default 1)")
+    fit.add_argument("--memory-budget", type=_budget, metavar="SIZE",
+                     help="memory to fit in, per device (default: the target's memory)")
+    fit.add_argument("--json", metavar="FILE", help="write the fit report as JSON (schema advisor.fit/1)")
+    fit.add_argument("-o", "--output", metavar="FILE",
+                     help="where to write the plan when the job does not fit (default: plan.json in the session folder)")
+    fit.add_argument("script", metavar="SCRIPT", nargs="?", help="the training script")
+    fit.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's own arguments")
 
     sub.add_parser("sessions", help="list recorded sessions")
 
@@ -332,6 +358,19 @@ def check_log_targets(targets: list[Any] | None) -> None:
             raise UsageError(missing)
 
 
+def cmd_fit(ns: argparse.Namespace) -> int:
+    from advisor.fit_cli import run_fit
+
+    if ns.script is None:
+        raise UsageError("fit needs a SCRIPT to plan",
+                         hint="advisor fit [--target DEVICE] [--nproc-per-node N] SCRIPT [ARGS...]")
+    check_script(ns.script)
+    for path, flag in ((ns.json, "--json"), (ns.output, "-o")):
+        if path:
+            check_output_path(path, flag, protected=[ns.script])
+    return run_fit(ns)
+
+
 def cmd_sessions(ns: argparse.Namespace) -> int:
     from advisor.listing import print_sessions
 
@@ -417,6 +456,7 @@ def cmd_open(ns: argparse.Namespace) -> int:
 
 
 COMMANDS["open"] = cmd_open
+COMMANDS["fit"] = cmd_fit
 
 
 def cmd_check(ns: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ import types
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
+from advisor.errors import EXIT_LAUNCH, AdvisorError
 from advisor.exits import (
     LAUNCHER_CODE,
     LAUNCHER_EXITS,
@@ -62,6 +63,8 @@ class AttachOptions:
     settings: AgentSettings = field(default_factory=AgentSettings)  # the training process's (advisor.cli)
     multinode: MultiNode = field(default_factory=MultiNode)  # this controller's place in a multi-node job
     label: str | None = None  # the session folder's name after its time (default: the script's stem)
+    bootstrap: str = BOOTSTRAP  # the module the training process runs (``advisor fit``: advisor.fit.bootstrap)
+    env: dict[str, str] = field(default_factory=dict)  # added to its environment (a fit's world: RANK, ...)
 
 
 class Session:
@@ -291,7 +294,7 @@ class Session:
             # torchrun as it is, run through LAUNCHER_CODE so that it says which worker failed first.
             assert command[1:3] == ["-m", "torch.distributed.run"], command
             return [command[0], "-c", LAUNCHER_CODE, *command[3:]]
-        return python_command(BOOTSTRAP, [opts.script, *opts.args])
+        return python_command(opts.bootstrap, [opts.script, *opts.args])
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -307,6 +310,7 @@ class Session:
         # A plan's restart remedies (checked when the plan was read; again here, whoever built the
         # settings), then the advisor's own variables, which nothing a plan says may replace.
         env.update(merge_plan_env(env, allowed_plan_env(settings.plan_env)))
+        env.update(self.options.env)
         env.update({
             SOCKET_ENV: self.server.path,
             SECRET_ENV: str(self._secret_file),
@@ -340,6 +344,14 @@ class Session:
         if self.options.capture_output:
             self.output = OutputFollower(self.output_path, self.live.append_output)
             self.output.start()
+
+    def launch(self, what: str = "training process") -> None:
+        """``start``, or close the session and raise the launch error (exit code 4) naming ``what``."""
+        try:
+            self.start()
+        except OSError as exc:
+            self.close()
+            raise AdvisorError(f"could not start the {what}: {exc}", exit_code=EXIT_LAUNCH) from None
 
     def poll(self) -> int | None:
         return None if self.process is None else self.process.poll()

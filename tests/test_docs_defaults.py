@@ -21,22 +21,34 @@ def _subparser(name: str) -> argparse.ArgumentParser:
     return action.choices[name]
 
 
-def _readme_rows() -> dict[str, str]:
-    """``--option`` -> the meaning column of the README's attach table."""
-    rows = {}
-    for line in README.splitlines():
-        match = re.match(r"^\| (`--.*?`) \| (.*) \|$", line)
+def _readme_rows(command: str = "attach") -> dict[str, str]:
+    """``--option`` -> the meaning column of the README's table of ``advisor COMMAND``'s options
+    (the first table after the line that introduces the command's synopsis)."""
+    rows: dict[str, str] = {}
+    lines = README.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"`advisor {command} [options]"))
+    in_table = False
+    for line in lines[start + 1:]:
+        if not line.startswith("|"):
+            if in_table:
+                break
+            continue
+        in_table = True
+        match = re.match(r"^\| (`-.*?`) \| (.*) \|$", line)
         if match:
-            for option in re.findall(r"`(--[a-z-]+)", match.group(1)):
+            for option in re.findall(r"`(--?[a-z-]+)", match.group(1)):
                 rows[option] = match.group(2)
     return rows
 
 
-def test_every_attach_option_is_documented_and_every_documented_one_exists() -> None:
-    attach = _subparser("attach")
-    options = {o for a in attach._actions for o in a.option_strings if o.startswith("--") and o != "--help"}
-    documented = set(_readme_rows())
-    assert options == documented
+@pytest.mark.parametrize("command", ["attach", "fit"])
+def test_every_option_is_documented_and_every_documented_one_exists(command: str) -> None:
+    parser = _subparser(command)
+    options = {o for a in parser._actions for o in a.option_strings if o.startswith("-") and o not in ("-h", "--help")}
+    documented = set(_readme_rows(command))
+    # A short option shares its row with its long one (``-o FILE``); the parser knows both.
+    assert {o for o in options if o.startswith("--")} == {o for o in documented if o.startswith("--")}
+    assert {o for o in documented if not o.startswith("--")} <= options
 
 
 @pytest.mark.parametrize(

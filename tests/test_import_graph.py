@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = {
     "advisor.records": ("advisor", "records"),
     "advisor.agent": ("advisor", "agent"),
+    "advisor.fit": ("advisor", "fit"),
     "advisor.probes": ("probes",),
     "advisor.apply": ("apply",),
     "advisor.recommend": ("recommend",),
@@ -56,7 +57,7 @@ CONTROLLER_TO_USER: dict[str, str] = {
     "advisor.session": "a process that imported this module has it as the package's attribute `session`: "
                        "its __call__ forwards advisor.session(...) to the API",
 }
-BARE = ("probes", "apply", "recommend", "agent", "records")  # our folders, never imported by these names
+BARE = ("probes", "apply", "recommend", "agent", "records", "fit")  # our folders, never imported by these names
 
 # package -> the packages of ours it may import
 TABLE: dict[str, set[str]] = {
@@ -65,6 +66,7 @@ TABLE: dict[str, set[str]] = {
     "advisor.apply": {"advisor.apply", "advisor.records"},
     "advisor.recommend": {"advisor.recommend", "advisor.records"},
     "advisor.agent": {"advisor.agent", "advisor.probes", "advisor.apply", "advisor.records"},
+    "advisor.fit": {"advisor.fit", "advisor.agent", "advisor.probes", "advisor.records"},
     CONTROLLER: {CONTROLLER, "advisor.recommend", "advisor.records"},
     USER: {USER, "advisor.agent", "advisor.records"},  # and USER_CONTROLLER_OK
 }
@@ -75,6 +77,7 @@ THIRD_PARTY: dict[str, set[str]] = {
     "advisor.apply": {"torch"},
     "advisor.recommend": {"numpy"},
     "advisor.agent": {"torch"},
+    "advisor.fit": {"torch", "safetensors"},  # safetensors only where the script has it installed
     CONTROLLER: set(),
     USER: set(),
 }
@@ -147,7 +150,7 @@ def _files(root: Path) -> list[tuple[str, Path]]:
             out.append((".".join([package, *(p for p in rel.parts if p != "__init__")]), path))
     for path in sorted((root / "advisor").rglob("*.py")):
         rel = path.relative_to(root / "advisor")
-        if rel.parts[0] in ("records", "agent", "probes", "apply", "recommend"):
+        if rel.parts[0] in ("records", "agent", "fit", "probes", "apply", "recommend"):
             continue
         out.append((".".join(["advisor", *(p for p in rel.with_suffix("").parts if p != "__init__")]), path))
     return out

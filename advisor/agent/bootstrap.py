@@ -9,13 +9,14 @@ it ended, and exits with the script's own exit code.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import runpy
 import signal
 import sys
 import time
 import traceback
-from typing import Any
+from typing import Any, Callable, ContextManager
 
 SESSION_ENV = "ADVISOR_SESSION_DIR"
 CONFIG_ENV = "ADVISOR_CONFIG"
@@ -34,7 +35,11 @@ def exit_code_of(exc: SystemExit) -> int:
     return 1
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *,
+         around_script: Callable[[Any, Any], ContextManager[Any]] | None = None) -> int:
+    """Run the script under the agent. ``around_script(agent, run_info)``: a context entered just around the
+    script's run, after the agent and its hooks are in place and left before they go (``advisor
+    fit``'s fake world, ``advisor.fit.bootstrap``)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
         print("advisor agent: usage: bootstrap SCRIPT [ARGS...] (started by advisor attach)", file=sys.stderr)
@@ -76,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     code, reason = 0, "completed"
     exc_info: dict[str, Any] = {}
     try:
-        runpy.run_path(script, run_name="__main__")
+        with around_script(run.agent, run.run_info) if around_script is not None else contextlib.nullcontext():
+            runpy.run_path(script, run_name="__main__")
     except StopTraining as exc:
         code, reason = 0, str(exc)
     except SystemExit as exc:

@@ -21,6 +21,8 @@ def send_device_spec(device: torch.device, settings: AgentSettings, outbox: Outb
     # 2.3 GiB would run it out (an H200 run's planned fit failed so), so only cached figures.
     cached_only = (device.type == "cuda" and settings.enforce_budget
                    and settings.memory_budget_bytes is not None)
+    # A fit's CUDA device is the target it plans for, not a device here: its spec table entry.
+    cached_only = cached_only or (device.type == "cuda" and settings.fit is not None)
     try:
         spec = detect_device_spec(device, peak_flops=settings.peak_flops,
                                   peak_bandwidth=settings.peak_bandwidth, cached_only=cached_only)
@@ -32,7 +34,7 @@ def send_device_spec(device: torch.device, settings: AgentSettings, outbox: Outb
     except Exception as exc:  # noqa: BLE001 - an unknown link leaves the offload cost assumed
         link = {"host_link_bandwidth": None, "host_link_source": f"unknown: {type(exc).__name__}: {exc}"}
     outbox.event("device_spec", {**spec.to_dict(), **link}, step=None)
-    if cached_only and not spec.measured_peak_flops:
+    if cached_only and not spec.measured_peak_flops and settings.fit is None:
         outbox.event("warning", {
             "message": "device ceilings from the spec table: they are not measured under an enforced budget "
                        "(the micro-benchmarks take 2.3 GiB of device memory); an attach without "

@@ -75,8 +75,9 @@ def exception_info(exc: BaseException, script: str | None) -> dict[str, Any]:
 class AgentRun:
     """One started agent with its channel: hooks on, hooks off, the end reported."""
 
-    def __init__(self, agent: Agent, channel: AgentChannel, rank: int) -> None:
+    def __init__(self, agent: Agent, channel: AgentChannel, rank: int, run_info: RunInfo) -> None:
         self.agent, self.channel, self.rank = agent, channel, rank
+        self.run_info = run_info  # what was sent of this run (advisor fit's fake world reads it)
         self.hooks: InstalledHooks | None = None
 
     def install_hooks(self) -> None:
@@ -148,13 +149,14 @@ def start(settings: AgentSettings, *, script: str, argv: list[str], started: flo
     probes, probe_warnings = build_probes(settings)
     agent = Agent(emit=emit, settings=settings, probes=probes, rank=rank, world_size=world_size)
     holder.append(agent)
-    agent.outbox.emit(RunInfo(
+    run_info = RunInfo(
         script=script, argv=argv, rank=rank, local_rank=local_rank,
         world_size=world_size, pid=os.getpid(), hostname=socket.gethostname(), started_at=started,
         torch_version=torch.__version__, python_version=sys.version.split()[0],
         device=device_info(local_rank), config=settings.to_dict(),
         restart_count=_restart_count(),
-    ))
+    )
+    agent.outbox.emit(run_info)
     for warning in [*(warnings or []), *probe_warnings]:
         agent.outbox.emit(Event(rank=rank, name="warning", data={"message": warning}))
     agent.attach_probes()
@@ -163,7 +165,7 @@ def start(settings: AgentSettings, *, script: str, argv: list[str], started: flo
     if not _FORK_HOOK:
         _FORK_HOOK.append(True)
         os.register_at_fork(after_in_child=_disable_in_child)
-    return AgentRun(agent, channel, rank)
+    return AgentRun(agent, channel, rank, run_info)
 
 
 def _restart_count() -> int:

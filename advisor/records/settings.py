@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from advisor.records.fit import FitSettings
 from advisor.records.jsonable import decode_checked, to_json
 from advisor.records.schedule import DEEP_STEPS, LIGHT_TIMING_EVERY
 
@@ -92,6 +93,9 @@ class AgentSettings:
     plan_env: dict[str, str] = field(default_factory=dict)
     # -- set by the controller of a multi-node job
     multinode: MultinodeSettings | None = None
+    # -- set by `advisor fit`: the script runs on fake tensors for this target and world
+    # (advisor/fit/); the device's ceilings come from the spec table, never measured on it
+    fit: FitSettings | None = None
     # -- no flag: tuning knobs
     apply_hold_s: float = HOLD_S  # the longest wait for the decision at apply_hold_step
     apply_agree_timeout_s: float = AGREE_TIMEOUT_S  # the cross-rank keep/revert vote's timeout

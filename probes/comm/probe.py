@@ -93,7 +93,8 @@ class CommProbe(Probe):
 
     def start_deep(self, ctx: AgentContext, step: int) -> None:
         self._deep_step = step
-        if ctx.device.type == "cuda" and torch.cuda.is_available() and self._profiler is None:
+        # ``advisor fit``'s CUDA is a fake one: no kernels to profile.
+        if ctx.device.type == "cuda" and torch.cuda.is_available() and self._profiler is None and ctx.settings.fit is None:
             if torch.autograd.profiler._is_profiler_enabled:  # another probe's profiler owns the step
                 return
             # Only a job with a process group issues collectives: profiling kernels without one

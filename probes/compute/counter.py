@@ -12,7 +12,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
 
 from advisor.probes.compute import formulas
 
@@ -51,22 +53,32 @@ class OpCounter(TorchDispatchMode):
         packet = func.overloadpacket
         if packet.__name__ in _SKIP or func.namespace != "aten":  # e.g. profiler._record_function_*
             return out
-        inputs = formulas.tensor_args(args, kwargs)
-        cost = formulas.op_cost(func, args, kwargs, out, inputs)
+        # A DTensor op (FSDP2's optimizer step, a clip over sharded gradients) is seen here with its
+        # global shapes; this rank moves and computes its local shards' bytes and FLOPs.
+        local_args, local_kwargs, local_out = tree_map(_shard, (args, kwargs, out))
+        inputs = formulas.tensor_args(local_args, local_kwargs)
+        cost = formulas.op_cost(func, local_args, local_kwargs, local_out, inputs)
         module, phase = self._where()
         self.calls.append(
             OpCall(
                 name=str(packet),
                 module=module,
                 phase=phase,
-                input_shapes=tuple(tuple(s) for s in formulas.input_shapes(args, kwargs, inputs)),
-                dtype=formulas.op_dtype(args, kwargs, out, inputs),
+                input_shapes=tuple(tuple(s) for s in formulas.input_shapes(local_args, local_kwargs, inputs)),
+                dtype=formulas.op_dtype(local_args, local_kwargs, local_out, inputs),
                 flops=cost.flops,
                 bytes=cost.bytes,
                 inline_s=elapsed,
             )
         )
         return out
+
+
+def _shard(value: Any) -> Any:
+    """A DTensor's local tensor (the same object each time, so an in-place op's output is still its
+    input), anything else as it is."""
+    local = getattr(value, "_local_tensor", None) if isinstance(value, torch.Tensor) else None
+    return local if isinstance(local, torch.Tensor) else value
 
 
 def count_ops(fn: Callable[[], Any], *, phase: str = "forward") -> list[OpCall]:

@@ -121,6 +121,9 @@ class ComputeProbe(Probe):
             self._tracker.stop()
         self._pending, self._pending_step = self._counter.calls, step
         self._counter = self._tracker = None
+        if ctx.settings.fit is not None:  # ``advisor fit``: fake ops take no time; the roofline times them
+            self._flush_pending(ctx)
+            return
         ctx.request_deep(1, probes=(self.name,))
 
     def detach(self, ctx: AgentContext) -> None:

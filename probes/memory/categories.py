@@ -33,6 +33,13 @@ def storage_of(tensor: "torch.Tensor") -> "torch.UntypedStorage | None":
         return None
 
 
+def device_type_of(tensor: "torch.Tensor") -> str:
+    """The device type the tensor is on, as the script sees it (``tensor.device``: a DTensor's is
+    its shard's). Not its storage's: a fake tensor's storage is on ``meta`` whatever device it
+    stands for (``advisor fit``), and a real tensor's storage is where the tensor is."""
+    return local_part(tensor).device.type
+
+
 def storage_key(tensor: "torch.Tensor") -> tuple[int, int] | None:
     """(key, nbytes) of the tensor's storage; None when it has none or it is empty."""
     storage = storage_of(tensor)

@@ -10,6 +10,17 @@ import os
 import sys
 
 
+ALLOCATOR_BLOCK = 512  # bytes: CUDA's caching allocator rounds every request up to a multiple (kMinBlockSize)
+
+
+def allocator_block_bytes(nbytes: int) -> int:
+    """The bytes CUDA's caching allocator hands out for a request of ``nbytes`` (and counts in
+    ``memory_allocated``): a multiple of 512, at least 512 (``CUDACachingAllocator.cpp``'s
+    ``round_size`` without ``roundup_power2_divisions``). Pure: ``advisor fit`` sizes a fake
+    device's storages with it."""
+    return max(ALLOCATOR_BLOCK, -(-nbytes // ALLOCATOR_BLOCK) * ALLOCATOR_BLOCK)
+
+
 def device_uuid(index: int) -> str | None:
     """NVML-style UUID ("GPU-...") of CUDA device ``index`` (``get_device_properties().uuid``)."""
     import torch

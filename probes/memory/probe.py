@@ -25,6 +25,7 @@ from advisor.probes.memory.budget import apply_cuda_budget
 from advisor.probes.memory.categories import live_tensors, local_part, role_tensors, storage_key
 from advisor.probes.device.nvml import Nvml
 from advisor.probes.memory.cuda import (
+    allocator_block_bytes,
     allocator_counters,
     allocator_view,
     device_uuid,
@@ -267,7 +268,10 @@ class MemoryProbe(Probe):
         attributor = ModuleAttributor(
             name_of=ctx.module_name, in_backward=ctx.in_backward, device_type=device_type
         )
+        # ``advisor fit`` on a GPU target: storages are fake, and sized as the caching allocator would.
+        fake_cuda = device_type == "cuda" and ctx.settings.fit is not None
         tracker = StorageTracker(
+            block_bytes=allocator_block_bytes if fake_cuda else None,
             device_type=device_type,
             budget_bytes=self.budget_bytes if self.continuous and not self.cuda else None,
             current_module=attributor.current,

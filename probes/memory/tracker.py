@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from advisor.probes.memory.categories import choose_category, role_tensors, storage_of, tensors_in
+from advisor.probes.memory.categories import choose_category, device_type_of, role_tensors, storage_of, tensors_in
 from advisor.probes.memory.resized import ResizeWatch
 from advisor.records import host_memory
 from advisor.records.samples import MEMORY_CATEGORIES
@@ -99,9 +99,13 @@ class StorageTracker(TorchDispatchMode):
         on_saved: Callable[[int, int, bool], None] | None = None,
         on_backward_op: Callable[[Any, float], None] | None = None,
         on_budget_exceeded: Callable[[BudgetExceeded], None] | None = None,
+        block_bytes: Callable[[int], int] | None = None,
     ) -> None:
         super().__init__()
         self.device_type = device_type
+        # What an allocation of n bytes takes (``advisor fit``'s fake CUDA: the caching allocator's
+        # blocks, ``probes/memory/cuda.allocator_block_bytes``); None: the storage's own bytes.
+        self.block_bytes = block_bytes
         self.budget_bytes = budget_bytes
         self.current_module = current_module
         self.on_op = on_op
@@ -229,15 +233,19 @@ class StorageTracker(TorchDispatchMode):
     # -- bookkeeping -----------------------------------------------------------------------
     def _ensure(self, tensor: torch.Tensor, *, origin: str, step: int, op: str) -> int | None:
         storage = storage_of(tensor)
-        if storage is None or storage.device.type != self.device_type:
+        if storage is None or device_type_of(tensor) != self.device_type:
             return None
         key = storage._cdata
         if key not in self.entries:
-            nbytes = storage.nbytes()
+            nbytes = self._size(storage)
             if nbytes == 0:
                 return None
             self._add(key, storage, nbytes, origin, step, op)
         return key
+
+    def _size(self, storage: torch.UntypedStorage) -> int:
+        nbytes = storage.nbytes()
+        return self.block_bytes(nbytes) if nbytes and self.block_bytes is not None else nbytes
 
     def _add(
         self, key: int, storage: torch.UntypedStorage, nbytes: int, origin: str, step: int, op: str
@@ -347,13 +355,13 @@ class StorageTracker(TorchDispatchMode):
         fresh: list[tuple[int, torch.UntypedStorage, int]] = []
         for tensor in tensors_in(out):
             storage = storage_of(tensor)
-            if storage is None or storage.device.type != self.device_type:
+            if storage is None or device_type_of(tensor) != self.device_type:
                 continue
             key = storage._cdata
             # Views and in-place results share a storage we already count.
             if key in self.entries or any(key == k for k, _, _ in fresh):
                 continue
-            nbytes = storage.nbytes()
+            nbytes = self._size(storage)
             if nbytes:
                 fresh.append((key, storage, nbytes))
         if not fresh:

@@ -1,0 +1,158 @@
+"""What a fit does when the script needs a value that fake tensors do not have.
+
+A fake tensor has a shape and no values, so three kinds of op cannot run on one: reading a value
+into Python (``loss.item()``, ``if (x > 0).any():``, ``float(t)``), an op whose output's shape
+depends on values (``nonzero``, ``x[mask]``, ``unique``), and a kernel without a fake
+implementation (a custom CUDA op). (The script's host data is real, ``advisor.fit.functions``:
+reading it works as under python.) ``Reads.unrunnable`` decides, op by op:
+
+- after the steps the fit needs (``steps``), the run stops there, cleanly (``StopTraining``);
+- before that, a value read into Python gets a placeholder (0, False or 0.0: "no overflow" to a
+  ``GradScaler``, a logged loss of 0.0) and the run goes on; every such read is counted by line,
+  and those before the first optimizer step apart (``ReadLog.early``): a script whose flow depends
+  on such a value may not take the path it takes on the target, and the report names each line
+  (when it never reaches an optimizer step, the fit fails with them named);
+- a read made by the advisor itself (its loss record) gets the placeholder at any time;
+- an op whose output shape depends on values, or that has no fake kernel, cannot be given a
+  placeholder (its output cannot be guessed): before the first step it ends the fit
+  (``FitUnrunnable``, naming the line of the script and the op); after it, the run stops there,
+  cleanly, with the op and the line named (``ReadLog.stopped_by``), and the report's figures are
+  those of the steps that completed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch._subclasses.fake_tensor import DataDependentOutputException
+
+_TORCH_DIR = os.path.dirname(os.path.realpath(torch.__file__))
+# This installation's own code (advisor, and its probes/apply/recommend folders, which are
+# links under it in a source checkout): never the script's line.
+_OURS = tuple({os.path.realpath(os.path.join(os.path.dirname(__file__), "..", name))
+               for name in ("", "probes", "apply", "recommend")})
+
+
+_HERE = os.path.dirname(os.path.realpath(__file__)) + os.sep  # the fake world's own frames
+_PASS_THROUGH = tuple(os.path.realpath(os.path.join(os.path.dirname(__file__), "..", name)) + os.sep
+                      for name in ("probes", "apply"))  # dispatch modes and patches the script's ops go through
+
+
+class FitUnrunnable(BaseException):
+    """The script cannot be run on fake tensors from here; ``where`` is its line.
+
+    A ``BaseException``: a script's ``except Exception`` must not take it for its own error."""
+
+    def __init__(self, message: str, where: dict[str, Any] | None, op: str, kind: str) -> None:
+        super().__init__(message)
+        self.where = where
+        self.op = op
+        self.kind = kind
+
+
+@dataclass
+class ReadLog:
+    """The placeholder reads of a fit, by line: (file, line, code) -> count."""
+
+    placeholders: dict[tuple[str, int, str], int] = field(default_factory=dict)
+    early: dict[tuple[str, int, str], int] = field(default_factory=dict)  # the reads before the first step
+    stopped_at: dict[str, Any] | None = None
+    stopped_by: dict[str, Any] | None = None  # an op that could not run after the first step: {op, kind, step}
+
+
+def script_frame() -> dict[str, Any] | None:
+    """The innermost frame of the script's own code on the current stack (not torch's, not ours)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not path.startswith("<"):
+            real = os.path.realpath(path)
+            if not real.startswith(_TORCH_DIR) and not any(real.startswith(o + os.sep) for o in _OURS):
+                import linecache
+
+                return {"file": path, "line": frame.f_lineno, "function": frame.f_code.co_name,
+                        "code": linecache.getline(path, frame.f_lineno).strip()}
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
+
+
+def ours_first() -> bool:
+    """Whether the innermost frame outside torch, the fake world and the probes' dispatch modes
+    (which pass every op on) is this installation's (the agent reading a loss), not the script's."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        real = os.path.realpath(frame.f_code.co_filename)
+        if not real.startswith((_TORCH_DIR, _HERE, *_PASS_THROUGH)) and not frame.f_code.co_filename.startswith("<"):
+            return any(real.startswith(o + os.sep) for o in _OURS)
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+def placeholder(tensor: Any) -> Any:
+    """The value a read of ``tensor`` gets: 0 of its kind."""
+    dtype = getattr(tensor, "dtype", torch.float32)
+    if dtype == torch.bool:
+        return False
+    if dtype.is_floating_point:
+        return 0.0
+    if dtype.is_complex:
+        return 0j
+    return 0
+
+
+class Reads:
+    """Decides about each op that cannot run on fake tensors (see the module docstring).
+
+    ``steps_done()``: optimizer steps completed so far; ``steps``: how many the fit needs;
+    ``stop(message)`` raises the clean stop (the agent's ``StopTraining``).
+    """
+
+    def __init__(self, *, steps: int, steps_done: Callable[[], int], stop: Callable[[str], BaseException]) -> None:
+        self.steps = steps
+        self.steps_done = steps_done
+        self._stop = stop
+        self.log = ReadLog()
+
+    def unrunnable(self, func: Any, exc: Exception, args: tuple[Any, ...]) -> Any:
+        op = str(getattr(func, "overloadpacket", func))
+        is_read = isinstance(exc, DataDependentOutputException)
+        if is_read and ours_first():
+            return placeholder(args[0] if args else None)
+        where = script_frame()
+        done = self.steps_done()
+        if done >= self.steps:
+            self.log.stopped_at = where
+            raise self._stop(f"advisor fit: stopped at {_line(where)} after {done} step(s): it reads a value "
+                             "that fake tensors do not have")
+        if not is_read:
+            kind = "shape" if "DynamicOutputShape" in type(exc).__name__ else "kernel"
+            if done == 0:
+                raise FitUnrunnable(_explain(kind, op, where, done), where, op, kind)
+            self.log.stopped_at, self.log.stopped_by = where, {"op": op, "kind": kind, "step": done}
+            raise self._stop(f"advisor fit: stopped early: {_explain(kind, op, where, done)}")
+        key = (where or {}).get("file", "?"), (where or {}).get("line", 0), (where or {}).get("code", "")
+        counts = self.log.early if done == 0 else self.log.placeholders
+        counts[key] = counts.get(key, 0) + 1
+        return placeholder(args[0] if args else None)
+
+
+def _line(where: dict[str, Any] | None) -> str:
+    if where is None:
+        return "a line outside the script"
+    return f"{where['file']}:{where['line']} ({where['code']})" if where.get("code") else f"{where['file']}:{where['line']}"
+
+
+def _explain(kind: str, op: str, where: dict[str, Any] | None, done: int) -> str:
+    when = "before its first optimizer step" if done == 0 else f"in step {done}"
+    if kind == "read":
+        return (f"the script reads a value computed by the model at {_line(where)} {when} ({op}): a fit runs "
+                "on fake tensors, which have shapes but no values")
+    if kind == "shape":
+        return (f"an op whose output shape depends on the values ({op}) runs at {_line(where)} {when}: a fit "
+                "cannot know that shape")
+    return (f"the op {op} at {_line(where)} has no fake implementation (a custom kernel?), so a fit cannot "
+            "run it")

@@ -1,0 +1,91 @@
+"""One fit, around the script's run in the training process: the fake world, and what it saw.
+
+``FitRun(agent)`` is the context ``advisor.agent.bootstrap`` enters around the script
+(``around_script``). It builds the fake world for the agent's ``AgentSettings.fit``, lets the
+script run in it under the agent (whose probes record memory, FLOPs and collectives as for any
+attach), and at the end sends one ``fit`` event: the steps run, where the run stopped, the reads
+that got a placeholder, the process groups of more than one rank (NCCL communicators on the
+target), or why the script could not be run (``unrunnable``, then the run ends as stopped).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch.distributed as dist
+
+from advisor.agent.agent import StopTraining
+from advisor.agent.probe_registry import device_info
+from advisor.fit.reads import FitUnrunnable, Reads
+from advisor.fit.world import FitWorld
+from advisor.probes.memory.probe import MemoryProbe
+from advisor.records.fit import FIT_STEPS
+from advisor.records.samples import RunInfo
+
+
+
+class FitRun:
+    def __init__(self, agent: Any, run_info: RunInfo) -> None:
+        settings = agent.settings.fit
+        if settings is None:
+            raise RuntimeError("advisor fit: the training process was started without fit settings")
+        self.agent = agent
+        self.settings = settings
+        self.reads = Reads(steps=FIT_STEPS, steps_done=lambda: agent.step, stop=StopTraining)
+        self.world = FitWorld(settings, self.reads, tracked=self._tracked)
+        self.run_info = run_info
+
+    def _tracked(self) -> int:
+        for probe in self.agent.probes:
+            if isinstance(probe, MemoryProbe) and probe.tracker is not None:
+                return probe.tracker.device_total()
+        return 0
+
+    def __enter__(self) -> "FitRun":
+        self.world.__enter__()
+        if self.settings.device is not None:  # the run's device is the target, as the script sees it
+            self.agent.outbox.emit(replace(self.run_info, device=device_info(0)))
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        communicators = _communicators()
+        self.world.__exit__(exc_type, exc, tb)
+        log = self.reads.log
+        data: dict[str, Any] = {
+            "target": self.settings.target, "world_size": self.settings.world_size,
+            "steps": self.agent.step, "steps_wanted": FIT_STEPS, "stopped_at": log.stopped_at,
+            "stopped_by": log.stopped_by,
+            "placeholders": _reads(log.placeholders), "early_reads": _reads(log.early),
+            "communicators": communicators,
+        }
+        if isinstance(exc, FitUnrunnable):
+            data["unrunnable"] = {"message": str(exc), "kind": exc.kind, "op": exc.op, "where": exc.where}
+        self.agent.outbox.event("fit", data, step=None)
+        if isinstance(exc, FitUnrunnable):  # said in the event; the controller reports it
+            raise StopTraining(f"advisor fit: {exc}") from None
+
+
+def _reads(counts: dict[tuple[str, int, str], int]) -> list[dict[str, Any]]:
+    return [{"file": f, "line": line, "code": code, "count": n} for (f, line, code), n in sorted(counts.items())]
+
+
+def _communicators() -> list[int]:
+    """The size of each process group of more than one rank the script made (each is an NCCL
+    communicator per device on the target)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return []
+    import torch.distributed.distributed_c10d as c10d
+
+    sizes = []
+    for group in list(c10d._world.pg_map):
+        try:
+            size = group.size()
+        except RuntimeError:
+            continue
+        if size > 1:
+            sizes.append(size)
+    return sorted(sizes, reverse=True)
+
+
+
