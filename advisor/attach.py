@@ -20,7 +20,7 @@ from advisor.render import emit_report, print_exit_summary
 from advisor.report import build_report, write_json, write_text
 from advisor.exits import signal_name
 from advisor.records.units import plain_text
-from advisor.session import AttachOptions, Session, allowed_plan_env
+from advisor.controller import AttachOptions, Session, allowed_plan_env
 from advisor.trackers import log_report
 from advisor.tui.results import RESULT_LEFT_RUNNING, RESULT_STOP_TRAINING
 
@@ -38,7 +38,7 @@ class StopOnSignal:
     Under the TUI a closed terminal (SIGHUP, with ``on_hangup`` set) is not a request to stop:
     the UI closes, the controller writes to ``controller.log`` in the session folder from then
     on, and the job trains on, recorded (it runs in its own session, so the terminal's own
-    SIGHUP never reaches it either; advisor/session.py)."""
+    SIGHUP never reaches it either; advisor/controller.py)."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 

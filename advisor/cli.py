@@ -317,7 +317,7 @@ def agent_settings(ns: argparse.Namespace) -> AgentSettings:
         except ValueError as exc:
             raise UsageError(f"bad plan file {ns.plan}: {exc}") from None
         plan_path = os.path.abspath(ns.plan)
-        plan_env = dict(plan.env)  # set in the training process's environment (advisor/session.py)
+        plan_env = dict(plan.env)  # set in the training process's environment (advisor/controller.py)
     try:
         return AgentSettings(
             probes=tuple(probes), deep_steps=tuple(ns.deep_steps), deep_every=ns.deep_every,
@@ -488,7 +488,7 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
 
 def main(argv: list[str] | None = None) -> int:
     # Everything the controller writes (store, reports, plans) is readable by its owner only;
-    # the training script gets the user's own umask back (advisor.session).
+    # the training script gets the user's own umask back (advisor.controller).
     from advisor.paths import restrict_umask
 
     restrict_umask()

@@ -18,7 +18,7 @@ from advisor.fit_report import build_fit_report, render_fit_report, write_fit_pl
 from advisor.records.fit import FIT_STEPS, FitSettings
 from advisor.records.settings import AgentSettings
 from advisor.report import write_json
-from advisor.session import AttachOptions, Session
+from advisor.controller import AttachOptions, Session
 
 FIT_BOOTSTRAP = "advisor.fit.bootstrap"
 EXIT_UNRUNNABLE = 1  # the script could not be run on fake tensors (a read before its first step, ...)

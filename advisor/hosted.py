@@ -36,7 +36,7 @@ from advisor.errors import EXIT_USAGE, AdvisorError
 from advisor.paths import restrict_umask
 from advisor.records.settings import encode_settings
 from advisor.report import build_report, write_json
-from advisor.session import AttachOptions, Session
+from advisor.controller import AttachOptions, Session
 from advisor.trackers import log_report
 
 REPORT_FILE = "report.json"

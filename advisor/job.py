@@ -1,6 +1,6 @@
 """One view of a multi-node job: the sessions its controllers recorded, merged into one state.
 
-Each node's controller writes its own session (advisor/session.py: ``meta["job"]`` holds the
+Each node's controller writes its own session (advisor/controller.py: ``meta["job"]`` holds the
 job id, rank 0's run token and the global ranks that node hosted). ``load_job`` reads several of
 them (folders or ``.sqlite`` files copied from the nodes), checks that they are one run of one
 job (same id, same token, same world size, no rank recorded twice) and replays all their records

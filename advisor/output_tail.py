@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-OUTPUT_LOG = "output.log"  # in the session folder (advisor/session.py writes the script's output there)
+OUTPUT_LOG = "output.log"  # in the session folder (advisor/controller.py writes the script's output there)
 MAX_BACKLOG = 1 << 20  # bytes read by one poll; more than this since the last poll: the start is skipped
 MAX_LINE = 4096  # characters kept of one line (a line without a newline is cut and shown at this length)
 POLL_S = 0.1

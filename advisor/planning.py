@@ -148,7 +148,7 @@ def plan_for(recommendation: Recommendation, *, capped_cuda: bool = False) -> Pl
 
 def _capped_cuda(state: SessionState, recommendation: Recommendation) -> bool:
     """A memory remedy for a CUDA job (the user's own allocator options are kept beside the
-    plan's: ``advisor.session.merge_plan_env``)."""
+    plan's: ``advisor.controller.merge_plan_env``)."""
     run = state.runs.get(0) or (state.runs[min(state.runs)] if state.runs else None)
     spec = specs().get(recommendation.remedy)
     return (run is not None and run.device.get("type") == "cuda" and spec is not None

@@ -72,7 +72,7 @@ class SessionState:
     # The apply history in arrival order (advisor/regime.py reads it; advisor.records.results).
     applied: list[ApplyHistory] = field(default_factory=list)
     pending_apply: PendingApply | None = None
-    job: dict[str, Any] | None = None  # the multi-node job this session belongs to (advisor/session.py)
+    job: dict[str, Any] | None = None  # the multi-node job this session belongs to (advisor/controller.py)
     finished: bool = False
     exit_code: int | None = None
     exit_reason: str = ""

@@ -12,7 +12,7 @@ from advisor.records.results import Measurement
 from advisor.records.samples import Event, RunInfo, StepSample
 from advisor.regime import in_force, regime_start
 from advisor.report import build_report
-from advisor.session import AttachOptions, Session
+from advisor.controller import AttachOptions, Session
 from advisor.store import SessionStore, load_state
 
 BEFORE = Measurement(peak_memory_bytes=900, step_time_s=0.1, steps=(2, 3), time_steps=(2, 3), peak_steps=(2, 3))

@@ -101,7 +101,7 @@ def test_tui_applies_on_a_live_job_and_survives_an_injected_failure(monkeypatch,
     from advisor.advice import AdviceLoop
     from advisor.live_source import SessionSource
     from advisor.records.settings import AgentSettings
-    from advisor.session import AttachOptions, Session
+    from advisor.controller import AttachOptions, Session
     from advisor.tui import make_app
 
     # A faulty remedy as a test-only plug-in on the training process's PYTHONPATH: it checkpoints,

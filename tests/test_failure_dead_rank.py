@@ -3,10 +3,10 @@
 import subprocess
 import time
 
-import advisor.session as session_module
+import advisor.controller as session_module
 from advisor.agent.channel import AgentChannel
 from advisor.records.samples import StepSample
-from advisor.session import AttachOptions, Session
+from advisor.controller import AttachOptions, Session
 
 
 def _wait(predicate, timeout=15.0):

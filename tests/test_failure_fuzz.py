@@ -27,7 +27,7 @@ from advisor.records.samples import (
 from advisor.records.wire import encode
 from advisor.render import print_report
 from advisor.report import build_report
-from advisor.session import AttachOptions, Session
+from advisor.controller import AttachOptions, Session
 from advisor.store import load_state
 
 HUGE_INT = st.integers(min_value=2**63, max_value=2**300) | st.integers(max_value=-(2**63) - 1,

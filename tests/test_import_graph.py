@@ -54,8 +54,6 @@ USER_CONTROLLER_OK = ("advisor.errors", "advisor.launch")
 # Controller modules that may import the user-process side, each with its reason.
 CONTROLLER_TO_USER: dict[str, str] = {
     "advisor": "the package exports advisor.session(), the in-process API",
-    "advisor.session": "a process that imported this module has it as the package's attribute `session`: "
-                       "its __call__ forwards advisor.session(...) to the API",
 }
 BARE = ("probes", "apply", "recommend", "agent", "records", "fit")  # our folders, never imported by these names
 
@@ -115,7 +113,6 @@ DEFERRED: dict[str, str] = {
     "advisor.tui": "textual loads only when the TUI is built (headless never imports it)",
     "advisor.agent.bootstrap": "the training process imports the agent after setting up sys.path",
     "advisor.api": "the agent (and torch) load when a session starts: `import advisor` stays cheap",
-    "advisor.session": CONTROLLER_TO_USER["advisor.session"],
 }
 
 

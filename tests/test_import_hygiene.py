@@ -41,5 +41,5 @@ def test_recommend_does_not_load_torch():
 
 def test_controller_entry_does_not_load_torch():
     # `advisor --help` and the TUI must start fast: torch loads only in training processes.
-    loaded = _loaded_after_import(["advisor.cli", "advisor.session", "advisor.report", "advisor.store"])
+    loaded = _loaded_after_import(["advisor.cli", "advisor.controller", "advisor.report", "advisor.store"])
     assert "torch" not in loaded

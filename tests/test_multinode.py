@@ -25,7 +25,7 @@ from advisor.paths import DB_NAME, new_session_dir
 from advisor.records.results import ApplyResult
 from advisor.records.samples import Event, ExitInfo, RunInfo, StepSample
 from advisor.report import build_report
-from advisor.session import AttachOptions, Session
+from advisor.controller import AttachOptions, Session
 from advisor.store import SessionStore
 
 RDZV = ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29400"]

@@ -14,7 +14,7 @@ import pytest
 from advisor.planning import _plan_env
 from advisor.records.plan import PLAN_VERSION, Plan, PlanEntry, PlanError, parse_plan, read_plan, save_plan
 from advisor.records.settings import AgentSettings
-from advisor.session import AttachOptions, Session
+from advisor.controller import AttachOptions, Session
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}

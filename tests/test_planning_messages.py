@@ -57,7 +57,7 @@ def test_a_memory_plan_for_a_cuda_job_carries_expandable_segments_and_keeps_the_
     allocator held 730 MiB of reserve no tensor used. A memory plan for a CUDA job sets
     expandable segments (exact, a restart setting) beside the user's own allocator options."""
     from advisor.planning import _capped_cuda, plan_for
-    from advisor.session import merge_plan_env
+    from advisor.controller import merge_plan_env
 
     rec = recommendation("checkpoint-blocks-8", params={"modules": ["blocks.0"]})
     cuda = _state(10, None, device="cuda")

@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 
 from advisor.multinode import MultiNode
-from advisor.session import AttachOptions, Session
+from advisor.controller import AttachOptions, Session
 
 ROOT = Path(__file__).resolve().parents[1]
 

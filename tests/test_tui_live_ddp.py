@@ -14,7 +14,7 @@ from textual.widgets import DataTable
 from advisor.advice import AdviceLoop
 from advisor.live_source import SessionSource
 from advisor.records.settings import AgentSettings, probe_names
-from advisor.session import AttachOptions, Session
+from advisor.controller import AttachOptions, Session
 from advisor.tui import make_app
 from advisor.tui.confirm_screen import ConfirmApplyScreen
 from advisor.tui.messages import RankSwitched

@@ -6,10 +6,8 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
-import types
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
@@ -460,16 +458,3 @@ def _peer_message(event: Event) -> str:
     found = payload(event)
     return found.message if isinstance(found, (PeerLost, PeerExit)) else ""
 
-
-class _CallableModule(types.ModuleType):
-    """``advisor.session(...)`` is the in-process API (advisor/api.py). Importing this module sets
-    the package's attribute ``session`` to the module (Python does that for every submodule), so in
-    a process that imported both, the call lands here and is passed on."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from advisor.api import session  # loaded with the package already: no import cost
-
-        return session(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
