@@ -247,3 +247,24 @@ def test_ops_and_exposed_communication_fit_in_the_ordinary_step() -> None:
     assert compute["op_time_s"] + row["exposed_s"] == pytest.approx(compute["step_time_s"])  # 0.227 x 80 ms did not fit
     assert compute["time_scale"] == pytest.approx((0.0227 - 0.0117) / 0.080)
     assert_consistent(report)
+
+
+def test_ops_and_exposed_communication_fit_in_the_profiled_step_when_no_light_step_was_timed() -> None:
+    """A 4-step 2-rank run (the zoo's smoke ddp_tutorial) had no light step: steps 1-3 were deep,
+    the profiled step was the base, and its ops plus the exposed communication outgrew it."""
+    from advisor.records.samples import OpStat
+
+    live = LiveState(session_id="short")
+    for index in range(4):
+        live.add(StepSample(index=index, time_s=0.020, end_time=100.0 + index, deep=index > 0,
+                            phases={"other_s": 0.020}))
+        live.add(CollectiveStat(step=index, op="all_reduce", group_size=2, bytes=1 << 20,
+                                start=100.0 + index - 0.010, time_s=0.008, exposed_s=0.008))
+    for step in (1, 2, 3):
+        live.add(OpStat(step=step, name="aten.mm", phase="forward", count=1, flops=1e6, bytes=1e5, time_s=0.018,
+                        dtype="float32"))
+    report = build_report(live.snapshot())
+    compute, [row] = report["compute"], report["comm"]
+    assert compute["time_base"] == "profiled step"
+    assert compute["op_time_s"] + row["exposed_s"] == pytest.approx(compute["step_time_s"])  # 18 + 8 ms in 20
+    assert_consistent(report)
