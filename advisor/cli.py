@@ -144,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="raise PyTorch's out-of-memory error when tracked memory exceeds the budget")
     attach.add_argument("--probes", type=_probes, default="all", metavar="LIST",
                         help="probes to run: memory,compute,comm, all or none (default all)")
+    attach.add_argument("--deep-compiled", action="store_true",
+                        help="deep-sample a torch.compile'd model with the memory and compute probes too "
+                             "(they run it outside its compiled code on those steps, which changes its numerics)")
     attach.add_argument("--deep-steps", type=_steps_list, default=[1, 2, 3], metavar="LIST",
                         help="steps to deep-sample (default 1,2,3; step 0 is the warm-up; the compute "
                              "probe counts ops and then times them on two steps of its own after the first of a run)")
@@ -322,6 +325,7 @@ def agent_settings(ns: argparse.Namespace) -> AgentSettings:
         return AgentSettings(
             probes=tuple(probes), deep_steps=tuple(ns.deep_steps), deep_every=ns.deep_every,
             memory_budget_bytes=ns.memory_budget, enforce_budget=ns.enforce_budget,
+            deep_compiled=bool(getattr(ns, "deep_compiled", False)),
             peak_flops=ns.peak_flops, peak_bandwidth=ns.peak_bandwidth, host_link_bandwidth=ns.host_link_bandwidth,
             allow_inexact=bool(getattr(ns, "allow_inexact", False)),
             # The job waits for the controller's decision at the boundary before the step asked for

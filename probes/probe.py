@@ -32,6 +32,10 @@ class Probe:
     """Base class: override the hooks a probe needs; the defaults do nothing."""
 
     name: str = "probe"
+    # Its deep steps run every op through a TorchDispatchMode: a torch.compile'd model then runs
+    # other code than its compiled graph (nanoGPT's weights drifted by 7e-9 in three steps), so
+    # such a probe does not deep-sample a compiled model unless asked (AgentSettings.deep_compiled).
+    dispatch_mode_deep: bool = False
 
     def attach(self, ctx: AgentContext) -> None:
         pass

@@ -37,6 +37,8 @@ CASES: dict[str, tuple[str, list[str], list[str]]] = {
     "lbfgs-rnn": ("tests/scripts/lbfgs_rnn.py", ["--steps", "3", "--length", "6"], ["--deep-steps", "1"]),
     "python-rnn": ("tests/scripts/python_rnn.py", ["--steps", "4", "--length", "8"], []),
     "compiled": ("tests/scripts/compiled.py", ["--steps", "4"], ["--probes", "memory"]),
+    # torch.compile of a module that is no container: truth-testing it raised "Net does not support len()".
+    "compiled-plain-module": ("tests/scripts/compiled_module.py", [], []),
     "eval-in-step": ("tests/scripts/eval_in_step.py", ["--steps", "4"], ["--probes", "compute"]),
 }
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import warnings
 
+import pytest
 import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
@@ -56,3 +57,57 @@ def test_compiled_model_has_no_more_graph_breaks_or_recompiles_under_the_agent()
     # The hooks still saw the compiled module's own call: the model and its steps are found.
     assert [(m.name, m.wrapper) for m in emitted if isinstance(m, ModelInfo)] == [("Sequential", "OptimizedModule")]
     assert agent.step == 4
+
+
+class _Net(torch.nn.Module):
+    """No container: truth-testing its compiled form raises (OptimizedModule forwards __len__)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(8, 16), torch.nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+@pytest.mark.parametrize(("how", "deep_compiled"), [("wrapped", False), ("in_place", False), ("wrapped", True)])
+def test_a_compiled_model_is_not_deep_sampled_through_dispatch_modes(how: str, deep_compiled: bool) -> None:
+    """Under the memory tracker's and the op counter's dispatch modes a compiled model runs other code
+    than its graph: nanoGPT compiled with inductor ended three steps 7e-9 away from its bare weights."""
+    from advisor.probes.compute.probe import ComputeProbe
+    from advisor.probes.memory.probe import MemoryProbe
+    from advisor.records.samples import Event, StepSample
+
+    torch._dynamo.reset()
+    emitted: list = []
+    agent = Agent(emit=emitted.append, probes=[MemoryProbe(scan_gc=False), ComputeProbe()],
+                  settings=AgentSettings(deep_steps=(1, 2, 3), deep_every=0, deep_compiled=deep_compiled))
+    hooks = install(agent)
+    try:
+        torch.manual_seed(0)
+        net = _Net()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            if how == "wrapped":
+                model: torch.nn.Module = torch.compile(net, backend="eager")
+            else:
+                net.compile(backend="eager")
+                model = net
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        for _ in range(5):
+            model(torch.randn(4, 8)).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+        agent.flush(sync=True)
+    finally:
+        hooks.remove()
+    steps = [r for r in emitted if isinstance(r, StepSample)]
+    left_off = [r for r in emitted if isinstance(r, Event) and r.name == "deep_probes_left_off"]
+    if deep_compiled:
+        assert not left_off
+        assert any(s.deep for s in steps)
+    else:
+        assert [e.data["probes"] for e in left_off] == [["compute", "memory"]]
+        assert not any(s.deep for s in steps)
+        assert any(r.name == "warning" and "--deep-compiled" in r.data["message"]
+                   for r in emitted if isinstance(r, Event))

@@ -24,16 +24,8 @@ import conformance  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-_COMPILED = ("torch.compile of a plain nn.Module dies at its first forward under attach: "
-             "TypeError: GPT does not support len() (tests/scripts/compiled_module.py)")
-
 # (entry, check) -> the product defect that fails it today.
-KNOWN: dict[tuple[str, str], str] = {
-    ("nanogpt_compile", "exit"): _COMPILED,
-    ("nanogpt_compile", "stdout"): _COMPILED,
-    ("nanogpt_compile", "losses"): _COMPILED,
-    ("nanogpt_compile", "steps"): _COMPILED,
-}
+KNOWN: dict[tuple[str, str], str] = {}
 
 _ENTRIES = conformance.select(None, smoke=True)
 _RESULTS: dict[str, conformance.EntryResult] = {}

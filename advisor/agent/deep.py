@@ -17,12 +17,20 @@ counting, 3 its timing. Steps requested without names (an apply's window) run th
 
 A deep step far slower than the light ones (a Python-loop RNN under the dispatch modes) ends
 scheduled deep sampling (``bound_cost``); requests are still honoured.
+
+A ``torch.compile``'d model (a model wrapped in ``OptimizedModule``, or any module compiled in
+place with ``module.compile()``) is not deep-sampled by probes with ``dispatch_mode_deep``: under
+their dispatch modes it runs other code than its compiled graph, and the script's numerics change.
+One warning and one ``deep_probes_left_off`` event say so; ``--deep-compiled`` lets them run.
 """
 
 from __future__ import annotations
 
 import statistics
+import sys
 from typing import Callable, Iterable
+
+import torch
 
 from advisor.agent.outbox import Outbox
 from advisor.agent.probeset import ProbeSet
@@ -54,6 +62,9 @@ class DeepSchedule:
         self._limited = False
         self.count = 0  # deep steps run
         self._light_times: list[float] = []
+        self._deep_compiled = settings.deep_compiled
+        self._left_off: list[str] | None = None  # the probes kept off a compiled model, once found
+        self._graphs_before = dynamo_graphs()  # graphs made before the agent (another test's, in-process)
 
     @property
     def active(self) -> bool:
@@ -93,6 +104,8 @@ class DeepSchedule:
         """At the boundary that starts ``step``: start its deep probes if it is deep; whether it is."""
         full = self._extra > 0 or self.is_deep(step)
         self._running, shared_step = self._schedule(full, step)
+        if self._running and not self._deep_compiled:
+            self._running = self._off_compiled(self._running, step)
         if self._extra > 0 and (shared_step or not self._probes):
             self._extra -= 1
         self._active = bool(self._running) or (full and not self._probes)
@@ -144,6 +157,23 @@ class DeepSchedule:
             self._solo_names = self._solo_names | frozenset(p.name for p in solo)
         return shared, True
 
+    def _off_compiled(self, probes: list[Probe], step: int) -> list[Probe]:
+        """``probes`` less the dispatch-mode ones where a captured model is compiled; said once."""
+        intrusive = [p for p in probes if getattr(p, "dispatch_mode_deep", False)]
+        context = self._probes.context
+        if not intrusive or context is None:
+            return probes
+        if self._left_off is None:
+            if not any_compiled(context.wrapped_models(), self._graphs_before):
+                return probes
+            self._left_off = sorted({p.name for p in self._probes if getattr(p, "dispatch_mode_deep", False)})
+            data = {"probes": self._left_off, "reason": "compiled model", "step": step}
+            self._outbox.event("deep_probes_left_off", data, step=step)
+            self._outbox.warn(f"compiled code runs in this job (torch.compile): the {' and '.join(self._left_off)} probes do "
+                              "not deep-sample it, since their dispatch modes would run it outside its compiled code "
+                              "and change its numerics (--deep-compiled to sample it anyway)", **data)
+        return [p for p in probes if not getattr(p, "dispatch_mode_deep", False)]
+
     def bound_cost(self, sample: StepSample) -> None:
         """Deep probes cost a few light steps; a deep step far slower ends scheduled deep
         sampling, said in one event and a warning."""
@@ -171,3 +201,36 @@ class DeepSchedule:
             self._outbox.warn(f"no step was deep-sampled ({steps} step(s) ran; deep steps: "
                               f"{sorted(self.steps) or 'none'}): memory by category, FLOPs and module "
                               "figures were not measured")
+
+
+def any_compiled(models: Iterable[torch.nn.Module], graphs_before: int = 0) -> bool:
+    """Whether compiled code runs in this job: any of ``models`` (as the script holds them,
+    wrappers included) an ``OptimizedModule`` anywhere down its wrappers or with a submodule
+    compiled in place (``module.compile()`` sets ``_compiled_call_impl``), or any graph made by
+    dynamo since its count was ``graphs_before``. Without torch._dynamo imported nothing is."""
+    if "torch._dynamo" not in sys.modules:
+        return False
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    for model in models:
+        held: object = model
+        while isinstance(held, torch.nn.Module):  # DDP(compiled), compiled(DDP), ...
+            if isinstance(held, OptimizedModule):
+                return True
+            inner = getattr(held, "_orig_mod", None)
+            held = inner if inner is not None else getattr(held, "module", None)
+        if any(getattr(sub, "_compiled_call_impl", None) is not None for sub in model.modules()):
+            return True
+    # A module compiled in place runs the global hooks inside dynamo's frame, where they return at
+    # once: it is never captured. Any graph dynamo made since the agent started runs through the
+    # modes too.
+    return dynamo_graphs() > graphs_before
+
+
+def dynamo_graphs() -> int:
+    """How many graphs dynamo has made in this process (its own counter); 0 without torch._dynamo."""
+    if "torch._dynamo" not in sys.modules:
+        return 0
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])

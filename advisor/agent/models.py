@@ -101,7 +101,10 @@ class ModelRegistry:
         return found
 
     def _add(self, model: torch.nn.Module, candidate: _Candidate) -> ModelInfo:
-        wrapped = candidate.wrapped() or model
+        # Never truth-test a module: a compiled one forwards __len__ to a module without it
+        # (TypeError: Net does not support len()).
+        held = candidate.wrapped()
+        wrapped = held if held is not None else model
         _, wrapper = unwrap(wrapped)
         label = unique_label(candidate.name, type(model).__name__, self._labels.values())
         self._labels[id(model)] = label

@@ -169,6 +169,17 @@ class DeepSamplingStopped(Payload):
 
 
 @dataclass(frozen=True, kw_only=True)
+class DeepProbesLeftOff(Payload):
+    """Probes that did not deep-sample this job, and why (``"compiled model"``: their dispatch modes
+    would run a torch.compile'd model outside its compiled code; ``--deep-compiled`` lets them)."""
+
+    NAME: ClassVar[str] = "deep_probes_left_off"
+    probes: tuple[str, ...] = ()
+    reason: str = ""
+    step: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
 class Job(Payload):
     """The token rank 0 drew for this run of a multi-node job (``advisor/agent/relay.py``)."""
 
@@ -200,7 +211,7 @@ class PeerExit(Payload):
 # Every payload by event name (the apply outcomes are results.py's).
 PAYLOADS: dict[str, type[Payload]] = {cls.NAME: cls for cls in (
     WarningEvent, Oom, ModuleActivations, CudaMemory, CheckpointSave, DataLoaderSettings, DeviceSpec, PipelineStages,
-    DeepSamplingStopped, Job, PeerLost, PeerExit, ApplyResult, ApplyStarted, RevertResult)}
+    DeepSamplingStopped, DeepProbesLeftOff, Job, PeerLost, PeerExit, ApplyResult, ApplyStarted, RevertResult)}
 
 
 def payload(event: Event) -> Payload | None:

@@ -85,6 +85,7 @@ class AgentSettings:
     peak_flops: float | None = None  # --peak-flops: overrides the device's measured FLOP/s
     peak_bandwidth: float | None = None  # --peak-bandwidth: overrides its memory bandwidth (B/s)
     host_link_bandwidth: float | None = None  # --host-link-bandwidth: overrides the host link (B/s)
+    deep_compiled: bool = False  # --deep-compiled: dispatch-mode probes deep-sample torch.compile'd models too
     allow_inexact: bool = False  # --allow-inexact: live-opt-in remedies may apply without the TUI's consent
     apply_hold_step: int | None = None  # --apply-at-step K (with --apply): wait at the boundary before K
     plan: str | None = None  # --plan FILE (absolute): remedies applied before the first step

@@ -30,7 +30,8 @@ RECENT_STEPS = 40  # steps drawn in the overview's phase bars and loss sparkline
 
 # Event names that are news for the events log; the others (device_spec, collective_seq, ...)
 # are bookkeeping that other views read.
-_NEWS = frozenset({"warning", "oom", "apply_started", "apply_result", "apply_reverted", "deep_sampling_stopped"})
+_NEWS = frozenset({"warning", "oom", "apply_started", "apply_result", "apply_reverted", "deep_sampling_stopped",
+                    "deep_probes_left_off"})
 
 
 @dataclass(frozen=True, kw_only=True)

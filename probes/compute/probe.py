@@ -67,6 +67,7 @@ class ComputeProbe(Probe):
     """
 
     name = "compute"
+    dispatch_mode_deep = True  # the op counter (its timed step runs only after it)
     # Its steps are its alone (Agent._deep_schedule): on a step the memory tracker also samples,
     # the profiler's op times included the tracker's dispatch-mode Python (79 ms of ops in a 46 ms
     # GPT step on CPU), and counting beside it made the step several light steps long.

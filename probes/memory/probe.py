@@ -53,6 +53,7 @@ class MemoryProbe(Probe):
     """Memory by category and by module, the budget, and the OOM flight recorder."""
 
     name = "memory"
+    dispatch_mode_deep = True  # the storage tracker
 
     def __init__(
         self, *, scan_gc: bool = True, nvml: Nvml | None = None, history_max_entries: int = 100_000
