@@ -162,7 +162,7 @@ class AdviceLoop:
         if state.finished or not state.recommendations or not self._ready(state):
             self._release_if_held()
             return
-        rec = self._choose(state.recommendations, self.apply_request)
+        rec = self._choose(state.recommendations, self.apply_request, allow_inexact=self._allow_inexact())
         if rec is None:
             self._release_if_held()
             # A named recommendation may come with later advice (a rule needs light steps to
@@ -174,22 +174,34 @@ class AdviceLoop:
                       f"{', '.join(r.id for r in state.recommendations) or 'none'}", file=sys.stderr)
             elif self.apply_request == "auto" and state.latest_step() >= due and not self._said_unfit:
                 self._said_unfit = True  # said once; a later advice may still bring one that fits
-                unfit = [r.id for r in state.recommendations if r.live]
-                if unfit:
-                    print(f"advisor: --apply auto: no live recommendation fits the memory budget "
-                          f"({', '.join(unfit)} would not); nothing applied", file=sys.stderr)
+                self._say(auto_nothing_reason(state.recommendations, allow_inexact=self._allow_inexact()))
             return
         self._applied_auto = True
         error = self.apply(rec.id, at_step=self.apply_at_step)
         if error:
-            print(f"advisor: not applied: {error}", file=sys.stderr)
-            self._release_if_held()
+            self._say(f"not applied: {error}")
+            self._release_if_held(force=True)
 
-    def _release_if_held(self) -> None:
+    def _allow_inexact(self) -> bool:
+        options = getattr(self.session, "options", None)
+        return bool(options is not None and options.settings.allow_inexact)
+
+    def _say(self, message: str) -> None:
+        """A decision about --apply the user reads: on stderr now, and in the report's warnings."""
+        print(f"advisor: {message}", file=sys.stderr, flush=True)
+        warn = getattr(self.session, "warn", None)
+        if callable(warn):
+            warn(message, source="apply")
+
+    def _release_if_held(self, *, force: bool = False) -> None:
         """With ``--apply-at-step K`` the ranks wait at the boundary before K (after sending
         step K-2) for this loop's decision: once advice made with that step says nothing is
-        applied there, let them go on (a later apply still goes to the next boundary it can)."""
-        if self.apply_at_step is None or self._released or self._advised_step < self.apply_at_step - 2:
+        applied there, let them go on (a later apply still goes to the next boundary it can).
+        ``force``: the one choice there was got refused, so no later advice will send one: let
+        them go at once (a refused choice held two ranks 60 s for a decision that never came)."""
+        if self.apply_at_step is None or self._released:
+            return
+        if not force and self._advised_step < self.apply_at_step - 2:
             return
         self._released = True
         self.session.send_command({"type": RELEASE})
@@ -228,16 +240,18 @@ class AdviceLoop:
         return list(DEEP_STEPS if settings is None else settings.deep_steps)
 
     @staticmethod
-    def _choose(recs: list[Recommendation], request: str) -> Recommendation | None:
+    def _choose(recs: list[Recommendation], request: str, *, allow_inexact: bool = False) -> Recommendation | None:
         """``auto``: the best live recommendation that fits the memory budget (the ranking puts
-        those first); one that does not would only be reverted by the executor, over the budget,
-        after its measuring window (an optimizer-state offload at 50% of a GPT's peak was). A
-        remedy that predicts no peak does not fit a budget (``fits_budget``): gradient
-        compression once "fitted" an over-budget job because it said nothing of memory."""
+        those first) and that it may apply; one that does not fit would only be reverted by the
+        executor, over the budget, after its measuring window (an optimizer-state offload at 50%
+        of a GPT's peak was). A remedy that predicts no peak does not fit a budget
+        (``fits_budget``): gradient compression once "fitted" an over-budget job because it said
+        nothing of memory. A live-opt-in remedy without ``--allow-inexact`` is never chosen: on
+        two ranks it was, was refused, and held the job at the boundary."""
         live = [r for r in recs if r.live]
         if request != "auto":
             return next((r for r in live if r.id == request), None)
-        return next((r for r in live if r.fits), None)
+        return next((r for r in live if r.fits and inexact_refusal(r, allowed=allow_inexact) is None), None)
 
     # -- user actions (TUI, headless --apply) -------------------------------------------
     def apply(self, recommendation_id: str, *, at_step: int | None = None, confirmed: bool = False) -> str | None:
@@ -253,9 +267,7 @@ class AdviceLoop:
         rec = next((r for r in state.recommendations if r.id == recommendation_id), None)
         if rec is None:
             return f"No recommendation {recommendation_id!r}."
-        allow_inexact = bool(getattr(self.session, "options", None)
-                             and self.session.options.settings.allow_inexact)
-        refusal = apply_refusal(state, rec) or inexact_refusal(rec, allowed=confirmed or allow_inexact)
+        refusal = apply_refusal(state, rec) or inexact_refusal(rec, allowed=confirmed or self._allow_inexact())
         if refusal:
             return refusal
         # All ranks apply at the same boundary: one past the furthest rank, or the step asked for.
@@ -298,3 +310,19 @@ class AdviceLoop:
             self._closed = True
             self._idle.notify_all()
         self._thread.join(2)
+
+
+def auto_nothing_reason(recs: list[Recommendation], *, allow_inexact: bool) -> str:
+    """Why ``--apply auto`` applied nothing, in one line."""
+    live = [r for r in recs if r.live]
+    if not live:
+        return "--apply auto applied nothing: no live recommendation" + (
+            f" (restart remedies, applied with --plan: {', '.join(r.id for r in recs)})" if recs else "")
+    unfit = [r.id for r in live if not r.fits]
+    opt_in = [r.id for r in live if r.fits and inexact_refusal(r, allowed=allow_inexact) is not None]
+    parts = []
+    if unfit:
+        parts.append(f"{', '.join(unfit)} would not fit the memory budget")
+    if opt_in:
+        parts.append(f"{', '.join(opt_in)} would change numerics (--allow-inexact to let auto choose them)")
+    return "--apply auto applied nothing: " + "; ".join(parts)

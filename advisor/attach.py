@@ -274,11 +274,28 @@ def _report(session: Session, ns: argparse.Namespace, code: int, reason: str) ->
               file=sys.stderr, flush=True)
     print(f"advisor: {plain_text(reason)} (exit code {code}); session {session.id}", file=sys.stderr, flush=True)
     if ns.apply and ns.headless and not _applied(state, ns.apply):
-        ids = ", ".join(r.id for r in state.recommendations) or "none"
-        print(f"advisor: the requested --apply {ns.apply} never happened (recommendations in this run: {ids})",
+        # `auto` is a wish, not an order: the script's exit code stands, and the reason was said
+        # (stderr and the report's warnings). A named remedy that never ran keeps exit 1, with why.
+        if ns.apply == "auto":
+            said = any(w.startswith("--apply auto applied nothing") for w in report.get("warnings") or [])
+            if not said:
+                print("advisor: --apply auto applied nothing: no advice was ready before the job ended",
+                      file=sys.stderr, flush=True)
+            return code
+        print(f"advisor: the requested --apply {ns.apply} never happened: {_why_not_applied(state, ns.apply)}",
               file=sys.stderr, flush=True)
         return code or 1
     return code
+
+
+def _why_not_applied(state: Any, request: str) -> str:
+    rec = next((r for r in state.recommendations if r.id == request), None)
+    if rec is None:
+        ids = ", ".join(r.id for r in state.recommendations) or "none"
+        return f"no such recommendation in this run (recommendations: {ids})"
+    if rec.apply_class == "restart" or not rec.live:
+        return "restart remedies are applied with --plan (advisor plan SESSION, then advisor attach --plan FILE)"
+    return "the job ended before the step it was asked for, or it was refused (see the warnings above)"
 
 
 def _applied(state: Any, request: str) -> bool:

@@ -161,6 +161,10 @@ class Session:
             except Exception:  # a UI callback must never stop the recording
                 pass
 
+    def warn(self, message: str, *, source: str | None = None) -> None:
+        """A warning of the controller's own (an --apply decision): stored and in the report."""
+        self._on_record(WarningEvent(message=message, source=source).event(rank=0))
+
     def _store_failed(self, error: str) -> None:
         """The store stopped writing (a full disk): say it now, on the terminal and in the report.
         Recording goes on in memory for this run's report; the exit code stays the script's."""

@@ -83,3 +83,20 @@ def test_compiled_blocks_on_a_host_bound_script(tmp_path) -> None:
     losses = [s["loss"] for s in report["steps"]]
     assert losses[:AT] == bare_losses[:AT]
     assert losses == pytest.approx(bare_losses, rel=REASSOCIATION_TOLERANCE)
+
+
+def test_auto_that_applies_nothing_keeps_the_scripts_exit_code_and_says_why(tmp_path) -> None:
+    """A 300 KiB budget (the job peaks near 780 KiB) that nothing fits: `--apply auto` applies nothing, says why on stderr and in the
+    report's warnings, and attach exits as the script did (it exited 1 where the script exited 0)."""
+    out = tmp_path / "report.json"
+    run = subprocess.run([sys.executable, "-m", "advisor", "attach", "--headless", "--json", str(out),
+                          "--memory-budget", "300KiB", "--apply", "auto", "--apply-at-step", "6", "--steps", "8", "examples/gpt.py",
+                          "--layers", "2", "--hidden", "32", "--heads", "2", "--seq", "16", "--batch", "4",
+                          "--vocab", "64", "--device", "cpu", "--steps", "8"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600, env=ENV)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["applied"] == []
+    said = [w for w in report["warnings"] if w.startswith("--apply auto applied nothing")]
+    assert len(said) == 1 and "would not fit the memory budget" in said[0], report["warnings"]
+    assert said[0] in run.stderr

@@ -367,3 +367,40 @@ def test_auto_takes_the_best_live_recommendation_that_fits_and_none_when_none_fi
     same = recommendation("comm-same", peak=16, budget_bytes=20)
     assert AdviceLoop._choose([silent, same], "auto").id == "comm-same"
     assert AdviceLoop._choose([silent], "auto") is None and not silent.fits
+
+
+def test_auto_never_chooses_a_live_opt_in_remedy_without_allow_inexact():
+    """On 2 DDP ranks `auto` chose gradient compression (live-opt-in) without --allow-inexact; it was
+    refused, and the ranks held at the boundary for 60 s."""
+    from advisor.advice import AdviceLoop, auto_nothing_reason
+
+    opt_in = recommendation("grad-compression", "grad_compression", apply_class="live-opt-in", exact=False)
+    exact = recommendation("checkpoint", peak=11, budget_bytes=12)
+    assert AdviceLoop._choose([opt_in], "auto") is None
+    assert AdviceLoop._choose([opt_in, exact], "auto").id == "checkpoint"
+    assert AdviceLoop._choose([opt_in, exact], "auto", allow_inexact=True).id == "grad-compression"
+    assert "--allow-inexact" in auto_nothing_reason([opt_in], allow_inexact=False)
+
+
+def test_a_refused_choice_releases_the_held_ranks_at_once_and_is_said_in_the_report():
+    """The ranks wait at the boundary before K for the decision; a choice that the controller then
+    refuses leaves no later decision to wait for: the release goes at once, before advice made
+    with step K-2, and the refusal is a warning of the session's."""
+    from types import SimpleNamespace
+
+    from advisor.advice import AdviceLoop
+    from advisor.records.samples import StepSample
+    from advisor.state import LiveState
+
+    live, sent, warned = LiveState(), [], []
+    session = SimpleNamespace(live=live, options=None, send_command=lambda c: sent.append(c) or 1,
+                              warn=lambda message, source=None: warned.append((source, message)))
+    loop = AdviceLoop(session, budget_bytes=None, apply="x", apply_at_step=5)
+    loop.close()
+    loop.apply = lambda rec_id, at_step=None: "refused for the test"  # type: ignore[method-assign]
+    live.update(recommendations=[recommendation("x", "t")])
+    live.add(StepSample(index=0, time_s=0.1))
+    loop._advised_step = 0  # before step K-2 = 3
+    loop._maybe_auto_apply()
+    assert sent == [{"type": "release"}]
+    assert warned == [("apply", "not applied: refused for the test")]
