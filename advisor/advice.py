@@ -248,7 +248,7 @@ class AdviceLoop:
         (``fits_budget``): gradient compression once "fitted" an over-budget job because it said
         nothing of memory. A live-opt-in remedy without ``--allow-inexact`` is never chosen: on
         two ranks it was, was refused, and held the job at the boundary."""
-        live = [r for r in recs if r.live]
+        live = [r for r in recs if r.live and r.applicable]
         if request != "auto":
             return next((r for r in live if r.id == request), None)
         return next((r for r in live if r.fits and inexact_refusal(r, allowed=allow_inexact) is None), None)
@@ -314,7 +314,7 @@ class AdviceLoop:
 
 def auto_nothing_reason(recs: list[Recommendation], *, allow_inexact: bool) -> str:
     """Why ``--apply auto`` applied nothing, in one line."""
-    live = [r for r in recs if r.live]
+    live = [r for r in recs if r.live and r.applicable]
     if not live:
         return "--apply auto applied nothing: no live recommendation" + (
             f" (restart remedies, applied with --plan: {', '.join(r.id for r in recs)})" if recs else "")

@@ -97,7 +97,8 @@ def read_report_section(arguments: dict[str, Any]) -> dict[str, Any]:
 
 
 def _summary(rec: dict[str, Any]) -> dict[str, Any]:
-    keys = ("id", "title", "remedy", "apply_class", "live", "exact", "fits", "confidence", "predicted", "baseline",
+    keys = ("id", "title", "remedy", "apply_class", "live", "exact", "fits", "applicable", "why", "confidence",
+            "predicted", "baseline",
             "calibration")
     return {key: rec.get(key) for key in keys}
 

@@ -55,6 +55,8 @@ def apply_refusal(state: SessionState, rec: Recommendation | None, *, in_flight:
     title = rec.title or rec.remedy or rec.id
     if state.finished:
         return "Training has ended: there is no running job to apply a remedy to."
+    if not rec.applicable:
+        return f"{title} cannot apply to this job: {rec.why}"
     if not rec.live:
         return f"{title} cannot be applied to a running job: it needs a restart (see its evidence, Enter)."
     if in_flight or state.pending_apply:

@@ -104,10 +104,10 @@ def diagnosis_blocks(report: dict[str, Any]) -> list[Block]:
             title="Recommendations",
             columns=(Column(name="id", label=True), Column(name="remedy"), Column(name="predicted peak", numeric=True),
                      Column(name="predicted step"), Column(name="live", label=True)),
-            rows=tuple((str(r.get("id")), r.get("title") or r.get("remedy") or "",
+            rows=tuple((str(r.get("id")), rec_title(r),
                         fmt_bytes((r.get("predicted") or {}).get("peak_memory_bytes")),
                         predicted_step(r) + (f" ({calibration_line(r)})" if calibration_line(r) else ""),
-                        "yes" if r.get("live") else "no")
+                        "yes" if r.get("live") and r.get("applicable", True) else "no")
                        for r in recs)))
     applied = report.get("applied") or []
     if applied:
@@ -172,3 +172,9 @@ def exit_sections(report: dict[str, Any]) -> list[Section]:
     """After the TUI closes: the run and the advice only."""
     return [s for s in (_section("run", lambda: [run_block(report)]), _section("advice", lambda: diagnosis_blocks(report)))
             if s.blocks]
+
+
+def rec_title(rec: dict[str, Any]) -> str:
+    """A recommendation's title, and why it cannot apply to this job where its check said so."""
+    title = str(rec.get("title") or rec.get("remedy") or "")
+    return title if rec.get("applicable", True) else f"{title} · not applicable: {rec.get('why')}"

@@ -6,6 +6,11 @@ handle whose ``revert()`` undoes it exactly. It must be atomic: either it return
 raises with the job unchanged (the executor still reverts a handle when something fails after
 the function returned).
 
+A remedy module may also define ``check_<name>(target) -> Mapping[str, str]``: why the remedy
+cannot apply to this job, keyed by the params it concerns ("" for any params, ``"stage=2"`` for
+one value of one param); empty when it can. The agent asks every check before the remedies are
+offered (``checks``) and the recommender marks what they refuse as not applicable.
+
 Discovery walks the package (and its ``extend_path`` extensions) once, on first use; adding a
 remedy edits nothing here. ``register`` adds one at run time (tests register faulty remedies).
 """
@@ -40,6 +45,7 @@ class RemedyHandle(Protocol):
 ApplyFn = Callable[..., RemedyHandle]
 
 _REMEDIES: dict[str, ApplyFn] = {}
+_CHECKS: dict[str, Callable[[Target], Mapping[str, str]]] = {}
 _PHASES: dict[str, str] = {}
 _discovered = False
 
@@ -62,6 +68,9 @@ def _discover() -> None:
         if callable(fn):
             _REMEDIES.setdefault(name, fn)
             _PHASES.setdefault(name, getattr(module, "PHASE", PHASES[-1]))
+        check = getattr(module, f"check_{name}", None)
+        if callable(check):
+            _CHECKS.setdefault(name, check)
 
 
 def remedy_names() -> list[str]:
@@ -94,6 +103,20 @@ def get(name: str) -> ApplyFn:
 def phase(name: str) -> str:
     _discover()
     return _PHASES.get(name, PHASES[-1])
+
+
+def checks(target: Target) -> dict[str, dict[str, str]]:
+    """Every remedy's refusals for this job (``check_<name>``; see the module docstring). A check
+    that raises refuses its remedy with what it raised: nothing is offered that was not cleared."""
+    _discover()
+    out: dict[str, dict[str, str]] = {}
+    for name, check in sorted(_CHECKS.items()):
+        try:
+            refusals = {str(k): str(v) for k, v in dict(check(target)).items()}
+        except Exception as exc:  # noqa: BLE001 - a broken check refuses, it never breaks training
+            refusals = {"": f"its check failed: {type(exc).__name__}: {exc}"}
+        out[name] = refusals
+    return out
 
 
 def check_params(name: str, params: Mapping[str, Any]) -> None:

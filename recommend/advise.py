@@ -49,10 +49,12 @@ def advise(profile: Profile, rules: Sequence[Rule] | None = None,
     return diagnosis, [rec for _, rec in sorted(recs.values(), key=lambda pair: _rank(*pair))]
 
 
-def _rank(order: int, rec: Recommendation) -> tuple[int, int, float, float]:
+
+def _rank(order: int, rec: Recommendation) -> tuple[int, int, int, float, float]:
     time = rec.calibration.step_time_s if rec.calibration is not None else rec.predicted.step_time_s
     peak = rec.predicted.peak_memory_bytes
     return (
+        0 if rec.applicable else 1,  # what cannot apply to this job comes last, with its reason
         order,
         0 if rec.fits else 1,
         time if time is not None else math.inf,

@@ -49,7 +49,7 @@ class Finding:
     @property
     def fits(self) -> bool:
         """Whether a recommendation proposed so far fits the budget."""
-        return any(r.fits for r in self.recommendations)
+        return any(r.fits and r.applicable for r in self.recommendations)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,7 +77,7 @@ def proposed(profile: "Profile", finding: Finding, proposers: list[tuple[Propose
             break
         for propose, fallback in proposers:
             if fallback == wave:
-                finding = _with(finding, propose(profile, finding))
+                finding = _with(profile, finding, propose(profile, finding))
     if not finding.recommendations:
         if finding.needs_remedy:
             return None
@@ -86,10 +86,28 @@ def proposed(profile: "Profile", finding: Finding, proposers: list[tuple[Propose
     return finding
 
 
-def _with(finding: Finding, proposal: Proposal) -> Finding:
+def _with(profile: "Profile", finding: Finding, proposal: Proposal) -> Finding:
     lowest = [p for p in (finding.lowest_peak_bytes, proposal.lowest_peak_bytes) if p is not None]
-    return replace(finding, recommendations=finding.recommendations + proposal.recommendations,
+    checked = tuple(_checked(profile, rec) for rec in proposal.recommendations)
+    return replace(finding, recommendations=finding.recommendations + checked,
                    evidence=finding.evidence + proposal.evidence, lowest_peak_bytes=min(lowest) if lowest else None)
+
+
+# Restart remedies whose plan moves device memory to the host (no applier in the training process
+# to check them there).
+HOST_REMEDIES = frozenset({"cpu_offload"})
+
+
+def _checked(profile: "Profile", rec: Recommendation) -> Recommendation:
+    """``rec``, marked not applicable where the remedy's check in the training process refused this
+    job (``Profile.refusal``): ZeRO-2/3 on tied weights, an offload on a CPU-only job, a fused
+    optimizer for LBFGS. A restart remedy that moves memory to the host is refused the same way on
+    a CPU-only job, where its host is the device. What is refused neither fits a finding (its
+    fallbacks are still asked) nor is chosen or applied; it is listed last with its reason."""
+    why = profile.refusal(rec.remedy, rec.params)
+    if why is None and not rec.live and profile.device_type == "cpu" and rec.remedy in HOST_REMEDIES:
+        why = "the job runs on the CPU: its memory is host memory already, so moving it to the host frees none"
+    return rec if why is None else replace(rec, applicable=False, why=why)
 
 
 def gib(n: int | float) -> str:

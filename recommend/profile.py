@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from advisor.recommend.comm import RankComm, rank_comm
 from advisor.recommend.unreached import extrapolate
-from advisor.records.events import CheckpointSave, DataLoaderSettings, DeviceSpec, Oom, PipelineStages, payloads
+from advisor.records.events import (CheckpointSave, DataLoaderSettings, DeviceSpec, Oom, PipelineStages, RemedyChecks,
+                                     payloads)
 from advisor.records.samples import (
     MEMORY_CATEGORIES,
     PHASES,
@@ -154,6 +155,13 @@ class Profile:
     # The script's own checkpoint saves of captured state (every rank, in arrival order, each with
     # its event's rank). Read by the ZeRO predictor.
     checkpoint_saves: tuple[CheckpointSave, ...] = ()
+    # Each rank's latest answers of the remedies' checks in the training process (``remedy_checks``
+    # events): what a remedy cannot do to this job. Empty for a session recorded before them.
+    remedy_checks: tuple[RemedyChecks, ...] = ()
+
+    def refusal(self, remedy: str, params: Mapping[str, Any]) -> str | None:
+        """Why ``remedy`` with ``params`` cannot apply to this job on some rank, or None."""
+        return next((why for checks in self.remedy_checks if (why := checks.refusal(remedy, params))), None)
 
     # --- module tree, from qualified names -------------------------------------------------
     def module(self, name: str) -> ModuleProfile | None:
@@ -321,6 +329,7 @@ def profile_from_records(
         step_times=_step_times(steps),
         loaders=_loaders(events),
         checkpoint_saves=tuple(s.at_rank(e) for e, s in payloads(events, CheckpointSave)),
+        remedy_checks=tuple({e.rank: c for e, c in payloads(events, RemedyChecks)}.values()),
     )
 
 

@@ -30,6 +30,7 @@ from advisor.agent.objects import ScriptObjects
 from advisor.agent.outbox import Outbox
 from advisor.agent.period import OptimizerPeriod
 from advisor.agent.probeset import ProbeSet
+from advisor.apply import registry
 from advisor.probes.module_events import ModuleEvents
 from advisor.records.samples import StepSample
 
@@ -58,6 +59,7 @@ class Boundaries:
         self.optimizer_mode = False  # some optimizer stepped: steps end at optimizer steps
         self._period = OptimizerPeriod()
         self._snapshot: Snapshot | None = None
+        self._checked: dict[str, dict[str, str]] | None = None  # the remedy checks' answers last sent
         self._versions: int | None = None  # parameter versions after the last backward
         self._update_seen = False  # a no-optimizer loop updates through version-visible ops
         self.timer = BlockTimer(counting=lambda: clock.phase != "eval")
@@ -206,11 +208,24 @@ class Boundaries:
         self._deep.bound_cost(sample)
         clock.next_step(end)
 
+    def _check_remedies(self, step: int) -> None:
+        """Ask every remedy whether it can apply to this job (``check_<name>``, advisor/apply/registry.py)
+        once the script's objects are known (the boundary before step 1) and at each deep step (an
+        apply may have changed the job), and send the answers when they changed: the recommender
+        offers nothing they refuse."""
+        answers = registry.checks(self._objects.target())
+        if answers != self._checked:
+            self._checked = answers
+            self._outbox.event("remedy_checks", {"checks": answers}, step=step)
+
     def _after_boundary(self, *, deep: bool) -> None:
         step = self._clock.step
         if not self._work(step):
             return
-        if deep and not self._deep.start(step) and self._deep.light_timing_due(step):
+        started = deep and self._deep.start(step)
+        if step == 1 or started:
+            self._check_remedies(step)
+        if deep and not started and self._deep.light_timing_due(step):
             blocks = {key: name for key, name in self._objects.module_names().items() if numbered(name)}
             if blocks:
                 self.timer.start(blocks, self._module_events.subscribe, device=self._objects.device)

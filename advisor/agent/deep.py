@@ -27,13 +27,13 @@ One warning and one ``deep_probes_left_off`` event say so; ``--deep-compiled`` l
 from __future__ import annotations
 
 import statistics
-import sys
 from typing import Callable, Iterable
 
 import torch
 
 from advisor.agent.outbox import Outbox
 from advisor.agent.probeset import ProbeSet
+from advisor.apply.compiled import compiled_model, dynamo_graphs
 from advisor.probes.probe import Probe
 from advisor.records.samples import StepSample
 from advisor.records.schedule import light_timing_due
@@ -203,34 +203,10 @@ class DeepSchedule:
                               "figures were not measured")
 
 
+
 def any_compiled(models: Iterable[torch.nn.Module], graphs_before: int = 0) -> bool:
-    """Whether compiled code runs in this job: any of ``models`` (as the script holds them,
-    wrappers included) an ``OptimizedModule`` anywhere down its wrappers or with a submodule
-    compiled in place (``module.compile()`` sets ``_compiled_call_impl``), or any graph made by
-    dynamo since its count was ``graphs_before``. Without torch._dynamo imported nothing is."""
-    if "torch._dynamo" not in sys.modules:
-        return False
-    from torch._dynamo.eval_frame import OptimizedModule
-
-    for model in models:
-        held: object = model
-        while isinstance(held, torch.nn.Module):  # DDP(compiled), compiled(DDP), ...
-            if isinstance(held, OptimizedModule):
-                return True
-            inner = getattr(held, "_orig_mod", None)
-            held = inner if inner is not None else getattr(held, "module", None)
-        if any(getattr(sub, "_compiled_call_impl", None) is not None for sub in model.modules()):
-            return True
-    # A module compiled in place runs the global hooks inside dynamo's frame, where they return at
-    # once: it is never captured. Any graph dynamo made since the agent started runs through the
-    # modes too.
-    return dynamo_graphs() > graphs_before
-
-
-def dynamo_graphs() -> int:
-    """How many graphs dynamo has made in this process (its own counter); 0 without torch._dynamo."""
-    if "torch._dynamo" not in sys.modules:
-        return 0
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
+    """Whether compiled code runs in this job: a compiled model (``compiled_model``), or any graph
+    dynamo made since its count was ``graphs_before``. A module compiled in place runs the global
+    hooks inside dynamo's frame, where they return at once: it is never captured, but its graphs
+    are counted."""
+    return compiled_model(models) or dynamo_graphs() > graphs_before

@@ -215,6 +215,10 @@ class Recommendation(Checked):
     # For a plan over a chain of blocks: every block in forward order with the option it got
     # (empty for other remedies).
     block_plan: tuple[BlockChoice, ...] = ()
+    # Whether the remedy can apply to this job, as its check in the training process answered
+    # (``check_<name>``, advisor/apply/registry.py), and why not: listed, never applied or chosen.
+    applicable: bool = True
+    why: str | None = None
 
     def __post_init__(self) -> None:
         parse_remedy_name(self.remedy)
@@ -255,4 +259,6 @@ class Recommendation(Checked):
             "apply_class": self.apply_class,
             "calibration": None if self.calibration is None else self.calibration.to_dict(),
             "block_plan": [b.to_dict() for b in self.block_plan],
+            "applicable": self.applicable,
+            "why": self.why,
         }

@@ -13,7 +13,7 @@ yet stay in ``data`` (the report's memory section shows an OOM's whole record).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import ClassVar, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 from advisor.records.checkpoint_saves import CHECKPOINT_APIS, CHECKPOINT_SAVES
 from advisor.records.payload import P, Payload
@@ -180,6 +180,24 @@ class DeepProbesLeftOff(Payload):
 
 
 @dataclass(frozen=True, kw_only=True)
+class RemedyChecks(Payload):
+    """Each remedy's refusals for this rank's job, from its ``check_<name>`` in the training process
+    (advisor/apply/registry.py): {remedy: {params key: why}}, the key "" for any params and
+    ``"stage=2"`` for one value of one param; {} where the remedy can apply."""
+
+    NAME: ClassVar[str] = "remedy_checks"
+    checks: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def refusal(self, remedy: str, params: Mapping[str, Any]) -> str | None:
+        """Why ``remedy`` with ``params`` cannot apply here, or None."""
+        for key, why in (self.checks.get(remedy) or {}).items():
+            name, _, value = key.partition("=")
+            if not key or str(params.get(name)) == value:
+                return why
+        return None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Job(Payload):
     """The token rank 0 drew for this run of a multi-node job (``advisor/agent/relay.py``)."""
 
@@ -211,7 +229,7 @@ class PeerExit(Payload):
 # Every payload by event name (the apply outcomes are results.py's).
 PAYLOADS: dict[str, type[Payload]] = {cls.NAME: cls for cls in (
     WarningEvent, Oom, ModuleActivations, CudaMemory, CheckpointSave, DataLoaderSettings, DeviceSpec, PipelineStages,
-    DeepSamplingStopped, DeepProbesLeftOff, Job, PeerLost, PeerExit, ApplyResult, ApplyStarted, RevertResult)}
+    DeepSamplingStopped, DeepProbesLeftOff, RemedyChecks, Job, PeerLost, PeerExit, ApplyResult, ApplyStarted, RevertResult)}
 
 
 def payload(event: Event) -> Payload | None:

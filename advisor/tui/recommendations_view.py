@@ -195,14 +195,17 @@ def _row(rank: int, rec: Recommendation, status: str | None, *, with_status: boo
     time = _predicted(fmt_seconds, baseline.step_time_s, predicted.step_time_s)
     flags = str(rec.apply_class)  # live-exact, live-equivalent, live-opt-in or restart
     style = {"kept": "green", "failed": "bold red", "reverted": "yellow", "applying…": "cyan"}.get(status or "", "")
-    name = Text(rec.id, style="bold")
-    name.append(f"  {rec.title or rec.remedy}")
+    name = Text(rec.id, style="bold" if rec.applicable else "dim")
+    name.append(f"  {rec.title or rec.remedy}", style="" if rec.applicable else "dim")
+    if not rec.applicable:
+        name.append(f" · not applicable: {rec.why}", style="dim")
+        status = status or "n/a"
     return [
         str(rank),
         name,
         _colour_change(time, baseline.step_time_s, predicted.step_time_s),
         _colour_change(memory, baseline.peak_memory_bytes, predicted.peak_memory_bytes),
-        Text(flags, style="" if rec.live else "dim"),
+        Text(flags, style="" if rec.live and rec.applicable else "dim"),
         rec.confidence,
         *([Text(status or "", style=style)] if with_status else []),
     ]

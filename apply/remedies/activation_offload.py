@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from advisor.apply.forward_patch import ForwardPatches, is_patched
-from advisor.apply.remedies._host_copies import HostSlab, Streams
+from advisor.apply.remedies._host_copies import HostSlab, Streams, no_accelerator
 from advisor.apply.remedies.activation_checkpointing import (
     apply_activation_checkpointing, is_checkpointed, resolve_modules,
 )
@@ -290,3 +290,8 @@ def apply_activation_offload(target: Target | nn.Module, *, modules: Sequence[st
         logger.info("... together with checkpointing of %s", ", ".join(checkpoint))
     logger.info("Applied activation offload to %d modules: %s", len(found), ", ".join(found))
     return handle
+
+
+def check_activation_offload(target: Target) -> dict[str, str]:
+    """Refused on a CPU-only job: its memory is host memory already (``_host_copies.no_accelerator``)."""
+    return no_accelerator(target)

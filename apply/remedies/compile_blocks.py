@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from advisor.apply.compiled import compiled_model
 from advisor.apply.target import Target, as_target, unwrap_model
 
 logger = logging.getLogger("advisor.apply")
@@ -71,3 +72,10 @@ def compiler_available() -> bool:
         return bool(torch._dynamo.is_dynamo_supported())
     except Exception:  # pragma: no cover
         return False
+
+
+def check_compile_blocks(target: Target) -> dict[str, str]:
+    """Refused when the script compiles its model already: compiling its blocks again adds nothing."""
+    if compiled_model(target.wrapped_models):
+        return {"": "the model is compiled already (torch.compile in the script)"}
+    return {}

@@ -116,3 +116,16 @@ def _indexes(value: Sequence[int], count: int) -> list[int]:
     if isinstance(value, (str, bytes)) or not all(isinstance(i, int) and 0 <= i < count for i in value):
         raise ValueError(f"optimizers must be a list of indexes in 0..{count - 1}, got {value!r}")
     return list(value)
+
+
+def check_fused_optimizer(target: Target) -> dict[str, str]:
+    """Refused when no captured optimizer can switch (LBFGS has no fused kernels, say)."""
+    optimizers = target.optimizers
+    if not optimizers:
+        return {"": "no optimizer captured"}
+    reasons = [supports_fused(o) for o in optimizers if not all(g.get("fused") for g in o.param_groups)]
+    if not reasons:
+        return {"": "every optimizer is fused already"}
+    if all(reasons):
+        return {"": str(reasons[0])}
+    return {}

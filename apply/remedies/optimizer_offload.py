@@ -35,7 +35,7 @@ from typing import Any, Sequence
 
 import torch
 
-from advisor.apply.remedies._host_copies import Streams, dense_span, host_empty, host_free, view_as
+from advisor.apply.remedies._host_copies import Streams, dense_span, host_empty, host_free, no_accelerator, view_as
 from advisor.apply.target import Target, as_target
 
 logger = logging.getLogger("advisor.apply")
@@ -272,3 +272,7 @@ def apply_optimizer_offload(target: Target | torch.nn.Module, *, optimizers: Seq
     logger.info("Offloaded the state of %d optimizer(s) to host memory (%d bytes)", len(found), handle.host_bytes)
     return handle
 
+
+def check_optimizer_offload(target: Target) -> dict[str, str]:
+    """Refused on a CPU-only job: its memory is host memory already (``_host_copies.no_accelerator``)."""
+    return no_accelerator(target)

@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 from advisor.apply.remedies._fsdp_switch import (LIVE, FsdpHandle, Reshard, is_sharded, reshard_after_forward_of,
-                                                 set_stage, shard_ddp)
+                                                 set_stage, shard_ddp, unsupported)
 from advisor.apply.target import Target, as_target
 
 logger = logging.getLogger("advisor.apply")
@@ -246,3 +246,13 @@ def apply_zero(target: Target | nn.Module, *, stage: int) -> ZeroHandle | FsdpHa
     _ZERO1[id(opt)] = handle
     logger.info("Applied ZeRO-1 over %d ranks: this rank owns %d of %d parameters", world, len(mine), len(params))
     return handle
+
+
+def check_zero(target: Target) -> dict[str, str]:
+    """ZeRO-2/3 through FSDP2 refuse what ``unsupported`` names (tied weights, a compiled model inside
+    DDP, parts sharded already); ZeRO-1 keeps the model as it is."""
+    ddp = [w for w in target.wrappers + target.wrapped_models if type(w).__name__ == "DistributedDataParallel"]
+    if not ddp or any(is_sharded(m) for m in target.models):
+        return {}
+    why = unsupported(ddp[0].module)
+    return {"stage=2": why, "stage=3": why} if why else {}
