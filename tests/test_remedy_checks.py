@@ -105,7 +105,7 @@ def test_a_cpu_job_is_not_offered_an_offload_under_attach(tmp_path) -> None:
     import json
 
     out = tmp_path / "report.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "ADVISOR_HOME": str(tmp_path / "home")}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ADVISOR_HOME": str(tmp_path / "home"), "COLUMNS": "400"}
     run = subprocess.run([sys.executable, "-m", "advisor", "attach", "--headless", "--json", str(out),
                           "--memory-budget", "600KiB", "--steps", "8", "examples/gpt.py", "--layers", "2",
                           "--hidden", "32", "--heads", "2", "--seq", "16", "--batch", "4", "--vocab", "64",
