@@ -104,8 +104,11 @@ class CommProbe(Probe):
                 return
             from torch.profiler import ProfilerActivity, profile
 
+            from advisor.probes.fork_guard import guard_forks
+
             self._profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
             self._profiler.__enter__()
+            guard_forks()  # kineto's loader thread now exists: keep it out of forked children
 
     def stop_deep(self, ctx: AgentContext, step: int) -> None:
         if self._profiler is not None:

@@ -31,6 +31,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from advisor.probes.compute.counter import OpCall
+from advisor.probes.fork_guard import guard_forks
 
 LOOKAHEAD = 400  # how far (calls or events) the walk looks to resynchronise after a mismatch
 CONFIRM = 3  # keys in a row that must agree for the walk to resynchronise there
@@ -49,6 +50,7 @@ def start_profiler(use_cuda: bool) -> torch.profiler.profile | None:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     prof = torch.profiler.profile(activities=activities, record_shapes=True)
     prof.__enter__()
+    guard_forks()  # kineto's loader thread now exists: keep it out of the script's forked children
     return prof
 
 
