@@ -4,8 +4,7 @@ Each example and each loop of tests/scripts runs bare, then twice under ``adviso
 in a fresh ``$ADVISOR_HOME``: the first attached run finds an empty device cache and runs
 the micro-benchmarks at its first step boundary, the second reads the cache. The lines
 the script prints (``step N loss X``, ``val loss X``, ``test loss X``, with X a float's
-repr, and a forked child's ``child exit N``;
-repr) must be the same bytes in all three runs. Everything runs on one thread, so the
+repr, and a forked child's ``child exit N``) must be the same bytes in all three runs. Everything runs on one thread, so the
 bare and the attached runs use the same kernels.
 """
 
