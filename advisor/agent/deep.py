@@ -65,6 +65,7 @@ class DeepSchedule:
         self._deep_compiled = settings.deep_compiled
         self._left_off: list[str] | None = None  # the probes kept off a compiled model, once found
         self._graphs_before = dynamo_graphs()  # graphs made before the agent (another test's, in-process)
+        self._compiled_checked = False  # the first deep step found no compiled code: not asked again
 
     @property
     def active(self) -> bool:
@@ -164,7 +165,10 @@ class DeepSchedule:
         if not intrusive or context is None:
             return probes
         if self._left_off is None:
-            if not any_compiled(context.wrapped_models(), self._graphs_before):
+            # Decided once, at the first deep step: compiled code that appears later is a remedy's
+            # (compile_blocks, live-equivalent), whose window the memory probe must still measure.
+            if self._compiled_checked or not any_compiled(context.wrapped_models(), self._graphs_before):
+                self._compiled_checked = True
                 return probes
             self._left_off = sorted({p.name for p in self._probes if getattr(p, "dispatch_mode_deep", False)})
             data = {"probes": self._left_off, "reason": "compiled model", "step": step}
