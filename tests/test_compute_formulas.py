@@ -151,3 +151,15 @@ def test_cpu_lstm_kernel_counts_what_the_same_cell_unrolled_counts() -> None:
                               phase="backward")
     matmuls = sum(c.flops for c in cell_backward if c.name == "aten.mm")
     assert backward and 0 < matmuls <= sum(c.flops for c in backward) <= 2 * sum(c.flops for c in forward)
+
+
+def test_the_nll_loss_reads_one_log_probability_per_target_not_its_whole_input() -> None:
+    """Charged for its whole [N, vocab] input, nanoGPT's loss read 122x its roof (issue 30)."""
+    n, vocab = 64, 1000
+    logp = torch.randn(n, vocab).log_softmax(-1).requires_grad_()
+    target = torch.randint(0, vocab, (n,))
+    calls = count_ops(lambda: F.nll_loss(logp, target).backward())
+    forward = _only(calls, "aten.nll_loss_forward")
+    assert forward.bytes == F32 * n + 8 * n + 2 * F32  # the picked entries, the targets, loss and total weight
+    backward = _only(calls, "aten.nll_loss_backward")
+    assert backward.bytes == F32 * n * vocab + 8 * n + 2 * F32  # writes its whole gradient, reads the targets
