@@ -180,7 +180,8 @@ def render_fit_report(report: dict[str, Any]) -> str:
     run = report["run"]
     if run.get("stopped_by"):
         where, by = run.get("stopped_at") or {}, run["stopped_by"]
-        what = "its output shape depends on values" if by["kind"] == "shape" else "it has no fake implementation"
+        what = {"shape": "its output shape depends on values",
+                "data": "it reads tensor data, which fake tensors do not have"}.get(by["kind"], "it has no fake implementation")
         lines.append(f"stopped early, in step {by['step']}, at {where.get('file')}:{where.get('line')}: {by['op']} "
                      f"cannot run on fake tensors ({what}); the figures below are those of the "
                      f"{run.get('steps')} step(s) before it, the rest of the step is not counted")

@@ -191,3 +191,18 @@ def test_the_plan_a_fit_writes_is_applied_by_attach_and_its_peak_holds(tmp_path:
     measured = json.loads(attached.read_text())
     assert [a.get("remedy") for a in measured["applied"]] == [report["plan"]["recommendation"]["remedy"]]
     assert abs(measured["memory"]["peak_bytes"] - predicted) <= 0.05 * predicted
+
+
+@pytest.mark.slow
+def test_a_data_access_after_a_step_stops_the_fit_cleanly_with_the_steps_before_it(tmp_path: Path) -> None:
+    """``.numpy()`` of a tensor after the first step (dcgan's save_image) ended the fit with exit 1:
+    the step before it is measured, and the report says where and why it stopped."""
+    script = ROOT / "tests" / "fit_scripts" / "numpy_after_step.py"
+    report = tmp_path / "fit.json"
+    code, out, err = _finish(_run(["fit", "--json", str(report), str(script)], tmp_path, "numpy"))
+    assert code == 0, err[-2000:]
+    line = next(i for i, text in enumerate(script.read_text().splitlines(), 1) if ".numpy()" in text)
+    assert f"numpy_after_step.py:{line}" in out and "it reads tensor data" in out
+    run = json.loads(report.read_text())["run"]
+    assert run["stopped_by"]["kind"] == "data" and run["stopped_by"]["step"] >= 1
+    assert run["stopped_at"]["line"] == line

@@ -68,16 +68,34 @@ def script_frame() -> dict[str, Any] | None:
     """The innermost frame of the script's own code on the current stack (not torch's, not ours)."""
     frame = sys._getframe(1)
     while frame is not None:
-        path = frame.f_code.co_filename
-        if not path.startswith("<"):
-            real = os.path.realpath(path)
-            if not real.startswith(_TORCH_DIR) and not any(real.startswith(o + os.sep) for o in _OURS):
-                import linecache
-
-                return {"file": path, "line": frame.f_lineno, "function": frame.f_code.co_name,
-                        "code": linecache.getline(path, frame.f_lineno).strip()}
+        if _scripts(frame.f_code.co_filename):
+            return _frame(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
         frame = frame.f_back  # type: ignore[assignment]
     return None
+
+
+def raising_frame(tb: Any) -> dict[str, Any] | None:
+    """The innermost frame of the script's own code in traceback ``tb`` (where it raised), or None."""
+    found = None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if _scripts(code.co_filename):
+            found = _frame(code.co_filename, tb.tb_lineno, code.co_name)
+        tb = tb.tb_next
+    return found
+
+
+def _scripts(path: str) -> bool:
+    if path.startswith("<"):
+        return False
+    real = os.path.realpath(path)
+    return not real.startswith(_TORCH_DIR) and not any(real.startswith(o + os.sep) for o in _OURS)
+
+
+def _frame(path: str, line: int, function: str) -> dict[str, Any]:
+    import linecache
+
+    return {"file": path, "line": line, "function": function, "code": linecache.getline(path, line).strip()}
 
 
 def ours_first() -> bool:

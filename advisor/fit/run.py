@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from advisor.agent.agent import StopTraining
 from advisor.agent.probe_registry import device_info
-from advisor.fit.reads import FitUnrunnable, Reads
+from advisor.fit.reads import FitUnrunnable, Reads, raising_frame
 from advisor.fit.world import FitWorld
 from advisor.probes.memory.probe import MemoryProbe
 from advisor.records.fit import FIT_STEPS
@@ -52,6 +52,13 @@ class FitRun:
         communicators = _communicators()
         self.world.__exit__(exc_type, exc, tb)
         log = self.reads.log
+        # An error after a whole step, outside any op (``.numpy()`` in dcgan's save_image, a data
+        # pointer): fake tensors have no data. The steps before it are measured: stop cleanly there.
+        stopped = (isinstance(exc, Exception) and not isinstance(exc, StopTraining) and self.agent.step >= 1
+                   and log.stopped_by is None)
+        if stopped:
+            log.stopped_at = raising_frame(tb)
+            log.stopped_by = {"op": f"{type(exc).__name__}: {exc}"[:300], "kind": "data", "step": self.agent.step}
         data: dict[str, Any] = {
             "target": self.settings.target, "world_size": self.settings.world_size,
             "steps": self.agent.step, "steps_wanted": FIT_STEPS, "stopped_at": log.stopped_at,
@@ -64,6 +71,9 @@ class FitRun:
         self.agent.outbox.event("fit", data, step=None)
         if isinstance(exc, FitUnrunnable):  # said in the event; the controller reports it
             raise StopTraining(f"advisor fit: {exc}") from None
+        if stopped:
+            raise StopTraining(f"advisor fit: stopped early after {self.agent.step} step(s): the script raised "
+                               f"{type(exc).__name__} reading data that fake tensors do not have") from None
 
 
 def _reads(counts: dict[tuple[str, int, str], int]) -> list[dict[str, Any]]:
