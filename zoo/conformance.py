@@ -325,7 +325,7 @@ def check_apply(bare: Run, applied: Run) -> Check:
         problems.append(f"{last.get('remedy')} {last.get('status')}: "
                         f"{(last.get('reason') or last.get('error') or '')[:90]}")
         return Check(status="FAIL", reason="; ".join(problems))
-    unfit = [line for line in applied.stderr.splitlines() if "no live recommendation fits" in line]
+    unfit = [line for line in applied.stderr.splitlines() if "--apply auto applied nothing" in line]
     if problems:
         return Check(status="FAIL", reason="; ".join(problems))
     if unfit:
