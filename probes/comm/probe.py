@@ -32,6 +32,7 @@ import torch
 
 from advisor.probes.comm.cuda_timing import kernel_times
 from advisor.probes.comm.intercept import CallRecord, CollectiveInterceptor
+from advisor.probes.fork_guard import guard_forks
 from advisor.probes.probe import AgentContext, Probe
 from advisor.records.samples import CollectiveStat, Event
 from advisor.records.intervals import exposed_s, merge_intervals, subtract_intervals
@@ -103,8 +104,6 @@ class CommProbe(Probe):
             if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
                 return
             from torch.profiler import ProfilerActivity, profile
-
-            from advisor.probes.fork_guard import guard_forks
 
             self._profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
             self._profiler.__enter__()
