@@ -13,7 +13,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
+from advisor.records.events import CollectiveSeq, payloads
 from advisor.records.intervals import merge_intervals
+from advisor.records.samples import Event
 
 # ---------------------------------------------------------------- matching across ranks
 
@@ -128,11 +130,9 @@ def arrivals_from_records(collectives: Sequence, events: Sequence) -> list[tuple
     Point-to-point ops are never matched (a send pairs with a recv on one peer only).
     """
     seq_of: dict[tuple[int, str, float], tuple[str, int]] = {}
-    for e in events:
-        if getattr(e, "name", "") != "collective_seq":
-            continue
-        for row in e.data.get("calls", []):
-            seq_of[(e.rank, row["op"], float(row["start"]))] = (str(row.get("group", "")), int(row["seq"]))
+    for e, seq in payloads([e for e in events if isinstance(e, Event)], CollectiveSeq):
+        for call in seq.calls:
+            seq_of[(e.rank, call.op, float(call.start))] = (call.group, call.seq)
     ordinal: dict[tuple[int, int, str, int], int] = defaultdict(int)
     out: list[tuple[object, Arrival]] = []
     for c in sorted(collectives, key=lambda c: (c.rank, c.step, c.start)):

@@ -17,7 +17,7 @@ from advisor.records.samples import Event
 # advisor/ and recommend/): each has its payload record.
 READ = ("warning", "oom", "apply_result", "apply_started", "apply_reverted", "checkpoint_save", "cuda_memory",
         "dataloader", "deep_sampling_stopped", "device_spec", "module_activations", "job", "peer_lost",
-        "peer_exit", "pipeline_stages")
+        "peer_exit", "pipeline_stages", "collective_seq", "remedy_checks", "deep_probes_left_off")
 
 
 def test_every_event_kind_the_controller_reads_has_a_payload() -> None:
@@ -64,4 +64,7 @@ def test_emitters_and_readers_meet_in_the_same_record() -> None:
     assert ApplyResult.of(event) == result
     warning = WarningEvent(message="hello", source="apply").event()
     assert payload(warning) == WarningEvent(message="hello", source="apply")
-    assert payload(Event(name="collective_seq", data={"calls": []})) is None  # no reader outside the probes
+    assert payload(Event(name="collective_stats", data={"calls": []})) is None  # a kind nobody reads: no payload
+    seq = payload(Event(name="collective_seq", data={"calls": [{"op": "all_reduce", "group": "0", "seq": 3,
+                                                                "start": 1.5}]}))
+    assert seq.calls[0].seq == 3 and seq.calls[0].group == "0"  # read by the straggler analysis

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from advisor.importers.formulas import DTYPE_BYTES, DTYPE_NAMES
 from advisor.importers.kineto_read import RankTrace, Span
+from advisor.records.events import CollectiveCall, CollectiveSeq
 from advisor.records.intervals import exposed_s, merge_intervals, subtract_intervals
 from advisor.records.samples import CollectiveStat, Event
 
@@ -136,7 +137,7 @@ def collective_records(trace: RankTrace, world: int, *, rank: int, step_of: Call
     compute = _compute_intervals(trace, names, comm_tids, on_gpu)
     nested = bool(issues) and issues[0].name != "record_param_comms"
     params = _ParamComms([s for s in trace.collectives if s.name == "record_param_comms"] if nested else [])
-    seqs: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    seqs: dict[int, list[CollectiveCall]] = defaultdict(list)
     members = _group_members(trace, world)
     out: list[CollectiveStat | Event] = []
     for op, issue, run in calls:
@@ -162,9 +163,9 @@ def collective_records(trace: RankTrace, world: int, *, rank: int, step_of: Call
             exposed_s=exposed_s(interval, compute) / 1e6))
         seq = meta.args.get("Seq") if meta is not None else None
         if meta is not None and isinstance(seq, int) and op not in ("send", "recv"):
-            seqs[index].append({"op": op, "group": str(meta.args.get("Process Group Name", "")), "seq": seq,
-                                "start": wall(first.ts)})
-    out.extend(Event(rank=rank, step=step, name="collective_seq", data={"calls": rows}) for step, rows in seqs.items())
+            seqs[index].append(CollectiveCall(op=op, group=str(meta.args.get("Process Group Name", "")), seq=seq,
+                                              start=wall(first.ts)))
+    out.extend(CollectiveSeq(calls=tuple(rows)).event(rank=rank, step=step) for step, rows in seqs.items())
     return out
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Mapping, Sequence
 
 from advisor.records.checkpoint_saves import CHECKPOINT_APIS, CHECKPOINT_SAVES
+from advisor.records.jsonable import Checked
 from advisor.records.payload import P, Payload
 from advisor.records.results import ApplyResult, ApplyStarted, RevertResult
 from advisor.records.samples import Event
@@ -111,6 +112,25 @@ class DataLoaderSettings(Payload):
     sampler: str | None = None
     seeded: bool = False
     cpu_count: int = 1  # CPUs the training process may run on
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectiveCall(Checked):
+    """One collective as its rank issued it: op, process group and the group's call count (``seq``),
+    and its start (``time.time()``): what matches the same call across ranks."""
+
+    op: str
+    group: str = ""
+    seq: int = 0
+    start: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectiveSeq(Payload):
+    """The collectives one rank issued in one step, in order (the comm probe, and imported traces)."""
+
+    NAME: ClassVar[str] = "collective_seq"
+    calls: tuple[CollectiveCall, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -229,7 +249,7 @@ class PeerExit(Payload):
 # Every payload by event name (the apply outcomes are results.py's).
 PAYLOADS: dict[str, type[Payload]] = {cls.NAME: cls for cls in (
     WarningEvent, Oom, ModuleActivations, CudaMemory, CheckpointSave, DataLoaderSettings, DeviceSpec, PipelineStages,
-    DeepSamplingStopped, DeepProbesLeftOff, RemedyChecks, Job, PeerLost, PeerExit, ApplyResult, ApplyStarted, RevertResult)}
+    DeepSamplingStopped, DeepProbesLeftOff, RemedyChecks, CollectiveSeq, Job, PeerLost, PeerExit, ApplyResult, ApplyStarted, RevertResult)}
 
 
 def payload(event: Event) -> Payload | None:

@@ -34,7 +34,8 @@ from advisor.probes.comm.cuda_timing import kernel_times
 from advisor.probes.comm.intercept import CallRecord, CollectiveInterceptor
 from advisor.probes.fork_guard import guard_forks
 from advisor.probes.probe import AgentContext, Probe
-from advisor.records.samples import CollectiveStat, Event
+from advisor.records.events import CollectiveCall, CollectiveSeq
+from advisor.records.samples import CollectiveStat
 from advisor.records.intervals import exposed_s, merge_intervals, subtract_intervals
 
 SETTLE_S = 2.0  # at detach, how long the last step's collectives may take to report their end
@@ -190,7 +191,7 @@ class CommProbe(Probe):
             pending, self._pending = self._pending, []
         compute = merge_intervals(self._compute_intervals())
         keep: list[tuple[int, CallRecord]] = []
-        seq_rows: dict[int, list[dict[str, Any]]] = {}
+        seq_rows: dict[int, list[CollectiveCall]] = {}
         for step, call in pending:
             if call.extra.get("deep"):
                 keep.append((step, call))
@@ -217,10 +218,9 @@ class CommProbe(Probe):
                 )
             )
             seq_rows.setdefault(step, []).append(
-                {"op": call.op, "group": call.group, "seq": call.seq, "start": call.start}
-            )
+                CollectiveCall(op=call.op, group=str(call.group), seq=call.seq, start=call.start))
         for step, rows in seq_rows.items():
-            ctx.emit(Event(rank=ctx.rank, step=step, name="collective_seq", data={"calls": rows}))
+            ctx.emit(CollectiveSeq(calls=tuple(rows)).event(rank=ctx.rank, step=step))
         with self._lock:
             self._pending = keep + self._pending
             oldest = min((c.start for _, c in self._pending), default=now)
