@@ -24,6 +24,7 @@ from advisor.fit_costs import fixed_costs
 from advisor.fit_times import roofline_step, with_roofline_times
 from advisor.planning import plan_for, plannable
 from advisor.records.advice import Recommendation
+from advisor.records.events import warnings_of
 from advisor.records.fit import FitSettings
 from advisor.records.plan import save_plan
 from advisor.records.units import fmt_bytes, fmt_seconds
@@ -80,7 +81,7 @@ def build_fit_report(state: SessionState, *, fit: FitSettings, budget_bytes: int
                 "early_reads": event.get("early_reads") or [],
                 "exit_reason": state.exit_reason, "exit_code": state.exit_code},
         "unrunnable": _unrunnable(event),
-        "warnings": [e.data.get("message", "") for e in state.events if e.name == "warning"],
+        "warnings": warnings_of(state.events),
     }
     if report["unrunnable"] is not None or not state.memory:
         report.update(memory=None, time=None, verdict=None, plan=None, recommendations=[])

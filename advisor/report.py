@@ -14,6 +14,7 @@ from typing import Any
 
 from advisor.advice import session_budget
 from advisor.job import job_section
+from advisor.records.events import warnings_of
 from advisor.sections import build_sections
 from advisor.state import SessionState
 
@@ -101,7 +102,7 @@ def build_report(state: SessionState, *, budget_bytes: int | None = None) -> dic
         "run": run,
         "steps": steps_section(state),
         "summary": summary_section(state),
-        "warnings": [e.data.get("message", "") for e in state.events if e.name == "warning"],
+        "warnings": warnings_of(state.events),
     }
     report.update(build_sections(state, report, budget_bytes=budget_bytes))
     return report

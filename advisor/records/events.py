@@ -259,6 +259,11 @@ def payload(event: Event) -> Payload | None:
     return None if cls is None else cls.of(event)
 
 
+def warnings_of(events: Sequence[Event]) -> list[str]:
+    """The messages of the ``warning`` events, in order (the report's ``warnings``)."""
+    return [w.message for _, w in payloads(events, WarningEvent)]
+
+
 def payloads(events: Sequence[Event], cls: type[P]) -> list[tuple[Event, P]]:
     """Each event named ``cls.NAME`` with its payload, in order."""
     return [(e, cls.of(e)) for e in events if e.name == cls.NAME]

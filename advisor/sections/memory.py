@@ -11,12 +11,13 @@ import statistics
 from typing import Any
 
 from advisor.blocks import Block, Cell, Column, Facts, Lines, Table
+from advisor.records.events import ModuleActivations, payloads
+from advisor.records.results import ApplyResult
 from advisor.records.samples import MEMORY_CATEGORIES, MemorySample, ModuleStat, rank_of_interest
 from advisor.records.units import MISSING, fmt_bytes, fmt_seconds
 from advisor.rich_text import to_rich
 from advisor.sections.timebase import light_module_times, light_phase_time, light_step_time, scale
 from advisor.state import SessionState
-from advisor.records.results import ApplyResult
 
 MAX_TIMELINE_POINTS = 2000
 
@@ -116,9 +117,9 @@ def _modules(state: SessionState, rank: int | None) -> list[dict[str, Any]]:
         if stat.rank == rank and (stat.name not in latest or stat.step >= latest[stat.name].step):
             latest[stat.name] = stat
     inclusive: dict[tuple[int, str], int] = {}
-    for event in state.events:
-        if event.name == "module_activations" and event.rank == rank and event.step is not None:
-            for name, nbytes in (event.data.get("inclusive_bytes") or {}).items():
+    for event, activations in payloads(state.events, ModuleActivations):
+        if event.rank == rank and event.step is not None:
+            for name, nbytes in activations.inclusive_bytes.items():
                 inclusive[(event.step, name)] = int(nbytes)
     rows = [
         {
