@@ -6,7 +6,8 @@ handle whose ``revert()`` undoes it exactly. It must be atomic: either it return
 raises with the job unchanged (the executor still reverts a handle when something fails after
 the function returned).
 
-A remedy module may also define ``check_<name>(target) -> Mapping[str, str]``: why the remedy
+A remedy module may also define ``in_force_<name>(...)``, what it has in force on an object
+(``in_force``), and ``check_<name>(target) -> Mapping[str, str]``: why the remedy
 cannot apply to this job, keyed by the params it concerns ("" for any params, ``"stage=2"`` for
 one value of one param); empty when it can. The agent asks every check before the remedies are
 offered (``checks``) and the recommender marks what they refuse as not applicable.
@@ -46,6 +47,7 @@ ApplyFn = Callable[..., RemedyHandle]
 
 _REMEDIES: dict[str, ApplyFn] = {}
 _CHECKS: dict[str, Callable[[Target], Mapping[str, str]]] = {}
+_IN_FORCE: dict[str, Callable[..., Any]] = {}
 _PHASES: dict[str, str] = {}
 _discovered = False
 
@@ -71,6 +73,9 @@ def _discover() -> None:
         check = getattr(module, f"check_{name}", None)
         if callable(check):
             _CHECKS.setdefault(name, check)
+        in_force = getattr(module, f"in_force_{name}", None)
+        if callable(in_force):
+            _IN_FORCE.setdefault(name, in_force)
 
 
 def remedy_names() -> list[str]:
@@ -117,6 +122,14 @@ def checks(target: Target) -> dict[str, dict[str, str]]:
             refusals = {"": f"its check failed: {type(exc).__name__}: {exc}"}
         out[name] = refusals
     return out
+
+
+def in_force(name: str, *args: Any) -> Any:
+    """What remedy ``name`` has in force on ``args`` (its ``in_force_<name>``: ZeRO's stage on an
+    optimizer, read when the script saves a checkpoint); None for a remedy that says nothing."""
+    _discover()
+    fn = _IN_FORCE.get(name)
+    return fn(*args) if fn is not None else None
 
 
 def check_params(name: str, params: Mapping[str, Any]) -> None:

@@ -138,3 +138,19 @@ def test_a_remedy_in_a_folder_of_its_own_is_proposed_checked_and_applied(tmp_pat
     assert seen["applied"] == [4] and seen["after_revert"] == []
     assert "threads must be an integer >= 1" in seen["refused"]
     assert seen["phase"] == seen["spec_phase"] == "optimizer"
+
+
+def test_the_agent_imports_no_specific_applier() -> None:
+    """The agent reaches remedies by name through the registry (issue 36 item 3): capture.py read a
+    DataLoader through the DataLoader remedy and saves.py ZeRO's stage through the ZeRO remedy."""
+    import ast
+    from pathlib import Path
+
+    agent = Path(__file__).resolve().parents[1] / "advisor" / "agent"
+    found = []
+    for path in sorted(agent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            found += [f"{path.name}: {n}" for n in names if n.startswith("advisor.apply.remedies")]
+    assert found == []

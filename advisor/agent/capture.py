@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from advisor.apply import comm_switch
-from advisor.apply.remedies.dataloader import loader_settings
+from advisor.apply.loader_settings import loader_settings
 
 AddUndo = Callable[[Callable[[], None]], None]
 Notify = Callable[[str, dict[str, Any]], None]  # (event name, data): an event that holds in every regime

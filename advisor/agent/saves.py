@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from advisor.apply.remedies.zero import remedy_stage
+from advisor.apply import registry
 from advisor.records.checkpoint_saves import partial_state
 
 DCP_SAVER = "torch.distributed.checkpoint.state_dict_saver"
@@ -195,7 +195,7 @@ class SaveWatch:
             if key not in self._seen:
                 self._seen.add(key)
                 self._notify("checkpoint_save", {"api": api, "saves": saves, "sharded": sharded, "step": self._step()})
-            stage = max((remedy_stage(o) for o in opts or optimizers), default=0)
+            stage = max((registry.in_force("zero", o) or 0 for o in opts or optimizers), default=0)
             if partial_state(api, saves, stage):
                 what = " and ".join(f"{s}.state_dict()" for s in saves)
                 self._warn(f"the script saved {what} with {api} while ZeRO-{stage} is in force: this rank's "

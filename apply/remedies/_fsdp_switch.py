@@ -47,7 +47,7 @@ import torch.distributed as dist
 from torch import nn
 
 logger = logging.getLogger("advisor.apply")
-# Each switch in force, by id(optimizer): what the agent's save watch asks (``zero.remedy_stage``).
+# Each switch in force, by id(optimizer): what the agent's save watch asks (``zero.in_force_zero``).
 LIVE: "weakref.WeakValueDictionary[int, FsdpHandle]" = weakref.WeakValueDictionary()
 
 

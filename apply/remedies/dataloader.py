@@ -33,6 +33,7 @@ import torch
 from torch.utils.data import DataLoader
 from torch.utils.data import dataloader as _dl
 
+from advisor.apply.loader_settings import loader_settings
 from advisor.apply.target import Target
 
 logger = logging.getLogger("advisor.apply")
@@ -121,23 +122,6 @@ def _new_iterator(loader: DataLoader, remaining: Iterator[Any]) -> Any:
 def _set(loader: DataLoader, values: dict[str, Any]) -> None:
     for key, value in values.items():
         object.__setattr__(loader, key, value)  # past DataLoader.__setattr__'s persistent_workers guard
-
-
-def loader_settings(loader: DataLoader, index: int) -> dict[str, Any]:
-    """What the input rule reads of a DataLoader (``Profile.loaders``; ``dataloader`` events)."""
-    sampler = getattr(loader, "sampler", None)
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return {
-        "index": index,
-        "num_workers": int(loader.num_workers),
-        "pin_memory": bool(loader.pin_memory),
-        "prefetch_factor": loader.prefetch_factor,
-        "persistent_workers": bool(loader.persistent_workers),
-        "batch_size": loader.batch_size,
-        "sampler": type(sampler).__name__ if sampler is not None else None,
-        "seeded": loader.generator is not None,
-        "cpu_count": cpus,
-    }
 
 
 def _notify(target: Any, loader: DataLoader, index: int) -> None:

@@ -59,7 +59,7 @@ def partition(sizes: list[int], world: int) -> list[int]:
     return owners
 
 
-def remedy_stage(opt: torch.optim.Optimizer) -> int:
+def in_force_zero(opt: torch.optim.Optimizer) -> int:
     """The ZeRO stage this remedy has in force on ``opt``'s job (0: none, or sharded by the script
     itself). Read by the agent when the script saves a checkpoint (``advisor/agent/saves.py``)."""
     handle = _ZERO1.get(id(opt))
