@@ -20,7 +20,7 @@ from advisor.records.jsonable import decode
 
 DEFAULT_MEASURE_STEPS = 3  # steps measured after an apply before keep-or-revert
 # ``{"type": "release"}``: the controller applies nothing at the step an apply was asked for; a
-# rank waiting for that decision goes on (advisor/agent/agent.py, ``_hold_for_decision``). Not a
+# rank waiting for that decision goes on (advisor/agent/hold.py, ``ApplyHold``). Not a
 # command for the executor: the agent takes it before its command relay.
 RELEASE = "release"
 
