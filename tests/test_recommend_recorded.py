@@ -117,7 +117,7 @@ def test_ddp_advice_is_communication_then_straggler_then_input():
     assert round(rank0["exposed_share"], 4) == 0.3147 and round(rank0["exposed_s"], 6) == diagnosis["evidence"][1]["value"]
     assert [e["value"] for e in diagnosis["evidence"][-2:]] == [
         "rank 0 is a straggler: its own work takes 1.35x rank 1's, 513 µs more in data",
-        "waiting for data takes 6% of the step"]
+        "waiting for data takes 6% of the step (median data wait over the median ordinary step)"]
     # Those that fit the (host memory) budget first: larger DDP buckets predict no peak, so they
     # do not fit it; accumulation keeps today's peak, compression adds its 16-bit bucket copies.
     assert [(r["id"], r["apply_class"], r["predicted"]["step_time_s"], r["fits"]) for r in recs] == [

@@ -23,7 +23,7 @@ def input_rule(profile: Profile) -> Finding | None:
     return Finding(
         rule=NAME,
         bottleneck="input",
-        summary=f"waiting for data takes {share:.0%} of the step",
+        summary=f"waiting for data takes {share:.0%} of the step (median data wait over the median ordinary step)",
         severity=share,  # below any memory finding (>= 1)
         evidence=(Evidence(what="data wait / step time", value=round(share, 4), threshold=DATA_LOADING_SHARE),
                   Evidence(what="data wait per step", value=round(data, 6), unit="s")),
