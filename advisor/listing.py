@@ -9,11 +9,11 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
-from rich.text import Text
 
 from advisor.errors import SessionError
 from advisor.paths import DB_NAME, sessions_dir
 from advisor.render import report_console
+from advisor.rich_text import name_text
 from advisor.store import load_state, read_meta
 
 
@@ -73,11 +73,12 @@ def print_sessions(console: Console | None = None) -> int:
     table.add_column("status", min_width=16)
     for row in rows:
         if not row.readable:
-            cells = [Text(row.id), "", "", Text(row.status, style="red")]
+            cells = [name_text(row.id), "", "", name_text(row.status, style="red")]
         else:
             created = time.strftime("%Y-%m-%d %H:%M", time.localtime(row.created or 0))
-            # Script paths and exit reasons come from the user's process: text, never markup.
-            cells = [Text(row.id), created, Text(row.script), Text(row.status)]
+            # Script paths and exit reasons come from the user's process: text, never markup, and
+            # never a terminal's control sequence (an ESC in an exit reason reached the terminal).
+            cells = [name_text(row.id), created, name_text(row.script), name_text(row.status)]
         table.add_row(*(cells[:1] + cells[2:] if narrow else cells))
     console.print(table)
     return 0

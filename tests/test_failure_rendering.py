@@ -53,3 +53,18 @@ def test_sessions_listing_survives_bracketed_reasons():
     assert print_sessions(Console(file=out, width=400, color_system=None)) == 0
     text = out.getvalue()
     assert "[/__w/pytorch/pytorch" in text and "[/data/shard-0]" in text and "/a/[/b].py" in text
+
+
+def test_sessions_listing_sends_no_control_sequence_of_the_users_process():
+    """A script path and an exit reason come from the user's process: an ESC in them reached the
+    terminal through ``advisor sessions`` (its cells were Text, not the one name cell)."""
+    folder = new_session_dir("esc.py")
+    store = SessionStore(folder / DB_NAME)
+    store.set_meta(session_id=folder.name, script="/a/\x1b[2Jesc.py", created=0.0, finished=True,
+                   exit_code=1, exit_reason="ValueError: \x1b]0;title\x07bad \x1b[31mred")
+    store.close()
+    out = io.StringIO()
+    assert print_sessions(Console(file=out, width=400, color_system=None)) == 0
+    text = out.getvalue()
+    assert "\x1b" not in text and "\x07" not in text
+    assert "esc.py" in text and "bad" in text
