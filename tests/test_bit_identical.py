@@ -4,7 +4,7 @@ Each example and each loop of tests/scripts runs bare, then twice under ``adviso
 in a fresh ``$ADVISOR_HOME``: the first attached run finds an empty device cache and runs
 the micro-benchmarks at its first step boundary, the second reads the cache. The lines
 the script prints (``step N loss X``, ``val loss X``, ``test loss X``, with X a float's
-repr, and a forked child's ``child exit N``) must be the same bytes in all three runs. Everything runs on one thread, so the
+repr, and a forked child's ``child exited N``) must be the same bytes in all three runs. Everything runs on one thread, so the
 bare and the attached runs use the same kernels.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LOSS_LINE = re.compile(r"^((step \d+|val|test) loss \S+|child exit \d+)$")
+LOSS_LINE = re.compile(r"^((step \d+|val|test) loss \S+|child exited \d+)$")
 
 GPT_SMALL = ["--layers", "1", "--hidden", "32", "--heads", "2", "--seq", "16", "--batch", "4", "--vocab", "64",
              "--device", "cpu", "--steps", "4"]
@@ -40,7 +40,7 @@ CASES: dict[str, tuple[str, list[str], list[str]]] = {
     # torch.compile of a module that is no container: truth-testing it raised "Net does not support len()".
     "compiled-plain-module": ("tests/scripts/compiled_module.py", [], []),
     # Children forked after the compute probe's profiler session hung for ever at exit (kineto).
-    "forks-after-profiling": ("tests/scripts/forks_after_steps.py", [], []),
+    "forks-after-profiling": ("tests/scripts/fork_after_steps.py", [], []),
     "eval-in-step": ("tests/scripts/eval_in_step.py", ["--steps", "4"], ["--probes", "compute"]),
 }
 
