@@ -188,3 +188,16 @@ def test_agent_spills_locally_when_controller_is_gone(tmp_path):
     lines = spill.read_text().splitlines()
     assert json.loads(lines[0])["data"]["index"] == 0
     assert oct(spill.stat().st_mode & 0o777) == oct(0o600)
+
+
+def test_a_step_whose_loss_is_nan_passes_the_controllers_edge() -> None:
+    """A job training on NaN (pytorch/examples' FSDP2 example on CPU) had every step dropped at the
+    controller ("step.losses: expected a number, got NoneType"): a NaN is sent as null, in
+    ``loss`` and in ``losses`` alike, and the step is kept."""
+    import math
+
+    from advisor.intake import parse_record
+
+    step = StepSample(index=3, time_s=0.1, loss=math.nan, losses=[math.nan, 1.5])
+    decoded = parse_record("step", step.to_dict())
+    assert decoded.index == 3 and decoded.loss is None and decoded.losses == [None, 1.5]

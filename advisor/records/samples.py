@@ -107,7 +107,7 @@ class StepSample(Record):
     phases: dict[str, float] = field(default_factory=dict)  # keys: PHASES
     peak_memory_bytes: int | None = None  # allocator peak in this step, where measurable
     deep: bool = False  # whether deep probes ran on this step
-    losses: list[float] | None = None  # each backward()'s scalar, in order
+    losses: list[float | None] | None = None  # each backward()'s scalar, in order (None: not finite, as loss)
     eval_s: float = 0.0  # top-level forwards under no_grad outside training (evaluation), not in time_s
     # What ended the step: "optimizer", or without optimizer steps "update", "zero_grad",
     # "forward", "data", "exit" (see docs/architecture.md).
