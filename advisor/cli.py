@@ -44,9 +44,16 @@ def _size(value: str) -> int:
 
 def _rate(value: str) -> float:
     try:
-        return parse_rate(value)
+        rate = parse_rate(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    body = value.strip().removesuffix("/s").strip()
+    if rate < BARE_BYTES_FROM and body.replace(".", "", 1).replace("e", "", 1).isdigit():
+        # "--host-link-bandwidth 5" meant 5 GB/s, not 5 B/s (as "--memory-budget 24" meant 24 GB)
+        raise argparse.ArgumentTypeError(
+            f"{value!r} has no unit: write a rate, e.g. 25GB/s or 12.5GiB/s (a bare number counts as bytes "
+            f"per second only from {BARE_BYTES_FROM} up)")
+    return rate
 
 
 def _budget(value: str) -> int:

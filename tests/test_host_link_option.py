@@ -32,7 +32,10 @@ def test_attach_passes_the_override_to_the_agent_and_refuses_bad_input(capsys) -
     ns = build_parser().parse_args(["attach", "--host-link-bandwidth", "25GB/s", TINY])
     assert agent_settings(ns).host_link_bandwidth == 25e9
     assert agent_settings(build_parser().parse_args(["attach", TINY])).host_link_bandwidth is None
+    assert agent_settings(build_parser().parse_args(["attach", "--host-link-bandwidth", "25e9", TINY])
+                          ).host_link_bandwidth == 25e9  # a bare number of bytes per second, from 1 MiB/s up
     for command in (["attach", "--headless", "--host-link-bandwidth", "fast", TINY],
+                    ["attach", "--headless", "--host-link-bandwidth", "5", TINY],  # meant 5 GB/s, read 5 B/s
                     ["plan", "latest", "-o", "p.json", "--host-link-bandwidth", "0GB/s"]):
         assert main(command) == 2
         err = capsys.readouterr().err
