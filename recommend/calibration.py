@@ -1,7 +1,7 @@
 """Step-time calibration: how far each remedy's cost model missed on this session's applies.
 
 After every apply the executor measures the step time with the remedy in force
-(``ApplyResult.after.step_time_s``, the median of the light steps at the end of its
+(``ApplyResult.after.step_time_s``, the mean of the light steps at the end of its
 window; a window timed on deep steps, ``step_kind`` "deep", is left out: predictions are for
 ordinary steps) beside the cost model's prediction (``ApplyResult.predicted.step_time_s``). Per
 remedy kind (``Recommendation.remedy``) this module keeps that history and the model's
