@@ -312,11 +312,36 @@ class _Checks:
                     self.breach("diagnosis.evidence", f"the diagnosis's '{what}' must be the figure the comm "
                                 "section shows", **{f"evidence '{what}'": value,
                                                     f"comm[rank {min(rows)}].{key}": shown})
+        self.data_wait(evidence)
         item = evidence.get("peak memory")
         value = _num(item.get("value")) if item else None
         if value is not None and peak is not None and not _close(value, peak, abs_tol=BYTES_ABS_TOL):
             self.breach("diagnosis.evidence", "the diagnosis's 'peak memory' must be the peak the memory "
                         "section shows", **{"evidence 'peak memory'": value, "memory.peak_bytes": peak})
+
+    def data_wait(self, evidence: Mapping[str, Mapping[str, Any]]) -> None:
+        """The input rule's 'data wait / step time' is the median data wait over the median step of
+        the lowest rank's ordinary steps in the steps the diagnosis describes (its summary says so),
+        where those steps are timed on the host (no device time)."""
+        item = evidence.get("data wait / step time")
+        value = _num(item.get("value")) if item else None
+        rank = self.first_rank()
+        if value is None or rank is None or not self.complete:
+            return
+        steps = (self.report.get("diagnosis") or {}).get("steps") or {}
+        ordinary = [s for s in self.light_steps(rank, first=steps.get("first"), last=steps.get("last"))
+                    if s.get("index", 0) > 0 and not s.get("deep")]
+        if not ordinary or any(s.get("device_time_s") is not None for s in ordinary):
+            return
+        waits = [w for s in ordinary if (w := _num((s.get("phases") or {}).get("data_s")))]
+        times = [t for s in ordinary if (t := _num(s.get("time_s"))) is not None]
+        if not waits or not times:
+            return
+        shown = statistics.median(waits) / statistics.median(times)
+        if not _close(value, round(shown, 4), abs_tol=1e-4):
+            self.breach("diagnosis.evidence", "the diagnosis's 'data wait / step time' must be the median data "
+                        "wait over the median ordinary step", **{"evidence 'data wait / step time'": value,
+                                                                  "from the steps": round(shown, 4)})
 
     def applied(self) -> None:
         for i, entry in enumerate(self.report.get("applied") or []):

@@ -174,3 +174,25 @@ def test_the_checker_is_torch_free() -> None:
     proc = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_a_data_wait_share_that_is_not_the_median_over_the_median_is_named() -> None:
+    """The input rule quotes the median data wait over the median ordinary step; the ddp report's
+    "also: input: 6%" stood beside a phase table of mean fractions (8.9%), and nothing checked it."""
+    from advisor.records.samples import StepSample
+    from advisor.state import LiveState
+
+    live = LiveState(session_id="input")
+    for index, (time_s, data_s) in enumerate([(0.5, 0.1), (0.1, 0.05), (0.1, 0.04), (0.12, 0.06), (0.1, 0.05)]):
+        live.add(StepSample(index=index, time_s=time_s, end_time=100.0 + index,
+                            phases={"data_s": data_s, "forward_s": time_s - data_s}))
+    report = build_report(live.snapshot())
+    evidence = {e["what"]: e for e in report["diagnosis"]["evidence"]}
+    assert report["diagnosis"]["bottleneck"] == "input"
+    assert evidence["data wait / step time"]["value"] == pytest.approx(0.05 / 0.1)
+    assert check_report(report) == []
+    wrong = copy.deepcopy(report)
+    for item in wrong["diagnosis"]["evidence"]:
+        if item["what"] == "data wait / step time":
+            item["value"] = 0.45  # a mean of ratios, say
+    assert [b.field for b in check_report(wrong)] == ["diagnosis.evidence"]
