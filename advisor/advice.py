@@ -316,9 +316,12 @@ class AdviceLoop:
 def auto_nothing_reason(recs: list[Recommendation], *, allow_inexact: bool) -> str:
     """Why ``--apply auto`` applied nothing, in one line."""
     live = [r for r in recs if r.live and r.applicable]
+    refused = [r for r in recs if not r.applicable]
+    cannot = f"; {', '.join(r.id for r in refused)} cannot apply to this job ({refused[0].why})" if refused else ""
     if not live:
+        restart = [r.id for r in recs if r.applicable]
         return "--apply auto applied nothing: no live recommendation" + (
-            f" (restart remedies, applied with --plan: {', '.join(r.id for r in recs)})" if recs else "")
+            f" (restart remedies, applied with --plan: {', '.join(restart)})" if restart else "") + cannot
     unfit = [r.id for r in live if not r.fits]
     opt_in = [r.id for r in live if r.fits and inexact_refusal(r, allowed=allow_inexact) is not None]
     parts = []
@@ -326,4 +329,4 @@ def auto_nothing_reason(recs: list[Recommendation], *, allow_inexact: bool) -> s
         parts.append(f"{', '.join(unfit)} would not fit the memory budget")
     if opt_in:
         parts.append(f"{', '.join(opt_in)} would change numerics (--allow-inexact to let auto choose them)")
-    return "--apply auto applied nothing: " + "; ".join(parts)
+    return "--apply auto applied nothing: " + "; ".join(parts) + cannot

@@ -87,6 +87,10 @@ def test_a_refused_remedy_is_listed_last_with_its_reason_and_never_chosen_or_app
     assert AdviceLoop._choose([offload[0]], "auto") is None
     assert AdviceLoop._choose([offload[0]], offload[0].id) is None  # a named one too: it cannot apply
     assert "cannot apply to this job: host memory" in (apply_refusal(SessionState(), offload[0]) or "")
+    from advisor.advice import auto_nothing_reason
+
+    said = auto_nothing_reason([offload[0]], allow_inexact=False)
+    assert "optimizer-offload cannot apply to this job (host memory)" in said and "--plan" not in said
 
 
 def test_a_refused_remedy_does_not_fit_its_finding_so_the_fallbacks_are_still_asked() -> None:
