@@ -233,6 +233,12 @@ class AdviceLoop:
         wanted = expected if self.apply_at_step is None else max(expected, self.apply_at_step - 2)
         if self._advised_step >= wanted:
             return True  # the advice in hand was made with that step (not a refresh before it)
+        if self.apply_request == "auto" and self.apply_at_step is None and self._advised_step < expected:
+            # Advice made before any ordinary step has no step-time baseline (its predictions say
+            # none): `auto` with no step asked for chooses by predicted step time, so it waits for
+            # that step's advice and applies at the next boundary it can, not on a prediction
+            # without a base (the zoo's FSDP2 job kept a remedy that predicted no step time).
+            return False
         due = self.apply_at_step if self.apply_at_step is not None else expected + 2
         return state.latest_step() + 2 >= due
 

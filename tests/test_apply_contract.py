@@ -178,7 +178,7 @@ def test_headless_refuses_live_opt_in_without_allow_inexact() -> None:
 
 
 @pytest.mark.parametrize(("at_step", "advised_through", "chosen_after"),
-                         [(None, 99, 4), (6, 99, 4), (5, 99, 1), (3, 99, 1), (None, 3, 4), (8, 3, 6),
+                         [(None, 99, 4), (6, 99, 4), (5, 99, 1), (3, 99, 1), (None, 3, None), (8, 3, 6),
                           (8, 99, 6), (7, 99, 5)])
 def test_an_apply_waits_for_the_light_step_after_the_deep_ones_unless_that_misses_the_step(
         at_step, advised_through, chosen_after):
@@ -189,7 +189,9 @@ def test_an_apply_waits_for_the_light_step_after_the_deep_ones_unless_that_misse
     does not count as ready, though step 4 itself has arrived. A later step asked for waits for
     advice made with step at_step - 2, the last sent before the job holds for the decision: the
     baseline is every light step up to there, not step 4 alone. A step asked for that step 4
-    cannot inform (before 6) is chosen from the first advice, as it always was."""
+    cannot inform (before 6) is chosen from the first advice, as it always was. With no step asked
+    for, ``auto`` waits for advice made with step 4 however late it comes: advice before it has no
+    step-time baseline to choose by (``advised_through`` 3: never chosen here)."""
     from types import SimpleNamespace
 
     from advisor.advice import AdviceLoop
@@ -210,10 +212,10 @@ def test_an_apply_waits_for_the_light_step_after_the_deep_ones_unless_that_misse
         if index <= advised_through:
             loop._advised_step = index  # what a refresh on this step's record records
         loop._maybe_auto_apply()
-    assert chosen == [chosen_after]
+    assert chosen == ([] if chosen_after is None else [chosen_after])
 
 
-@pytest.mark.parametrize(("at_step", "chosen_at"), [(None, 4), (2, 3), (5, 3)])
+@pytest.mark.parametrize(("at_step", "chosen_at"), [(None, 5), (2, 3), (5, 3)])
 def test_an_apply_is_never_chosen_from_advice_made_before_the_first_deep_step(at_step, chosen_at):
     """Under load the controller advised on step 0 alone (no memory timeline yet) and --apply auto
     took that advice's first remedy, a fused optimizer, for a job over its memory budget: the
@@ -239,6 +241,8 @@ def test_an_apply_is_never_chosen_from_advice_made_before_the_first_deep_step(at
         if index == 3:  # the deep steps' advice arrives late, with the job at step 3
             live.update(recommendations=[recommendation("deep", "activation_checkpointing")])
             loop._advised_step = 3
+        if index == 5:  # the refresh made with step 4, the first ordinary one (auto without a step waits for it)
+            loop._advised_step = 5
         loop._maybe_auto_apply()
     assert chosen == [(chosen_at, "deep")]
 
