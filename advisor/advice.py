@@ -153,7 +153,9 @@ class AdviceLoop:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 return
             self.session.live.update(diagnosis=diagnosis, recommendations=recs)
-            self._advised_step = state.latest_step()
+            # The step every rank had sent: the baseline is the lowest rank's steps, and on two ranks
+            # advice "made with step 4" held rank 1's step 4 but not rank 0's (no baseline yet).
+            self._advised_step = state.step_all_ranks_reached()
 
     def _maybe_auto_apply(self) -> None:
         if not self.apply_request or self._applied_auto:

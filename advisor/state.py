@@ -88,6 +88,10 @@ class SessionState:
         """Highest step index seen on any rank, or -1."""
         return max((s[-1].index for s in self.steps.values() if s), default=-1)
 
+    def step_all_ranks_reached(self) -> int:
+        """The highest step index every rank with steps has sent, or -1."""
+        return min((s[-1].index for s in self.steps.values() if s), default=-1)
+
     def rank0_steps(self) -> list[StepSample]:
         if not self.steps:
             return []
