@@ -325,7 +325,9 @@ def check_apply(bare: Run, applied: Run) -> Check:
         problems.append(f"{last.get('remedy')} {last.get('status')}: "
                         f"{(last.get('reason') or last.get('error') or '')[:90]}")
         return Check(status="FAIL", reason="; ".join(problems))
-    unfit = [line for line in applied.stderr.splitlines() if "--apply auto applied nothing" in line]
+    said = "--apply auto applied nothing"
+    # from the words on: a progress bar may share the line (tqdm writes no newline)
+    unfit = [line[line.index(said):] for line in applied.stderr.splitlines() if said in line]
     if problems:
         return Check(status="FAIL", reason="; ".join(problems))
     if unfit:
