@@ -292,3 +292,15 @@ def test_recorded_cpu_sessions_with_a_gpu_spec_are_not_compute_bound() -> None:
                                step_time_s=flops / 48e12 / 0.9)
     finding = compute_rule(fast)
     assert finding is not None and finding.severity == pytest.approx(0.9)
+
+
+def test_a_tensor_parallel_job_is_not_told_to_accumulate_under_no_sync() -> None:
+    """Ranks with no DDP wrapper and no gradient reduced (tensor parallel: DTensor all-gathers) got
+    "accumulate under no_sync" while its own evidence said 0 B reduced per step (issue 30)."""
+    calls = [coll(0, "broadcast", 10**6, 0.5, 0.5)]
+    for s in (1, 2):
+        calls += [coll(s, "all_gather", 100 * 10**6, 0.04, 0.03)]
+    finding = communication_rule(comm_profile(collectives=tuple(calls), data_parallel=None))
+    assert finding is None or "grad-accumulation" not in {r.id for r in finding.recommendations}
+    unwrapped_ddp = communication_rule(comm_profile(data_parallel=None))  # all-reduces seen, no wrapper
+    assert "grad-accumulation" in {r.id for r in unwrapped_ddp.recommendations}

@@ -46,7 +46,7 @@ class CommFigures:
     busbw: float | None  # bytes/s on the bus (largest call), None without a timed multi-rank call
     transfer_s: float  # T_bw: the gradient bytes at the measured bus bandwidth
     latency_s: float  # L: the gradient calls' time beyond T_bw
-    ddp: bool  # DDP's all-reduce (the wrapper seen, or ranks all-reducing with none seen)
+    ddp: bool  # DDP's all-reduce (the wrapper seen, or ranks reducing gradient bytes with none seen)
 
     def lines(self) -> list[str]:
         return [f"{ms(self.exposed_s)} of collectives exposed in a {ms(self.comm_step_s)} step ({self.share:.0%}; "
@@ -81,7 +81,11 @@ def comm_figures(profile: Profile) -> CommFigures | None:
     return CommFigures(step_s=step, comm_step_s=shown_step, exposed_s=exposed, share=share, comm_s=comm_time,
                        grad_bytes=grad_bytes, grad_calls=sum(c.count for c in grads) / max(1, len(by_step)),
                        busbw=busbw, transfer_s=t_bw, latency_s=max(0.0, grad_time - t_bw),
-                       ddp=wrapper == "DistributedDataParallel" or (wrapper is None and profile.world_size > 1))
+                       # Ranks with no wrapper seen are taken for DDP only when they reduce gradient
+                       # bytes: a tensor-parallel job (DTensor, no DDP, 0 B reduced) was told to
+                       # accumulate under no_sync, which it does not have.
+                       ddp=wrapper == "DistributedDataParallel"
+                       or (wrapper is None and profile.world_size > 1 and grad_bytes > 0))
 
 
 def communication_rule(profile: Profile) -> Finding | None:
