@@ -210,9 +210,8 @@ class AdviceLoop:
 
     def _ready(self, state: Any) -> bool:
         """Whether to choose the remedy now. Before the first block-timed light step after the
-        deep ones (step 4 by default) there is no baseline step time (step 0's warm-up and the
-        deep steps are no baseline: predictions made then say no step time) and the recompute
-        cost is the deep steps' scaled module times; that step measures both. So when the
+        deep ones (step 4 by default) the baseline step time is step 0's (warm-up) and the
+        recompute cost the deep steps' scaled module times; that step measures both. So when the
         step asked for (``--apply-at-step K``; none: as soon as ready) comes after it, wait for
         advice made with it, or for the last boundary that still meets the step asked for. With
         a K after it, wait for advice made with step K-2, the last the job sends before it holds

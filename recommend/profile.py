@@ -305,11 +305,7 @@ def profile_from_records(
         modules=rows,
         # On CUDA the step on the device's timeline: the host's time of a step after a synchronised
         # one counts its launches only (20 ms for 130 ms of kernels, an H200 GPT).
-        # Only from ordinary steps: the warm-up step 0 and deep steps are several times slower, and a
-        # prediction based on them (an apply asked at step 5, before any light step was timed) read
-        # +14% to +157% off. None until one is timed: the predictions say no step time (unbased).
-        step_time_s=_median([s.device_time_s if s.device_time_s is not None else s.time_s for s in light
-                             if s.index > 0 and not s.deep]),
+        step_time_s=_median([s.device_time_s if s.device_time_s is not None else s.time_s for s in light]),
         phases=phases,
         oom=oom,
         unreached_modules=tuple(unreached),

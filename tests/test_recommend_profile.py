@@ -50,7 +50,7 @@ def test_the_profile_reads_records_directly() -> None:
     stats = [ModuleStat(step=1, name="a.0", activation_bytes=5), ModuleStat(step=1, name="a.1", activation_bytes=7)]
     steps = [StepSample(index=0, time_s=0.5, phases={"forward_s": 0.1})]
     profile = profile_from_records(steps=steps, modules=stats, budget_bytes=200)
-    assert profile.budget_bytes == 200 and profile.step_time_s is None  # step 0 alone is no baseline
+    assert profile.budget_bytes == 200 and profile.step_time_s == 0.5
     assert [m.name for m in find_chain(profile)] == ["a.0", "a.1"]
 
 
