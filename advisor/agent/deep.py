@@ -207,7 +207,6 @@ class DeepSchedule:
                               "figures were not measured")
 
 
-
 def any_compiled(models: Iterable[torch.nn.Module], graphs_before: int = 0) -> bool:
     """Whether compiled code runs in this job: a compiled model (``compiled_model``), or any graph
     dynamo made since its count was ``graphs_before``. A module compiled in place runs the global
