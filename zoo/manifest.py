@@ -23,7 +23,8 @@ _HF_MASKS = (
 )
 # Progress bars (Lightning's, rich or tqdm, go to stdout): elapsed and remaining times, rates.
 # rich pads each line to the bar's width, which the rate's digits change: leading blanks too.
-_PROGRESS_MASKS = (r"\d+(\.\d+)?(it/s|s/it)", r"\d+:\d\d(:\d\d)?", r"\?it/s", r"^ +")
+# rich bars: their length and the trailing "•" column follow the width the rate's digits leave
+_PROGRESS_MASKS = (r"\d+(\.\d+)?(it/s|s/it)", r"\d+:\d\d(:\d\d)?(\s*•.*)?", r"\?it/s", r"^ +", r"[━╸╺]+")
 
 
 def _run_clm(*extra: str, batch: str = "4") -> tuple[str, ...]:
