@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
 from advisor.records.advice import Evidence, Recommendation
+from advisor.records.host_memory import NO_ACCELERATOR
 from advisor.records.units import fmt_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -106,7 +107,7 @@ def _checked(profile: "Profile", rec: Recommendation) -> Recommendation:
     fallbacks are still asked) nor is chosen or applied; it is listed last with its reason."""
     why = profile.refusal(rec.remedy, rec.params)
     if why is None and not rec.live and profile.device_type == "cpu" and rec.remedy in HOST_REMEDIES:
-        why = "the job runs on the CPU: its memory is host memory already, so moving it to the host frees none"
+        why = NO_ACCELERATOR
     return rec if why is None else replace(rec, applicable=False, why=why)
 
 

@@ -46,3 +46,10 @@ def held_bytes() -> int:
     """Bytes of host memory the offload remedies hold now (source: their own registrations)."""
     with _lock:
         return sum(_keys.values())
+
+
+# Why a remedy that moves device memory to the host cannot help a CPU-only job: its "device" memory
+# is host memory (applied to a public script, the process's real peak rose 203 MB while the tracker
+# read a 55.7 MB drop). Said by the offload appliers' checks and, for the restart remedy with no
+# applier, by the recommender.
+NO_ACCELERATOR = "the job runs on the CPU: its memory is host memory already, so moving it to the host frees none"
