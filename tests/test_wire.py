@@ -140,7 +140,8 @@ def test_agent_sends_records_in_batches_not_one_write_per_record():
         for i in range(40):
             channel.emit({"kind": "step", "data": StepSample(index=i, time_s=0.1).to_dict()})
         deadline = time.monotonic() + 5
-        while len(received) < 40 and time.monotonic() < deadline:
+        # the controller can read the batch before the sender thread counts it: await both
+        while (len(received) < 40 or channel.sent < 40) and time.monotonic() < deadline:
             time.sleep(0.01)
         assert [r.index for r in received] == list(range(40))
         assert channel.sent == 40 and channel.writes - writes <= 2  # at most split by one send round
