@@ -392,7 +392,7 @@ class _Checks:
                             **{f"regimes[{i}].step_time_s": got, "median of the steps": statistics.median(times)})
 
     def zero(self) -> None:
-        applied = [a for a in self.report.get("applied") or [] if a.get("remedy") == "zero" and "params" in a]
+        applied = [a for a in self.report.get("applied") or [] if "params" in a and _sets_zero(a)]
         for i, entry in enumerate(self.report.get("zero") or []):
             if entry.get("source") != "applied":
                 continue
@@ -401,6 +401,15 @@ class _Checks:
             if match and entry.get("measured") != (match[-1].get("measured") or {}).get("after"):
                 self.breach(f"zero[{i}].measured", "the stage's measured figures must be its apply's",
                             **{f"zero[{i}].measured": entry.get("measured")})
+
+
+def _sets_zero(applied: Mapping[str, Any]) -> bool:
+    """Whether an ``applied`` entry put a ZeRO stage in force: the ``zero`` remedy, or a joint
+    plan with a ``zero`` part (its ``params.parts``)."""
+    if applied.get("remedy") == "zero":
+        return True
+    parts = (applied.get("params") or {}).get("parts") if applied.get("remedy") == "joint_plan" else None
+    return isinstance(parts, list) and any(isinstance(p, Mapping) and p.get("remedy") == "zero" for p in parts)
 
 
 def check_report(report: Mapping[str, Any]) -> list[Breach]:

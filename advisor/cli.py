@@ -78,9 +78,9 @@ def _target(value: str) -> str:
 
 
 def _apply_choice(value: str) -> str:
-    if value == "auto" or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.:-]*", value):
+    if value == "auto" or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.:+-]*", value):
         return value
-    raise argparse.ArgumentTypeError(f"expected 'auto' or a recommendation id such as checkpoint-blocks-4, got {value!r}")
+    raise argparse.ArgumentTypeError(f"expected 'auto' or a recommendation id such as checkpoint-blocks-4 or zero-3+ckpt-2, got {value!r}")
 
 
 def _log_target(value: str) -> Any:

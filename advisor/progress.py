@@ -85,9 +85,9 @@ class ProgressPrinter:
             text = (f"out of memory in {payload.op or '?'} (module {payload.module or '?'}), "
                     f"requested {fmt_bytes(payload.requested_bytes)}")
         elif isinstance(payload, ApplyStarted):
-            text = f"applied {payload.remedy} at step {payload.at_step if payload.at_step is not None else '?'}; measuring"
+            text = f"applied {_named(payload)} at step {payload.at_step if payload.at_step is not None else '?'}; measuring"
         elif isinstance(payload, ApplyResult):
-            text = (f"{payload.remedy}: {payload.status}" + (f" ({payload.error})" if payload.error else "")
+            text = (f"{_named(payload)}: {payload.status}" + (f" ({payload.error})" if payload.error else "")
                     + (f" - {payload.reason}" if payload.reason else ""))
         else:
             return
@@ -100,3 +100,11 @@ class ProgressPrinter:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.stop()
+
+
+def _named(payload: ApplyStarted | ApplyResult) -> str:
+    """The remedy as a user chose it: a joint plan by its id (``zero-3+ckpt-2``), which names its
+    parts; a single remedy by its name."""
+    if payload.remedy == "joint_plan" and payload.recommendation_id:
+        return f"the plan {payload.recommendation_id}"
+    return payload.remedy

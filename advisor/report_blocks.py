@@ -118,7 +118,10 @@ def diagnosis_blocks(report: dict[str, Any]) -> list[Block]:
             status = str(entry.get("status") or "")
             style = "green" if status == "kept" else "red" if status in ("reverted", "failed") else ""
             why = entry.get("error") or entry.get("reason") or ""
-            rows.append((str(entry.get("remedy") or entry.get("recommendation_id")), str(entry.get("at_step")),
+            name = entry.get("remedy") or entry.get("recommendation_id")
+            if name == "joint_plan" and entry.get("recommendation_id"):
+                name = entry["recommendation_id"]  # a plan by its id, which names its parts
+            rows.append((str(name), str(entry.get("at_step")),
                          Span(text=status, style=style),
                          f"{fmt_bytes(predicted.get('peak_memory_bytes'))} → {fmt_bytes(after.get('peak_memory_bytes'))}",
                          applied_time_line(entry) or MISSING, str(why)))
@@ -177,4 +180,8 @@ def exit_sections(report: dict[str, Any]) -> list[Section]:
 def rec_title(rec: dict[str, Any]) -> str:
     """A recommendation's title, and why it cannot apply to this job where its check said so."""
     title = str(rec.get("title") or rec.get("remedy") or "")
+    parts = [p for p in rec.get("parts") or [] if isinstance(p, dict)]
+    if parts:  # a joint plan: what each part would do alone, beside the whole's columns
+        title += " · alone: " + "; ".join(
+            f"{p.get('id')} peak {fmt_bytes((p.get('predicted') or {}).get('peak_memory_bytes'))}" for p in parts)
     return title if rec.get("applicable", True) else f"{title} · not applicable: {rec.get('why')}"

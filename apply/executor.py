@@ -105,7 +105,9 @@ def decide(
 ) -> tuple[bool, str]:
     """Keep or revert a remedy that applied without error; returns (keep, reason).
 
-    - With a memory budget and a measured peak: keep iff the peak fits the budget.
+    - With a memory budget and a measured peak: keep when the peak fits the budget; also when
+      it does not but the job was over the budget before and the remedy brought its peak down,
+      within its step-time limit (the alternative, a revert, puts the job back further over).
     - Otherwise keep iff the peak went down, or the step time stayed within
       ``(1 + margin)`` of the reference: the predicted step time when there is
       one (a remedy may be expected to cost time), else the measured before time.
@@ -126,6 +128,12 @@ def decide(
     if budget_bytes is not None and peak is not None:
         fits = peak <= budget_bytes
         verdict = f"peak {fmt_bytes(peak)} {'fits' if fits else 'exceeds'} the budget {fmt_bytes(budget_bytes)}"
+        was = before.peak_memory_bytes
+        if not fits and was is not None and was > budget_bytes and peak < was:
+            closer = f"{verdict}, but is closer to it than before ({fmt_bytes(was)})"
+            if not time_ok:
+                return False, f"{closer}; {why.time()} exceeds {why.limit_text()}"
+            return True, f"{closer}: kept, since a revert would put the job back at {fmt_bytes(was)}"
         return fits, why.lead(verdict)
     peak_down = peak is not None and before.peak_memory_bytes is not None and peak < before.peak_memory_bytes
     if peak_down and not (why.speed and time_ok):

@@ -6,7 +6,8 @@
     python bench/prediction.py --script examples/cnn.py --script-args "--width 16"
 
 ``--suite`` runs, one after the other, examples/gpt.py at three sizes, examples/cnn.py, an MLP
-of equal blocks and a chain of blocks that differ in size (bench/models/chain.py), and ends with
+of equal blocks and a chain of blocks that differ in size (bench/models/chain.py), then the joint
+plans of a ZeRO stage and checkpointing on a 2-rank DDP job (bench/joint_rows.py), and ends with
 one table: per model and budget, the plan kept, predicted and measured peak and step time (light steps:
 the executor's window when it timed light steps, else the light steps after it), and
 the errors (target |peak error| <= 5%, |step-time error| <= 10% on every kept plan).
@@ -297,7 +298,7 @@ def summary(table: list[tuple[str, dict[str, Any]]]) -> None:
         if not r.get("remedy"):
             print(f"| {label} | {r['fraction']:.0%} | nothing applied | - | - | - | - |")
             continue
-        plan = f"{r['blocks']} blocks" if r["remedy"] == "activation_checkpointing" else r["remedy"]
+        plan = f"{r['blocks']} blocks" if r["remedy"] == "activation_checkpointing" else r["remedy"]  # a joint plan: its id
         print(f"| {label} | {r['fraction']:.0%} | {plan}, {r['status']} | "
               f"{mib(r['p_peak'])} / {mib(r['m_peak'])} | {_err(r['p_peak'], r['m_peak'])} | "
               f"{ms(r['p_time'])} / {ms(r['m_time'])} | {_err(r['p_time'], r['m_time'])} |")
@@ -322,6 +323,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"bench failed on {label}: {exc}", file=sys.stderr)
                 return 1
             table += [(label, row) for row in rows]
+        if args.suite:  # joint plans on 2 ranks: a ZeRO stage and checkpointing together (issue 33)
+            from joint_rows import joint_rows
+
+            try:
+                table += joint_rows(Path(tmp))
+            except RuntimeError as exc:
+                print(f"bench failed on the joint plans: {exc}", file=sys.stderr)
+                return 1
     summary(table)
     print(f"\n{sum(1 for _, r in table if r.get('remedy'))}/{len(table)} budgets got a remedy applied")
     return 0

@@ -52,6 +52,11 @@ class Finding:
         """Whether a recommendation proposed so far fits the budget."""
         return any(r.fits and r.applicable for r in self.recommendations)
 
+    @property
+    def fits_live(self) -> bool:
+        """Whether a recommendation proposed so far fits the budget and applies to the running job."""
+        return any(r.fits and r.applicable and r.live for r in self.recommendations)
+
 
 @dataclass(frozen=True, kw_only=True)
 class Proposal:
@@ -70,14 +75,21 @@ Rule = Callable[["Profile"], "Finding | None"]
 Propose = Callable[["Profile", Finding], Proposal]
 
 
-def proposed(profile: "Profile", finding: Finding, proposers: list[tuple[Propose, bool]]) -> Finding | None:
-    """``finding`` with what ``proposers`` (each ``(propose, fallback)``, in order) propose for it;
+# The waves remedies are asked in (``RemedySpec.wave``): first every remedy; then the fallbacks,
+# when nothing proposed so far fits; then the live fallbacks (joint plans), when nothing that
+# applies to the running job fits (a restart-class pipeline may fit where no live remedy does).
+FIRST, FALLBACK, LIVE_FALLBACK = 0, 1, 2
+WAVES = (FIRST, FALLBACK, LIVE_FALLBACK)
+
+
+def proposed(profile: "Profile", finding: Finding, proposers: list[tuple[Propose, int]]) -> Finding | None:
+    """``finding`` with what ``proposers`` (each ``(propose, wave)``, in order) propose for it;
     None when it ``needs_remedy`` and got none."""
-    for wave in (False, True):
-        if wave and finding.fits:
-            break
-        for propose, fallback in proposers:
-            if fallback == wave:
+    for wave in WAVES:
+        if (wave == FALLBACK and finding.fits) or (wave == LIVE_FALLBACK and finding.fits_live):
+            continue
+        for propose, asked_in in proposers:
+            if asked_in == wave:
                 finding = _with(profile, finding, propose(profile, finding))
     if not finding.recommendations:
         if finding.needs_remedy:

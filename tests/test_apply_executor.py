@@ -129,16 +129,37 @@ def test_applies_at_requested_step_measures_and_keeps() -> None:
     assert ApplyResult.from_dict(data).to_dict() == data
 
 
+# Predicted 10% faster, measured 20% slower (over the limit: the predicted change + 25%): an
+# over-budget apply that lowers the peak but costs more time than predicted is reverted.
+SLOW_REC = wire("r1", params={"modules": ["blocks.0", "blocks.2"]}, peak=1000, step_time_s=0.09,
+                baseline_step_time_s=0.10)
+CLOSER_REC = wire("r1", params={"modules": ["blocks.0", "blocks.2"]}, peak=1000, step_time_s=0.11,
+                  baseline_step_time_s=0.10)
+
+
 def test_over_budget_is_reverted_at_next_boundary_and_training_unchanged() -> None:
     model, opt, ctx, ex = setup(AgentSettings(memory_budget_bytes=1))
-    ex.submit({"type": "apply", "recommendation": REC, "at_step": 2, "measure_steps": 1})
+    ex.submit({"type": "apply", "recommendation": SLOW_REC, "at_step": 2, "measure_steps": 1})
     losses, flags = drive(ctx, ex, model, opt, 8)
     assert losses == baseline()
     assert flags == [False, False, True, True, False, False, False, False]
     [result] = events(ctx, "apply_result")
     assert result.data["status"] == "reverted" and "exceeds the budget" in result.data["reason"]
+    assert "closer to it than before" in result.data["reason"] and "exceeds the limit" in result.data["reason"]
     assert result.step == 4
     assert "forward" not in model.blocks[0].__dict__
+
+
+def test_over_budget_but_closer_to_it_is_kept_within_its_time() -> None:
+    """Issue 33: the job was over its budget and the remedy lowered its peak, within the step time
+    its prediction allowed: a revert would put the job back further over, so it is kept."""
+    model, opt, ctx, ex = setup(AgentSettings(memory_budget_bytes=1))
+    ex.submit({"type": "apply", "recommendation": CLOSER_REC, "at_step": 2, "measure_steps": 1})
+    drive(ctx, ex, model, opt, 8)
+    [result] = events(ctx, "apply_result")
+    assert result.data["status"] == "kept"
+    assert "exceeds the budget" in result.data["reason"] and "a revert would put the job back at" in result.data["reason"]
+    assert is_checkpointed(model.blocks[0])
 
 
 def test_failure_after_a_partial_change_is_rolled_back_and_training_goes_on() -> None:
@@ -237,7 +258,7 @@ def test_a_revert_the_job_ended_before_is_interrupted_not_kept() -> None:
     """Decided over budget after step 3, reverted at boundary 4, which never came: the remedy was
     in force to the end, undecided in effect. It used to be reported "kept"."""
     model, opt, ctx, ex = setup(AgentSettings(memory_budget_bytes=1))
-    ex.submit({"type": "apply", "recommendation": REC, "at_step": 2, "measure_steps": 1})
+    ex.submit({"type": "apply", "recommendation": SLOW_REC, "at_step": 2, "measure_steps": 1})
     drive(ctx, ex, model, opt, 4)
     assert events(ctx, "apply_result") == []
     ex.close()
@@ -268,8 +289,14 @@ def test_decide_rule() -> None:
                       predicted=none, budget_bytes=None)[0]  # no memory gain, 30% slower
     assert decide(before=before, after=Measurement(peak_memory_bytes=100, step_time_s=1.3),
                   predicted=Measurement(step_time_s=1.2), budget_bytes=None)[0]  # slowdown was predicted
-    assert not decide(before=before, after=Measurement(peak_memory_bytes=90, step_time_s=1.0),
-                      predicted=none, budget_bytes=80)[0]  # a budget overrides "went down"
+    assert not decide(before=Measurement(peak_memory_bytes=70, step_time_s=1.0),
+                      after=Measurement(peak_memory_bytes=90, step_time_s=1.0),
+                      predicted=none, budget_bytes=80)[0]  # it fitted before and no longer does
+    assert not decide(before=before, after=Measurement(peak_memory_bytes=100, step_time_s=1.0),
+                      predicted=none, budget_bytes=80)[0]  # over before and not lower after
+    keep, reason = decide(before=before, after=Measurement(peak_memory_bytes=90, step_time_s=1.0),
+                          predicted=none, budget_bytes=80)  # over before, lower after: closer
+    assert keep and "closer to it than before" in reason
     assert decide(before=none, after=none, predicted=none, budget_bytes=80)[0]  # nothing measured
 
 

@@ -27,7 +27,7 @@ def test_recommendation_to_dict_has_the_contract_keys_and_is_json() -> None:
     out = _rec().to_dict()
     assert set(out) == {"id", "remedy", "title", "params", "predicted", "baseline", "cost_model", "confidence",
                         "exact", "live", "prerequisites", "evidence", "curve", "fits", "budget_bytes",
-                        "apply_class", "calibration", "block_plan", "applicable", "why"}
+                        "apply_class", "calibration", "block_plan", "applicable", "why", "parts"}
     assert out["params"] == {"modules": ["blocks.0", "blocks.1", "blocks.2"]}  # tuples become lists
     assert out["predicted"] == {"peak_memory_bytes": 700, "step_time_s": 1.2}
     assert out["curve"][0]["overhead_s"] is None  # non-finite floats are not JSON

@@ -183,6 +183,26 @@ class BlockChoice(Checked):
 
 
 @dataclass(frozen=True, kw_only=True)
+class PlanPart(Checked):
+    """One remedy of a joint plan (``recommend/remedies/joint_plan.py``): what it applies, and its
+    predicted effect applied alone (the figures of the whole are the recommendation's own)."""
+
+    id: str  # as the part would be named alone: "zero-3", "checkpoint-layers-2"
+    remedy: str
+    params: dict[str, Any]
+    predicted: Prediction
+    apply_class: str
+
+    def __post_init__(self) -> None:
+        parse_remedy_name(self.remedy)
+        parse_apply_class(self.apply_class)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "remedy": self.remedy, "params": to_json(self.params),
+                "predicted": self.predicted.to_dict(), "apply_class": self.apply_class}
+
+
+@dataclass(frozen=True, kw_only=True)
 class Recommendation(Checked):
     """One remedy with chosen parameters and its predicted effect against the measured baseline.
 
@@ -219,11 +239,14 @@ class Recommendation(Checked):
     # (``check_<name>``, advisor/apply/registry.py), and why not: listed, never applied or chosen.
     applicable: bool = True
     why: str | None = None
+    # A joint plan's remedies in the order they apply, each with its prediction alone (empty for
+    # a single remedy).
+    parts: tuple[PlanPart, ...] = ()
 
     def __post_init__(self) -> None:
         parse_remedy_name(self.remedy)
         _check(self.confidence, CONFIDENCES, "confidence")
-        for name in ("prerequisites", "evidence", "block_plan"):  # lists from callers; the record keeps tuples
+        for name in ("prerequisites", "evidence", "block_plan", "parts"):  # lists from callers; the record keeps tuples
             object.__setattr__(self, name, tuple(getattr(self, name)))
         if self.curve is not None:
             object.__setattr__(self, "curve", tuple(self.curve))
@@ -261,4 +284,5 @@ class Recommendation(Checked):
             "block_plan": [b.to_dict() for b in self.block_plan],
             "applicable": self.applicable,
             "why": self.why,
+            "parts": [p.to_dict() for p in self.parts],
         }

@@ -38,3 +38,17 @@ def command_digest(remedy: str, params: Mapping[str, Any], at_step: int | None) 
     canonical = json.dumps({"remedy": remedy, "params": params, "at_step": at_step},
                            sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def parts_of(remedy: str, params: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """The remedies an apply enacts: a joint plan's parts (``params["parts"]``), else itself."""
+    if remedy == "joint_plan":
+        return [(str(p.get("remedy")), p.get("params") or {}) for p in params.get("parts") or []
+                if isinstance(p, Mapping)]
+    return [(remedy, params)]
+
+
+def zero_stage(remedy: str, params: Mapping[str, Any]) -> int | None:
+    """The ZeRO stage an apply puts in force (the ``zero`` remedy's, or a joint plan's zero part's);
+    None when it sets none."""
+    return next((p.get("stage") for name, p in parts_of(remedy, params) if name == "zero"), None)

@@ -3,7 +3,7 @@
 Derived from the records alone (torch-free): the stage the script built (``ModelInfo.wrapper``:
 DistributedDataParallel is 0, FSDP's ``fully_shard`` or legacy FullyShardedDataParallel 3, their
 default full sharding; an optimizer named ZeroRedundancyOptimizer makes a DDP job 1), then the
-``zero`` remedy's results on that rank in order: a kept apply sets its ``params.stage``; a later
+``zero`` remedy's results on that rank in order (a joint plan's zero part's too): a kept apply sets its stage; a later
 revert (an ``apply_reverted`` entry, which has no params) restores the stage before it. A rank's
 entry carries the kept apply's predicted and measured figures beside each other.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from advisor.records.remedy import zero_stage
 from advisor.records.results import ApplyResult
 from advisor.state import SessionState
 
@@ -43,14 +44,14 @@ def build_zero_section(state: SessionState) -> list[dict[str, Any]]:
                          "source": "script" if base is not None else None, "recommendation_id": None,
                          "predicted": None, "measured": None}]
     for entry in state.applied:
-        if entry.remedy != "zero":
+        if entry.remedy not in ("zero", "joint_plan"):
             continue
         if isinstance(entry, ApplyResult):  # an apply's result
-            rank = entry.rank
-            if entry.status == "kept" and rank in stacks:
+            rank, stage = entry.rank, zero_stage(entry.remedy, entry.params)
+            if entry.status == "kept" and rank in stacks and stage is not None:
                 wire = entry.to_dict()
                 stacks[rank].append({
-                    "rank": rank, "stage": entry.params.get("stage"),
+                    "rank": rank, "stage": stage,
                     "since_step": entry.at_step, "source": "applied",
                     "recommendation_id": entry.recommendation_id,
                     "predicted": wire["predicted"], "measured": wire["measured"]["after"],

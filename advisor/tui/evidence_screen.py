@@ -35,7 +35,15 @@ def evidence_text(rec: Recommendation) -> Text:
         text.append("\nApplies live at the next step boundary (press a).")
     else:
         text.append("\nNot live: it needs a restart of the training script.", style="yellow")
-    if rec.params:
+    if rec.parts:
+        text.append("\n\nParts, applied together in this order (each predicted alone)", style="bold")
+        for part in rec.parts:
+            alone = part.predicted
+            text.append(f"\n  {part.id:<24} {part.apply_class:<16} peak {fmt_bytes(alone.peak_memory_bytes)}"
+                        + ("" if rec.budget_bytes is None or (alone.peak_memory_bytes or 0) <= rec.budget_bytes
+                           else " (over the budget)")
+                        + f", step {fmt_seconds(alone.step_time_s)}")
+    elif rec.params:
         text.append("\n\nParameters", style="bold")
         for name, value in rec.params.items():
             text.append(f"\n  {name} = {_short(value)}")

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable, Mapping
 
-from advisor.recommend.finding import Propose
+from advisor.recommend.finding import FALLBACK, FIRST, LIVE_FALLBACK, Propose
 from advisor.records.advice import APPLY_CLASSES, parse_apply_class, parse_remedy_name
 from advisor.records.plugins import with_plugins
 from advisor.records.remedy import PHASES, parse_phase, phase_rank
@@ -48,7 +48,8 @@ class RemedySpec:
     ``validate``: extra checks on the values (``ValueError`` naming what is valid).
     ``phase``: where it goes in a plan that applies several remedies (``PHASES``, ``plan_order``).
     ``addresses``: the rules (``recommend/rules`` module names) whose findings ``propose`` answers;
-    ``fallback``: asked only when nothing else proposed for the finding fits its budget.
+    ``fallback``: asked only when nothing else proposed for the finding fits its budget;
+    ``live_fallback``: asked last, only when nothing proposed that applies live fits it.
     ``plan_env`` / ``restart_change``: how a remedy without a live applier reaches the job at a
     restart (an environment ``advisor plan`` writes into the plan, or a change to the script).
     """
@@ -62,6 +63,7 @@ class RemedySpec:
     addresses: tuple[str, ...] = ()
     propose: Propose | None = None
     fallback: bool = False
+    live_fallback: bool = False
     plan_env: Mapping[str, str] = field(default_factory=dict)
     restart_change: str | None = None
 
@@ -113,10 +115,11 @@ def check_params(name: str, params: Any) -> None:
     spec(name).check(params)
 
 
-def proposers(rule: str) -> list[tuple[Propose, bool]]:
-    """``(propose, fallback)`` of every remedy that addresses ``rule``, by remedy name."""
-    return [(s.propose, s.fallback) for name, s in sorted(specs().items())
-            if rule in s.addresses and s.propose is not None]
+def proposers(rule: str) -> list[tuple[Propose, int]]:
+    """``(propose, wave)`` of every remedy that addresses ``rule``, by remedy name (the waves:
+    ``advisor.recommend.finding.WAVES``)."""
+    return [(s.propose, LIVE_FALLBACK if s.live_fallback else FALLBACK if s.fallback else FIRST)
+            for name, s in sorted(specs().items()) if rule in s.addresses and s.propose is not None]
 
 
 def plan_order(names: list[str]) -> list[str]:

@@ -1,0 +1,71 @@
+"""Issue 33's acceptance, end to end: examples/ddp.py on 2 gloo ranks with AdamW, at 60% of its
+measured peak. No single live remedy fits (ZeRO-3 alone is predicted over the budget); a joint
+plan of a ZeRO stage and activation checkpointing is offered, predicted to fit; applied live at
+step 3 it is kept on both ranks, its measured peak is within the budget and within 5% of its
+prediction, and the losses stay within 1e-5 of the unchanged run's."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from checked import assert_consistent
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ["examples/ddp.py", "--hidden", "256", "--layers", "6", "--batch", "1024", "--steps", "10"]
+LOSS = re.compile(r"^step (\d+) loss (\S+)$")
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def attach(home: Path, out: Path, *options: str) -> list[float]:
+    env = dict(os.environ, ADVISOR_HOME=str(home), OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
+    proc = subprocess.run([sys.executable, "-m", "advisor", "attach", "--headless", "--nproc-per-node", "2",
+                           "--json", str(out), *options, *SCRIPT], cwd=ROOT, env=env, text=True,
+                          capture_output=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_consistent(json.loads(out.read_text()), str(out))
+    return [float(m.group(2)) for line in proc.stdout.splitlines() if (m := LOSS.match(line))]
+
+
+def test_a_joint_plan_fits_where_no_single_live_remedy_does_and_is_kept_on_both_ranks(tmp_path):
+    from advisor.advice import advise_state
+    from advisor.store import load_state
+
+    base_losses = attach(tmp_path / "base", tmp_path / "base.json")
+    [db] = sorted((tmp_path / "base").glob("sessions/*/session.sqlite"))
+    state = load_state(db)
+    budget = int(0.6 * max(m.total_bytes for m in state.memory))
+    _, recs = advise_state(state, budget_bytes=budget)
+    assert not any(r.fits and r.live and r.remedy != "joint_plan" for r in recs), [r.id for r in recs if r.fits]
+    [zero3] = [r for r in recs if r.id == "zero-3"]
+    assert not zero3.fits
+    plans = [r for r in recs if r.remedy == "joint_plan"]
+    assert plans and all(r.fits and r.live and r.applicable for r in plans)
+    plan = plans[0]  # the best ranked: least predicted step time of those that fit
+    assert re.fullmatch(r"zero-[123]\+ckpt-\d+", plan.id)
+    assert [p.remedy for p in plan.parts] == ["activation_checkpointing", "zero"]
+    assert all(p.predicted.peak_memory_bytes > budget for p in plan.parts)  # neither part fits alone
+
+    losses = attach(tmp_path / "plan", tmp_path / "plan.json", "--memory-budget", str(budget),
+                    "--apply", plan.id, "--apply-at-step", "3")
+    assert len(losses) == len(base_losses) == 10
+    assert all(math.isclose(a, b, rel_tol=0, abs_tol=1e-5) for a, b in zip(losses, base_losses)), (losses, base_losses)
+    report = json.loads((tmp_path / "plan.json").read_text())
+    applied = [a for a in report["applied"] if a["recommendation_id"] == plan.id]
+    assert sorted(a["rank"] for a in applied) == [0, 1]
+    for a in applied:
+        assert a["status"] == "kept" and a["at_step"] == 3, a["reason"]
+        peak = a["measured"]["after"]["peak_memory_bytes"]
+        assert peak <= budget
+        assert abs(peak - a["predicted"]["peak_memory_bytes"]) <= 0.05 * peak, (peak, a["predicted"])
+        assert [p["remedy"] for p in a["params"]["parts"]] == ["activation_checkpointing", "zero"]
+    stage = plan.parts[1].params["stage"]
+    assert [(z["rank"], z["stage"], z["recommendation_id"]) for z in report["zero"]] == [
+        (0, stage, plan.id), (1, stage, plan.id)]  # the stage in force came from the plan
