@@ -54,8 +54,13 @@ class OpCounter(TorchDispatchMode):
         if packet.__name__ in _SKIP or func.namespace != "aten":  # e.g. profiler._record_function_*
             return out
         # A DTensor op (FSDP2's optimizer step, a clip over sharded gradients) is seen here with its
-        # global shapes; this rank moves and computes its local shards' bytes and FLOPs.
-        local_args, local_kwargs, local_out = tree_map(_shard, (args, kwargs, out))
+        # global shapes; this rank moves and computes its local shards' bytes and FLOPs. The pytree
+        # walk (a third of the mode's cost per op, 6.7 s over the 85 000 ops of a 5001-module
+        # model's deep step) only where a tensor subclass is among them.
+        if _has_subclass(args) or _has_subclass(tuple(kwargs.values())) or _has_subclass(out):
+            local_args, local_kwargs, local_out = tree_map(_shard, (args, kwargs, out))
+        else:
+            local_args, local_kwargs, local_out = args, kwargs, out
         inputs = formulas.tensor_args(local_args, local_kwargs)
         cost = formulas.op_cost(func, local_args, local_kwargs, local_out, inputs)
         module, phase = self._where()
@@ -72,6 +77,19 @@ class OpCounter(TorchDispatchMode):
             )
         )
         return out
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _has_subclass(value: Any) -> bool:
+    """Whether ``value`` (an op's arguments: tensors, lists and tuples of them, scalars) holds a
+    tensor of a subclass (a DTensor), without pytree's walk."""
+    if isinstance(value, torch.Tensor):
+        return type(value) not in _PLAIN
+    if isinstance(value, (list, tuple)):
+        return any(_has_subclass(v) for v in value)
+    return False
 
 
 def _shard(value: Any) -> Any:

@@ -88,16 +88,22 @@ def live_tensors() -> list["torch.Tensor"]:
     return found
 
 
+_PLAIN: tuple[type, ...] = ()  # torch.Tensor and nn.Parameter, once torch is imported
+
+
 def local_part(tensor: "torch.Tensor") -> "torch.Tensor":
     """This process's part of a tensor: a ``DTensor``'s local shard (FSDP2's sharded parameters,
     their gradients and optimizer state), else the tensor itself. A DTensor is a wrapper without
     a storage of its own, so its bytes on this rank are its local tensor's."""
+    global _PLAIN
+    if type(tensor) in _PLAIN:  # the common case, first and cheap: called ~80 times per parameter per deep step
+        return tensor
     import sys
 
     import torch
 
-    kind = type(tensor)
-    if kind is torch.Tensor or kind is torch.nn.Parameter:  # the common case: no DTensor is one
+    _PLAIN = (torch.Tensor, torch.nn.Parameter)  # no DTensor is one (torch is imported lazily here)
+    if type(tensor) in _PLAIN:
         return tensor
     module = sys.modules.get("torch.distributed.tensor")  # imported by whoever made a DTensor
     dtensor = getattr(module, "DTensor", None) if module is not None else None

@@ -274,14 +274,25 @@ class ModuleAttributor:
 
     # -- results ---------------------------------------------------------------------------
     def backward_inclusive(self, name: str) -> float:
-        prefix = name + "."
-        return sum(
-            s for tag, s in self.backward_own.items() if name == "" or tag == name or tag.startswith(prefix)
-        )
+        return self._inclusive_backward().get(name, 0.0)
+
+    def _inclusive_backward(self) -> dict[str, float]:
+        """Every module's backward seconds with its submodules': each tag's own time added to it
+        and to each dotted prefix of it, one pass over the tags (a sum over every tag per module
+        was quadratic: 6.7 s at 5001 modules)."""
+        out: dict[str, float] = {}
+        for tag, seconds in self.backward_own.items():
+            out[""] = out.get("", 0.0) + seconds
+            name = tag
+            while name:
+                out[name] = out.get(name, 0.0) + seconds
+                name = name.rpartition(".")[0]
+        return out
 
     def stats(self, *, step: int, rank: int) -> list[ModuleStat]:
         self._fold_saves()
         tracked = self.created_at is not None
+        backward = self._inclusive_backward()
         return [
             ModuleStat(
                 rank=rank,
@@ -294,7 +305,7 @@ class ModuleAttributor:
                 input_bytes=acc.input_bytes,
                 output_bytes=acc.output_bytes,
                 forward_s=acc.forward_s,
-                backward_s=self.backward_inclusive(name),
+                backward_s=backward.get(name, 0.0),
                 calls=acc.calls,
                 live_calls=acc.live_calls,
                 call_activation_bytes=acc.call_activation_bytes,
