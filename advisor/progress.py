@@ -12,6 +12,7 @@ from advisor.records.events import Oom, WarningEvent
 from advisor.records.results import ApplyResult, ApplyStarted
 from advisor.records.samples import Event, ExitInfo, Record, StepSample
 from advisor.records.units import fmt_bytes, fmt_seconds, plain_text
+from advisor.records.remedy import applied_name
 
 
 def step_line(sample: StepSample) -> str:
@@ -103,8 +104,4 @@ class ProgressPrinter:
 
 
 def _named(payload: ApplyStarted | ApplyResult) -> str:
-    """The remedy as a user chose it: a joint plan by its id (``zero-3+ckpt-2``), which names its
-    parts; a single remedy by its name."""
-    if payload.remedy == "joint_plan" and payload.recommendation_id:
-        return f"the plan {payload.recommendation_id}"
-    return payload.remedy
+    return applied_name(payload.remedy, payload.recommendation_id)

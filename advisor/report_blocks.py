@@ -17,6 +17,7 @@ from advisor.sections.compute import compute_blocks
 from advisor.sections.links import links_blocks
 from advisor.sections.memory import memory_blocks
 from advisor.sections.regimes import regimes_blocks
+from advisor.records.remedy import applied_name
 
 PHASE_NAMES = ("data", "forward", "backward", "optimizer", "other")
 
@@ -118,10 +119,8 @@ def diagnosis_blocks(report: dict[str, Any]) -> list[Block]:
             status = str(entry.get("status") or "")
             style = "green" if status == "kept" else "red" if status in ("reverted", "failed") else ""
             why = entry.get("error") or entry.get("reason") or ""
-            name = entry.get("remedy") or entry.get("recommendation_id")
-            if name == "joint_plan" and entry.get("recommendation_id"):
-                name = entry["recommendation_id"]  # a plan by its id, which names its parts
-            rows.append((str(name), str(entry.get("at_step")),
+            name = applied_name(entry.get("remedy"), entry.get("recommendation_id"))
+            rows.append((name, str(entry.get("at_step")),
                          Span(text=status, style=style),
                          f"{fmt_bytes(predicted.get('peak_memory_bytes'))} → {fmt_bytes(after.get('peak_memory_bytes'))}",
                          applied_time_line(entry) or MISSING, str(why)))

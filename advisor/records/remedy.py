@@ -52,3 +52,11 @@ def zero_stage(remedy: str, params: Mapping[str, Any]) -> int | None:
     """The ZeRO stage an apply puts in force (the ``zero`` remedy's, or a joint plan's zero part's);
     None when it sets none."""
     return next((p.get("stage") for name, p in parts_of(remedy, params) if name == "zero"), None)
+
+
+def applied_name(remedy: str | None, recommendation_id: str | None) -> str:
+    """How a user names what was applied: a joint plan by its id (``zero-3+ckpt-2``, which names
+    its parts; "joint_plan" says nothing), a single remedy by its name."""
+    if remedy == "joint_plan" and recommendation_id:
+        return recommendation_id
+    return str(remedy or recommendation_id or "")

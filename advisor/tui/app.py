@@ -49,6 +49,7 @@ from advisor.tui.views.memory import MemoryView
 from advisor.tui.views.output import OutputView
 from advisor.tui.views.overview import OverviewView
 from advisor.tui.views.ranks import RanksView
+from advisor.records.remedy import applied_name
 
 # (key, tab id, tab label): one view per tab, each reachable by its key from anywhere. The tabs
 # name their keys, so the footer leaves them out: at 80 columns it has room for the actions.
@@ -299,7 +300,7 @@ class AdvisorApp(Navigation, SessionActions, App[str]):
             error = (result.error if isinstance(result, ApplyResult) else None) or "no error text"
             self.notify(f"{error}", title="Apply failed; training goes on as before", severity="error")
         else:
-            self.notify(f"{result.remedy or message.recommendation_id}: {message.status}")
+            self.notify(f"{applied_name(result.remedy, message.recommendation_id)}: {message.status}")
         self._redraw()
 
     def action_revert(self) -> None:
@@ -312,7 +313,7 @@ class AdvisorApp(Navigation, SessionActions, App[str]):
         assert kept is not None
         rec_id = str(kept.recommendation_id)
         self._reverting = {"recommendation_id": rec_id, "applied_count": len(self.state.applied)}
-        name = kept.remedy or rec_id
+        name = applied_name(kept.remedy, rec_id)
         self.result_view.notice = Text(f"↺ reverting {name} at next step boundary…", style="bold yellow")
         self._redraw()
         self.post_message(RevertRequested(rec_id))

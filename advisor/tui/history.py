@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from advisor.records.results import ApplyHistory
+from advisor.records.remedy import applied_name
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,7 +63,7 @@ def in_force_names(in_force: Sequence[ApplyHistory]) -> list[str]:
     """The remedies in force, each once (every rank reports its own kept result)."""
     names: list[str] = []
     for result in in_force:
-        name = str(result.remedy or result.recommendation_id)
+        name = applied_name(result.remedy, result.recommendation_id)
         if name not in names:
             names.append(name)
     return names

@@ -17,6 +17,7 @@ from advisor.records.units import fmt_quantity
 from advisor.state import SessionState
 from advisor.tui.fit_table import Column, FitTable
 from advisor.tui.format import MISSING, fmt_bytes, fmt_change, fmt_seconds
+from advisor.records.remedy import applied_name
 
 
 
@@ -165,7 +166,7 @@ class RecommendationsView(Vertical):
         if held is not None:
             # at_step is the first step run with the remedy: it is applied after the step before it.
             at = held.at_step if held.at_step is not None else "?"
-            text.append(f"\nMeasuring {held.remedy}, in force from step {at}: "
+            text.append(f"\nMeasuring {applied_name(held.remedy, held.recommendation_id)}, in force from step {at}: "
                         "advice is held until its result is in.", style="italic cyan")
         self.query_one("#diagnosis", Static).update(text)
         table = self.query_one(RecommendationsTable)

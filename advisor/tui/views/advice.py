@@ -21,6 +21,7 @@ from advisor.tui.history import applied_rows
 from advisor.tui.recommendations_view import RecommendationsView
 from advisor.tui.result_view import ResultView
 from advisor.tui.view_model import ViewModel
+from advisor.records.remedy import applied_name
 
 MIB = 1024 * 1024
 
@@ -53,7 +54,7 @@ def history_rows(applied: Sequence[ApplyHistory], world_size: int = 1, rank: int
     rows = []
     for row in applied_rows(applied):
         r = row.shown(rank)
-        cells = [str(r.remedy or r.recommendation_id)]
+        cells = [applied_name(r.remedy, r.recommendation_id)]
         if world_size > 1:
             cells.append(row.who(world_size))
         cells.append(row.status)
