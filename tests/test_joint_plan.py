@@ -235,3 +235,20 @@ def test_a_plan_crosses_the_wire_with_its_parts_and_every_surface_names_them():
     text = evidence_text(rec).plain
     assert "Parts, applied together in this order" in text
     assert "zero-3" in text and "80.0 MiB (over the budget)" in text and "live-equivalent" in text
+
+
+def test_an_applied_plan_is_named_by_its_id_in_the_tui_and_the_report():
+    from advisor.records.remedy import applied_name, zero_stage
+    from advisor.records.results import ApplyResult
+    from advisor.report_blocks import diagnosis_blocks
+    from advisor.tui.history import in_force_names
+
+    params = {"parts": [{"remedy": "activation_checkpointing", "params": {"modules": ["layers.0"]}},
+                        {"remedy": "zero", "params": {"stage": 2}}]}
+    kept = [ApplyResult(remedy="joint_plan", recommendation_id="zero-2+ckpt-1", params=params, rank=r,
+                        at_step=3, status="kept") for r in (0, 1)]
+    assert in_force_names(kept) == ["zero-2+ckpt-1"]
+    assert applied_name("zero", "zero-2") == "zero" and applied_name("joint_plan", None) == "joint_plan"
+    assert zero_stage("joint_plan", params) == 2 and zero_stage("activation_checkpointing", {}) is None
+    [table] = [b for b in diagnosis_blocks({"applied": [k.to_dict() for k in kept]}) if b.title == "Applied remedies"]
+    assert [row[0] for row in table.rows] == ["zero-2+ckpt-1", "zero-2+ckpt-1"]
