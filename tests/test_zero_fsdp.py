@@ -99,6 +99,19 @@ def test_revert_brings_ddp_back_with_the_whole_state_and_the_losses_stay_equal(u
         assert rank["state_bytes_after_revert"] == rank["full_state_bytes"] + 4 * len(rank["shapes"])
 
 
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_joint_plan_of_the_stage_and_checkpointing_keeps_the_losses_and_reverts_whole(undisturbed, tmp_path, stage):
+    """Issue 33: checkpointing patched first (whatever order the plan lists), FSDP2 wraps the
+    patched blocks, training matches DDP's to 1e-6, and one revert undoes both parts."""
+    got = run(f"joint_revert:{stage}:mlp", tmp_path)
+    assert_same_training(got, undisturbed("mlp"))
+    for rank in got:
+        assert rank["order"] == ["activation_checkpointing", "zero"]
+        assert rank["checkpointed_in_force"] == [True, False, True]
+        assert rank["checkpointed_after_revert"] == 0 and not rank["sharded_at_end"]
+        assert rank["state_bytes_after_revert"] == rank["full_state_bytes"] + 4 * len(rank["shapes"])
+
+
 def test_zero3_to_zero2_and_back_on_the_sharded_model(undisturbed, tmp_path):
     got = run("restage:3:mlp", tmp_path)
     assert_same_training(got, undisturbed("mlp"))

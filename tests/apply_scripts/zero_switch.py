@@ -7,7 +7,8 @@ step 5 on), ``switch_revert`` (applied at step 5, reverted at step 12), ``revert
 (applied and reverted at the same boundary, as after a failed vote), ``restage`` (2 or 3 at
 step 5, the other one at step 8 by ``set_reshard_after_forward``, that reverted at step 10, all
 reverted at step 12), ``eval_revert`` (as ``switch_revert``, with an evaluation forward under
-``no_grad`` just before the revert), ``executor_fail_on_1`` (the real executor applies it at step 5 on both
+``no_grad`` just before the revert), ``joint_revert`` (as ``switch_revert``, with two blocks
+checkpointed in the same joint plan), ``executor_fail_on_1`` (the real executor applies it at step 5 on both
 ranks; on rank 1 the switch raises: both ranks must revert and train on). Each rank writes
 ``rank<r>.json``: losses, final parameters, and the bytes it holds after the switch.
 """
@@ -36,6 +37,8 @@ from recommendations import wire  # noqa: E402
 from advisor.apply import registry  # noqa: E402
 from advisor.apply.executor import Executor  # noqa: E402
 from advisor.apply.remedies._fsdp_switch import reshard_after_forward_of  # noqa: E402
+from advisor.apply.remedies.activation_checkpointing import is_checkpointed  # noqa: E402
+from advisor.apply.remedies.joint_plan import apply_joint_plan  # noqa: E402
 from advisor.apply.remedies.zero import apply_zero  # noqa: E402
 from advisor.apply.target import Target  # noqa: E402
 from advisor.records.samples import StepSample  # noqa: E402
@@ -130,9 +133,16 @@ def worker(rank: int, world: int, port: int, scenario: str, out: str) -> None:
             if scenario == "eval_revert" and i == REVERT_AT:
                 with torch.no_grad():  # an evaluation forward at the boundary: under ZeRO-2 it leaves
                     ddp(torch.randn(8, model_inputs(model), generator=torch.Generator().manual_seed(7)))  # gathered params
-            if scenario in ("switch_revert", "restage", "eval_revert") and i == REVERT_AT:
+            if scenario == "joint_revert" and i == AT_STEP:  # checkpointing and the stage as one unit
+                handle = apply_joint_plan(target, parts=[
+                    {"remedy": "zero", "params": {"stage": stage}},
+                    {"remedy": "activation_checkpointing", "params": {"modules": ["layers.0", "layers.2"]}}])
+                info["order"] = list(handle.remedies)
+                info["checkpointed_in_force"] = [is_checkpointed(b) for b in model.layers]
+            if scenario in ("switch_revert", "restage", "eval_revert", "joint_revert") and i == REVERT_AT:
                 handle.revert()
                 info["state_bytes_after_revert"] = state_bytes(opt)
+                info["checkpointed_after_revert"] = [is_checkpointed(m) for m in model.modules()].count(True)
             x = torch.randn(8, 16, generator=gen)
             loss = ddp(x).square().mean()
             opt.zero_grad()
