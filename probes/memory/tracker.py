@@ -80,6 +80,14 @@ class BudgetExceeded:
     phase: str
 
 
+def _data_ptr(tensor: torch.Tensor) -> int | None:
+    """Where the tensor's data is (None for a tensor without data: fake, meta, wrapper subclasses)."""
+    try:
+        return tensor.data_ptr()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+
+
 class StorageTracker(TorchDispatchMode):
     """Live bytes by category of the storages on ``device_type``, updated op by op.
 
@@ -129,6 +137,7 @@ class StorageTracker(TorchDispatchMode):
         self.op_bytes = 0  # bytes of the new storages of the last op that allocated (on_op reads it)
         self._hooks: Any = None
         self._resizes = ResizeWatch(self._resized_away, self._resized_back)
+        self._role_cache: dict[int, tuple[Any, int | None, int]] = {}  # id -> (weakref, data_ptr, key): refresh_roles
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -174,6 +183,7 @@ class StorageTracker(TorchDispatchMode):
                 entry.finalizer.detach()
         self.entries.clear()
         self.roles.clear()
+        self._role_cache = {}
         self.saved.clear()
         self.totals = dict.fromkeys(MEMORY_CATEGORIES, 0)
         self.total = 0
@@ -192,12 +202,33 @@ class StorageTracker(TorchDispatchMode):
     def refresh_roles(
         self, models: Iterable[torch.nn.Module], optimizers: Iterable[torch.optim.Optimizer]
     ) -> None:
-        """Re-read parameters, ``.grad`` and ``optimizer.state``; re-classify what changed."""
+        """Re-read parameters, ``.grad`` and ``optimizer.state``; re-classify what changed.
+
+        Incremental: a role tensor that is the same object as at the last refresh, over the same
+        memory (``data_ptr``), whose storage is still tracked, keeps its key without a storage
+        lookup (0.25 s per call at 5001 modules, 19 calls in three deep memory steps); only new
+        or moved tensors are looked up. A tensor that died cannot pass for a new one that took
+        its id: its weak reference is dead."""
+        cache = self._role_cache
+        fresh: dict[int, tuple[Any, int | None, int]] = {}
         new: dict[int, str] = {}
         for role, tensor in role_tensors(models, optimizers):
-            key = self._ensure(tensor, origin="other", step=-1, op="existing")
-            if key is not None and key not in new:
+            ptr = _data_ptr(tensor)
+            hit = cache.get(id(tensor))
+            if hit is not None and ptr is not None and hit[0]() is tensor and hit[1] == ptr and hit[2] in self.entries:
+                key: int | None = hit[2]
+                fresh[id(tensor)] = hit
+            else:
+                key = self._ensure(tensor, origin="other", step=-1, op="existing")
+                if key is None:
+                    continue
+                try:
+                    fresh[id(tensor)] = (weakref.ref(tensor), ptr, key)
+                except TypeError:  # takes no weak reference: looked up every time
+                    pass
+            if key not in new:
                 new[key] = role
+        self._role_cache = fresh
         changed = {k for k in new.keys() | self.roles.keys() if new.get(k) != self.roles.get(k)}
         self.roles = new
         for key in changed:
