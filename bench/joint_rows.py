@@ -66,6 +66,7 @@ def joint_rows(tmp: Path) -> list[tuple[str, dict[str, Any]]]:
     for k, (label, script) in enumerate(JOINT_SUITE):
         print(f"\n######## joint plans: {label}", flush=True)
         home = tmp / f"joint{k}"
+        home.mkdir(parents=True)
         base = _attach(home / "base", home / "base.json", script)
         [db] = sorted((home / "base").glob("sessions/*/session.sqlite"))
         state = load_state(db)
