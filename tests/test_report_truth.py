@@ -268,3 +268,35 @@ def test_ops_and_exposed_communication_fit_in_the_profiled_step_when_no_light_st
     assert compute["time_base"] == "profiled step"
     assert compute["op_time_s"] + row["exposed_s"] == pytest.approx(compute["step_time_s"])  # 18 + 8 ms in 20
     assert_consistent(report)
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_ops_timed_inside_the_counting_mode_are_not_scaled_by_its_slowdown(inline) -> None:
+    """Issue 37: a step of too many ops for a profiled step of their own keeps the counting step's
+    inline op times. Each is the op's own run: scaled by the counting step's 8.6x slowdown, 423 ms
+    of ops read as 49 ms of a 353 ms step and the diagnosis blamed host overhead."""
+    from advisor.records.samples import OpStat
+    from advisor.recommend.rules.host_overhead import host_gap
+    from advisor.advice import profile_of_state
+
+    live = LiveState(session_id="inline")
+    for index in range(8):
+        deep = index == 2
+        k = 3.0 / 0.35 if deep else 1.0
+        live.add(StepSample(index=index, time_s=3.0 if deep else 0.35, deep=deep,
+                            phases={"forward_s": 0.1 * k, "backward_s": 0.2 * k, "optimizer_s": 0.05 * k}))
+    for k in range(4):
+        live.add(OpStat(step=2, name="aten.addmm", module=f"m{k}", input_shapes=[[8, 16]], dtype="float32",
+                        count=100, flops=10**6, bytes=10**5, time_s=0.075, inline=inline))
+    state = live.snapshot()
+    report = build_report(state)
+    compute = report["compute"]
+    if inline:
+        assert compute["op_time_base"] == "timed inside the counting mode"
+        assert compute["op_time_s"] == pytest.approx(0.3)  # as timed: it fits in the 350 ms step
+        assert "timed inside the counting mode" in time_base_note(compute)
+        assert host_gap(profile_of_state(state)) is None  # 300 of 350 ms: no host gap
+    else:
+        assert compute["op_time_base"] == "scaled by time_scale"
+        assert compute["op_time_s"] == pytest.approx(0.3 * 0.35 / 3.0)
+    assert_consistent(report)

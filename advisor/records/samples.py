@@ -198,6 +198,10 @@ class OpStat(Record):
     flops: int = 0
     bytes: int = 0
     time_s: float = 0.0
+    # Timed inside the counting mode on the counted step itself (each op's own run, not slowed by
+    # the mode's Python around it), not by the profiler on a step of its own: not to be scaled by
+    # the deep step's slowdown.
+    inline: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -76,10 +76,13 @@ def _step_scales(state: SessionState, ops: list[OpStat]) -> tuple[dict[int, floa
     ordinary = rank_comm(mine, list(samples.values()), rank) if mine else None
     profiled: dict[int, float] = {}
     scales: dict[int, float] = {}
+    inline = _inline_steps(ops)
     for step, total in op_totals.items():
         sample = samples.get(step)
         profiled[step] = max(sample.time_s if sample else 0.0, total)
-        scales[step] = scale(light, profiled[step])
+        # Ops timed inside the counting mode are each op's own run: on an ordinary step's base
+        # already, shrunk only to fit in it; profiled ones shrink with their step's slowdown.
+        scales[step] = scale(light, total if step in inline else profiled[step])
         if ordinary is not None and total > 0:
             # The step the ops are shown in: the ordinary one, or the profiled one itself where no
             # light step was timed (a short run whose steps after the warm-up were all deep).
@@ -94,6 +97,13 @@ def _kernel_timed(spec: Mapping[str, Any] | None) -> bool:
     profiled step's slowdown (as CPU op times must be) read an H100 GPT's 17.6 ms of kernels
     as 1 ms of a 31 ms step and diagnosed launch overhead that was not there."""
     return bool(spec) and spec.get("type") == "cuda"  # type: ignore[union-attr]
+
+
+def _inline_steps(ops: list[OpStat]) -> set[int]:
+    """Steps whose op times were taken inside the counting mode (``OpStat.inline``): each op's
+    own run, already on an ordinary step's base. Scaled by the counting step's slowdown (the
+    mode's Python between ops), 423 ms of ops read as 49 ms of a 353 ms step."""
+    return {op.step for op in ops if op.inline}
 
 
 def _op_scales(scales: dict[int, float], spec: Mapping[str, Any] | None) -> dict[int, float]:
@@ -206,6 +216,7 @@ def build_compute_section(state: SessionState, spec: Mapping[str, Any] | None) -
     if not steps:
         return empty
     scales, profiled, light = _step_scales(state, ops)
+    inline = _inline_steps(ops)
     op_scales = _op_scales(scales, spec)
     summaries = []
     mfus: list[float | None] = []
@@ -237,7 +248,8 @@ def build_compute_section(state: SessionState, spec: Mapping[str, Any] | None) -
         "op_time_s": mean("op_time_s"), "step_time_s": mean("step_time_s"), "light_step_time_s": light,
         "per_module": _per_module(ops, len(steps), op_scales),
         "time_base": "light step" if light else "profiled step",
-        "op_time_base": "device kernels" if _kernel_timed(spec) else "scaled by time_scale",
+        "op_time_base": ("device kernels" if _kernel_timed(spec) else "timed inside the counting mode"
+                         if inline >= set(steps) else "scaled by time_scale"),
         "rank": ops[0].rank,
         "time_scale": mean_of([scales[s] for s in steps]),
         "profiled_op_time_s": mean_of([sum(o.time_s for o in ops if o.step == s) for s in steps]),
@@ -302,6 +314,9 @@ def time_base_note(compute: Mapping[str, Any]) -> str:
     if compute.get("op_time_base") == "device kernels":
         return ("kernel times as measured on the device (profiling slows the host, not the kernels), "
                 f"against an ordinary step of {fmt_seconds(compute.get('step_time_s'))}")
+    if compute.get("op_time_base") == "timed inside the counting mode":
+        return ("each op timed inside the counting mode on the counted step (too many ops for a profiled "
+                f"step of their own), against an ordinary step of {fmt_seconds(compute.get('step_time_s'))}")
     step, profiled = compute.get("step_time_s"), compute.get("profiled_step_time_s")
     if compute.get("time_base") == "light step" and k and step and profiled:
         # The ratio of the two figures printed here (mean profiled step over the ordinary step),

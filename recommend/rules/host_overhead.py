@@ -52,13 +52,14 @@ class HostGap:
     coverage: float  # op time / base
     gap_s: float  # host time per step outside the ops
     cuda: bool
+    ordinary: bool = False  # the op times are on an ordinary step's base (CUDA kernels, inline CPU times)
 
     @property
     def where(self) -> str:
         return "the device idles between kernels" if self.cuda else "the ops cover a small share of the step"
 
     def lines(self) -> list[str]:
-        kind = "ordinary" if self.cuda else "deep"
+        kind = "ordinary" if self.ordinary else "deep"
         return [f"ops {ms(self.op_time_s)} of a {ms(self.base_s)} {kind} step less data wait ({self.coverage:.0%})",
                 f"host gap {ms(self.gap_s)} of a {ms(self.busy_s)} step"]
 
@@ -74,13 +75,15 @@ def host_gap(profile: Profile) -> HostGap | None:
     op_time = op_time_per_step(profile.ops)
     cuda = profile.device.type == "cuda"
     # CUDA op times are kernel times, which the profiler does not slow: compare them with an
-    # ordinary step. CPU op times are slowed with their deep step: compare like with like.
-    base = busy if cuda else deep_busy
+    # ordinary step; so are op times taken inside the counting mode (``OpStat.inline``, each op's
+    # own run). CPU op times from a profiled step are slowed with it: compare like with like.
+    ordinary = cuda or all(o.inline for o in profile.ops)
+    base = busy if ordinary else deep_busy
     if busy <= 0 or base <= 0 or op_time <= 0 or op_time >= OP_COVERAGE * base:
         return None
     coverage = op_time / base
     return HostGap(step_s=step, busy_s=busy, base_s=base, op_time_s=op_time, coverage=coverage,
-                   gap_s=busy * (1.0 - coverage), cuda=cuda)
+                   gap_s=busy * (1.0 - coverage), cuda=cuda, ordinary=ordinary)
 
 
 def host_overhead_rule(profile: Profile) -> Finding | None:
@@ -88,7 +91,7 @@ def host_overhead_rule(profile: Profile) -> Finding | None:
     if gap is None:
         return None
     evidence = (
-        Evidence(what="op time / step time less data wait (" + ("ordinary steps" if gap.cuda else "deep steps") + ")",
+        Evidence(what="op time / step time less data wait (" + ("ordinary steps" if gap.ordinary else "deep steps") + ")",
                  value=round(gap.coverage, 4), threshold=OP_COVERAGE),
         Evidence(what="host gap per step", value=round(gap.gap_s, 6), unit="s"),
         Evidence(what="op time per deep step", value=round(gap.op_time_s, 6), unit="s"),
