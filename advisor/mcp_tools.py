@@ -124,7 +124,7 @@ def get_evidence(arguments: dict[str, Any]) -> dict[str, Any]:
     if rec is None:
         raise ToolError(f"no recommendation {finding!r} at this budget",
                         hint=f"'diagnosis', or one of: {', '.join(str(r.get('id')) for r in recs) or 'none'}")
-    keys = ("evidence", "prerequisites", "cost_model", "params", "block_plan", "curve", "calibration")
+    keys = ("evidence", "prerequisites", "cost_model", "params", "block_plan", "parts", "curve", "calibration")
     return {"session": report["session"]["id"], "finding": finding, **_summary(rec),
             **{key: rec.get(key) for key in keys}}
 

@@ -8,30 +8,19 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from checked import assert_consistent
+from test_zero_attach import attach as zero_attach
 
-ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ["examples/ddp.py", "--hidden", "256", "--layers", "6", "--batch", "1024", "--steps", "10"]
-LOSS = re.compile(r"^step (\d+) loss (\S+)$")
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def attach(home: Path, out: Path, *options: str) -> list[float]:
-    env = dict(os.environ, ADVISOR_HOME=str(home), OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
-    proc = subprocess.run([sys.executable, "-m", "advisor", "attach", "--headless", "--nproc-per-node", "2",
-                           "--json", str(out), *options, *SCRIPT], cwd=ROOT, env=env, text=True,
-                          capture_output=True, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert_consistent(json.loads(out.read_text()), str(out))
-    return [float(m.group(2)) for line in proc.stdout.splitlines() if (m := LOSS.match(line))]
+    return zero_attach(home, out, *options, script=SCRIPT, timeout=400)
 
 
 def test_a_joint_plan_fits_where_no_single_live_remedy_does_and_is_kept_on_both_ranks(tmp_path):

@@ -29,11 +29,12 @@ LOSS = re.compile(r"^step (\d+) loss (\S+)$")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-def attach(home: Path, out: Path, *options: str) -> list[float]:
+def attach(home: Path, out: Path, *options: str, script: list[str] = SCRIPT, timeout: float = 300) -> list[float]:
+    """``advisor attach --headless`` on 2 ranks; the losses rank 0 printed (its report checked)."""
     env = dict(os.environ, ADVISOR_HOME=str(home), OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
     proc = subprocess.run([sys.executable, "-m", "advisor", "attach", "--headless", "--nproc-per-node", "2",
-                           "--json", str(out), *options, *SCRIPT], cwd=ROOT, env=env, text=True,
-                          capture_output=True, timeout=300)
+                           "--json", str(out), *options, *script], cwd=ROOT, env=env, text=True,
+                          capture_output=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_consistent(json.loads(out.read_text()), str(out))  # the baseline's lies outside any tmp_path
     return [float(m.group(2)) for line in proc.stdout.splitlines() if (m := LOSS.match(line))]
