@@ -16,6 +16,15 @@ TINY = str(ROOT / "tests" / "scripts" / "tiny_train.py")
 SCRIPTS = ROOT / "tests" / "scripts"
 
 
+def _default_sigint() -> None:
+    """In the child before exec: SIGINT back to its default. A shell starts a background job
+    (``pytest ... &``) with SIGINT ignored, the ignore is inherited through exec, and Python then
+    never raises KeyboardInterrupt: the Ctrl-C tests read exit 0 whenever the suite ran that way."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def advisor(*args, timeout=180, **kwargs):
     return subprocess.run([sys.executable, "-m", "advisor", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout, **kwargs)
@@ -197,7 +206,7 @@ def test_ctrl_c_interrupts_the_script_and_exits_130(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "advisor", "attach", "--headless", "--probes", "none",
                              TINY, "--steps", "1000", "--sleep", "0.05", "--pid-file", str(pid_file)],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_default_sigint)
     _wait_for(pid_file)
     time.sleep(1.0)
     os.killpg(proc.pid, signal.SIGINT)  # what the terminal does on Ctrl-C

@@ -45,6 +45,15 @@ CASES: dict[str, tuple[str, list[str], list[str]]] = {
 }
 
 
+def _default_sigint() -> None:
+    """In the child before exec: SIGINT back to its default. A shell starts a background job
+    (``pytest ... &``) with SIGINT ignored, the ignore is inherited through exec, and Python then
+    never raises KeyboardInterrupt: the Ctrl-C tests read exit 0 whenever the suite ran that way."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _loss_lines(stdout: str) -> list[str]:
     return [line for line in stdout.splitlines() if LOSS_LINE.match(line)]
 
@@ -95,7 +104,7 @@ def test_ctrl_c_during_a_deep_step_ends_the_run(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "advisor", "attach", "--headless", "--deep-steps", "1,2,3,4,5",
                              "tests/scripts/python_rnn.py", "--steps", "1000", "--length", "64"],
                             cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_default_sigint)
     try:
         for line in proc.stdout:  # step 1 printed: deep step 2 is under way
             if line.startswith("step 1 "):
