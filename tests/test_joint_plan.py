@@ -51,8 +51,9 @@ def test_the_scaled_timeline_at_the_peak_is_the_stage_prediction(measured_step):
 
 
 def _brute(memory, recompute, stage_step, budget):
-    """The least-recompute selection of at least one block fitting HEADROOM of the budget, else
-    the budget, by enumerating every subset (the empty one standing for the cheapest single block)."""
+    """The least-recompute selection fitting HEADROOM of the budget, else the budget, by
+    enumerating every subset; where the empty one is cheapest, the cheapest single block that
+    still fits the bound (a plan has two parts)."""
     n = len(memory.blocks)
     for bound in (int(HEADROOM * budget), budget):
         fitting = [(sum(recompute[i] for i in s), s) for k in range(n + 1) for s in itertools.combinations(range(n), k)
@@ -60,7 +61,10 @@ def _brute(memory, recompute, stage_step, budget):
         if fitting:
             cost, chosen = min(fitting)
             if not chosen:
-                cost = min(recompute)
+                singles = [recompute[i] for i in range(n) if simulated_peak(memory, (i,)) <= bound]
+                if not singles:
+                    continue
+                cost = min(singles)
             return stage_step + cost
     return None
 

@@ -124,9 +124,9 @@ def stage_pick(stage: int, memory: ChainMemory, recompute_s: Sequence[float], st
     solved against ``HEADROOM`` of it first, as checkpointing alone is; None when none fits."""
     for bound in (int(HEADROOM * budget), budget):
         choice = solve(memory, recompute_s, bound)
-        if choice is None:
+        selected = None if choice is None else choice.selected or _cheapest_single(memory, recompute_s, bound)
+        if not selected:
             continue
-        selected = choice.selected or _cheapest_single(memory, recompute_s)
         peak = simulated_peak(memory, selected)
         cost = sum(recompute_s[i] for i in selected)
         return Pick(stage=stage, selected=selected, peak_bytes=peak, recompute_s=cost,
@@ -134,10 +134,11 @@ def stage_pick(stage: int, memory: ChainMemory, recompute_s: Sequence[float], st
     return None
 
 
-def _cheapest_single(memory: ChainMemory, recompute_s: Sequence[float]) -> tuple[int, ...]:
+def _cheapest_single(memory: ChainMemory, recompute_s: Sequence[float], bound: int) -> tuple[int, ...]:
     """The stage fits with nothing checkpointed: still a plan of two parts, with the one block
-    whose checkpoint costs least (it never raises the peak)."""
-    return (min(range(len(memory.blocks)), key=lambda i: (recompute_s[i], -memory.blocks[i].saving_bytes)),)
+    whose checkpoint costs least among those that keep the peak within ``bound``; () if none does."""
+    fitting = [i for i in range(len(memory.blocks)) if simulated_peak(memory, (i,)) <= bound]
+    return (min(fitting, key=lambda i: (recompute_s[i], -memory.blocks[i].saving_bytes)),) if fitting else ()
 
 
 def best_plan(picks: Sequence[Pick]) -> Pick | None:
