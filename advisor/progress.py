@@ -9,10 +9,10 @@ from typing import TextIO
 
 from advisor.records import events
 from advisor.records.events import Oom, WarningEvent
+from advisor.records.remedy import applied_name
 from advisor.records.results import ApplyResult, ApplyStarted
 from advisor.records.samples import Event, ExitInfo, Record, StepSample
 from advisor.records.units import fmt_bytes, fmt_seconds, plain_text
-from advisor.records.remedy import applied_name
 
 
 def step_line(sample: StepSample) -> str:
@@ -86,9 +86,9 @@ class ProgressPrinter:
             text = (f"out of memory in {payload.op or '?'} (module {payload.module or '?'}), "
                     f"requested {fmt_bytes(payload.requested_bytes)}")
         elif isinstance(payload, ApplyStarted):
-            text = f"applied {_named(payload)} at step {payload.at_step if payload.at_step is not None else '?'}; measuring"
+            text = f"applied {applied_name(payload.remedy, payload.recommendation_id)} at step {payload.at_step if payload.at_step is not None else '?'}; measuring"
         elif isinstance(payload, ApplyResult):
-            text = (f"{_named(payload)}: {payload.status}" + (f" ({payload.error})" if payload.error else "")
+            text = (f"{applied_name(payload.remedy, payload.recommendation_id)}: {payload.status}" + (f" ({payload.error})" if payload.error else "")
                     + (f" - {payload.reason}" if payload.reason else ""))
         else:
             return
@@ -101,7 +101,3 @@ class ProgressPrinter:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.stop()
-
-
-def _named(payload: ApplyStarted | ApplyResult) -> str:
-    return applied_name(payload.remedy, payload.recommendation_id)

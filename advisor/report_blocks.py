@@ -11,13 +11,13 @@ from typing import Any, Callable
 
 from advisor.blocks import Block, Cell, Column, Facts, Lines, Section, Span, Table
 from advisor.phrases import applied_time_line, calibration_line, exit_line, predicted_step
+from advisor.records.remedy import applied_name
 from advisor.records.units import MISSING, fmt_bytes, fmt_quantity, fmt_seconds
 from advisor.sections.comm import comm_blocks
 from advisor.sections.compute import compute_blocks
 from advisor.sections.links import links_blocks
 from advisor.sections.memory import memory_blocks
 from advisor.sections.regimes import regimes_blocks
-from advisor.records.remedy import applied_name
 
 PHASE_NAMES = ("data", "forward", "backward", "optimizer", "other")
 

@@ -75,7 +75,7 @@ Rule = Callable[["Profile"], "Finding | None"]
 Propose = Callable[["Profile", Finding], Proposal]
 
 
-# The waves remedies are asked in (``RemedySpec.wave``): first every remedy; then the fallbacks,
+# The waves remedies are asked in (``RemedySpec.fallback``, ``live_fallback``): first every remedy; then the fallbacks,
 # when nothing proposed so far fits; then the live fallbacks (joint plans), when nothing that
 # applies to the running job fits (a restart-class pipeline may fit where no live remedy does).
 FIRST, FALLBACK, LIVE_FALLBACK = 0, 1, 2

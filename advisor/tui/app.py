@@ -17,6 +17,7 @@ from textual.css.query import NoMatches
 from textual.widgets import DataTable, Footer, Header, TabbedContent, TabPane
 
 from advisor.records.advice import Recommendation
+from advisor.records.remedy import applied_name
 from advisor.records.results import ApplyResult
 from advisor.regime import apply_refusal, last_kept, revert_refusal
 from advisor.state import SessionState, Source
@@ -49,7 +50,6 @@ from advisor.tui.views.memory import MemoryView
 from advisor.tui.views.output import OutputView
 from advisor.tui.views.overview import OverviewView
 from advisor.tui.views.ranks import RanksView
-from advisor.records.remedy import applied_name
 
 # (key, tab id, tab label): one view per tab, each reachable by its key from anywhere. The tabs
 # name their keys, so the footer leaves them out: at 80 columns it has room for the actions.

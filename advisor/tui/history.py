@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from advisor.records.results import ApplyHistory
 from advisor.records.remedy import applied_name
+from advisor.records.results import ApplyHistory
 
 
 @dataclass(frozen=True, kw_only=True)

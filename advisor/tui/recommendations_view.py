@@ -12,12 +12,12 @@ from textual.message import Message
 from textual.widgets import DataTable, Static
 
 from advisor.records.advice import Diagnosis, Evidence, Recommendation
+from advisor.records.remedy import applied_name
 from advisor.records.results import ApplyResult, ApplyStarted
 from advisor.records.units import fmt_quantity
 from advisor.state import SessionState
 from advisor.tui.fit_table import Column, FitTable
 from advisor.tui.format import MISSING, fmt_bytes, fmt_change, fmt_seconds
-from advisor.records.remedy import applied_name
 
 
 

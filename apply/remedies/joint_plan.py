@@ -15,7 +15,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from advisor.apply.orchestrator import apply_in_order, ordered
+from advisor.apply import registry
+from advisor.apply.orchestrator import ordered
 from advisor.apply.target import Target
 
 logger = logging.getLogger("advisor.apply")
@@ -67,13 +68,13 @@ def apply_joint_plan(target: Target, *, parts: Sequence[Mapping[str, Any]]) -> J
     order = ordered(entries)
     handle = JointHandle(remedies=tuple(entries[i][0] for i in order))
     for i in order:
-        [outcome] = apply_in_order(target, [entries[i]])
-        if outcome.error is not None:
-            try:
-                handle.revert()
-            finally:
-                raise ValueError(f"joint plan: {outcome.remedy} failed ({outcome.error}); "
-                                 f"the parts applied before it were reverted") from outcome.error
-        handle.handles.append(outcome.handle)
+        name, params = entries[i]
+        try:
+            handle.handles.append(registry.apply_remedy(target, name, params))
+        except Exception as exc:
+            logger.warning("Applying %s failed: %s", name, exc)
+            handle.revert()  # the parts before it (appliers are atomic: the failed one changed nothing)
+            raise ValueError(f"joint plan: {name} failed ({exc}); "
+                             "the parts applied before it were reverted") from exc
     logger.info("Applied the joint plan %s as one unit", " + ".join(handle.remedies))
     return handle

@@ -273,9 +273,6 @@ class ModuleAttributor:
             self.backward_own[tag] = self.backward_own.get(tag, 0.0) + seconds
 
     # -- results ---------------------------------------------------------------------------
-    def backward_inclusive(self, name: str) -> float:
-        return self._inclusive_backward().get(name, 0.0)
-
     def _inclusive_backward(self) -> dict[str, float]:
         """Every module's backward seconds with its submodules': each tag's own time added to it
         and to each dotted prefix of it, one pass over the tags (a sum over every tag per module

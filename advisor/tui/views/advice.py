@@ -13,6 +13,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable
 
 from advisor.records.advice import CurvePoint, Recommendation
+from advisor.records.remedy import applied_name
 from advisor.records.results import ApplyHistory, ApplyResult
 from advisor.records.units import fmt_bytes, fmt_seconds
 from advisor.tui.chart import Chart
@@ -21,7 +22,6 @@ from advisor.tui.history import applied_rows
 from advisor.tui.recommendations_view import RecommendationsView
 from advisor.tui.result_view import ResultView
 from advisor.tui.view_model import ViewModel
-from advisor.records.remedy import applied_name
 
 MIB = 1024 * 1024
 
