@@ -75,3 +75,15 @@ def test_module_rows_stay_and_say_they_are_checkpointed() -> None:
     assert [(r["name"], r["checkpointed"]) for r in rows] == [("blocks.0", True)]
     reverted = _session(revert=True).snapshot()
     assert not any(r["checkpointed"] for r in build_report(reverted)["memory"]["modules"])
+
+
+def test_a_regime_shows_the_peak_its_diagnosis_reads_when_the_steps_carry_a_higher_one() -> None:
+    """The steps' own peaks (a light path's) above the tracked totals: the regime's peak is the
+    tracked one, the figure the memory section and a diagnosis of the regime read (it showed the
+    larger, and the checker caught an 8.52 MB regime beside an 8.47 MB diagnosis)."""
+    live = _session(revert=False)
+    for index in range(6, 12):
+        live.add(StepSample(index=index, time_s=0.3, deep=index == 6, end_time=100.0 + index,
+                            peak_memory_bytes=(20 << 20) + 4096))
+    regimes = build_regimes_section(live.snapshot(), None)
+    assert regimes[1]["peak_bytes"] == 20 << 20
