@@ -270,6 +270,29 @@ def test_ops_and_exposed_communication_fit_in_the_profiled_step_when_no_light_st
     assert_consistent(report)
 
 
+def test_without_a_light_step_the_compute_step_is_the_median_the_comm_section_reads() -> None:
+    """CI's zoo smoke ddp_tutorial (steps 1-3 deep, 24.8, 7.2 and 2.3 ms): the ops' own profiled
+    step (2.3 ms, step 3) was the compute section's step, beside the comm row's median exposed
+    time of steps 1-3, which outgrew it: ops squeezed to nothing and still over the step."""
+    from advisor.records.samples import OpStat
+
+    live = LiveState(session_id="short")
+    for index, (time_s, exposed) in enumerate([(0.013, 0.001), (0.0248, 0.004), (0.0072, 0.003), (0.0023, 0.001)]):
+        live.add(StepSample(index=index, time_s=time_s, end_time=100.0 + index, deep=index > 0,
+                            phases={"other_s": time_s}))
+        live.add(CollectiveStat(step=index, op="all_reduce", group_size=2, bytes=1 << 20,
+                                start=100.0 + index - exposed, time_s=exposed, exposed_s=exposed))
+    live.add(OpStat(step=3, name="aten.mm", phase="forward", count=1, flops=1e6, bytes=1e5, time_s=0.0012,
+                    dtype="float32"))
+    report = build_report(live.snapshot())
+    compute, [row] = report["compute"], report["comm"]
+    assert compute["time_base"] == "profiled step"
+    assert compute["step_time_s"] == pytest.approx(row["step_time_s"]) == pytest.approx(0.0072)
+    assert row["exposed_s"] == pytest.approx(0.003)
+    assert compute["op_time_s"] == pytest.approx(0.0012)  # fits beside the exposed 3 ms: not scaled
+    assert_consistent(report)
+
+
 @pytest.mark.parametrize("inline", [False, True])
 def test_ops_timed_inside_the_counting_mode_are_not_scaled_by_its_slowdown(inline) -> None:
     """Issue 37: a step of too many ops for a profiled step of their own keeps the counting step's

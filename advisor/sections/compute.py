@@ -8,11 +8,12 @@ over the deep-sampled steps that carry ``OpStat`` records (the timed steps).
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 from typing import Any, Mapping
 
 from advisor.blocks import Block, Column, Lines, Span, Table
-from advisor.recommend.comm import rank_comm
+from advisor.recommend.comm import ordinary_steps, rank_comm
 from advisor.recommend.roofline import OpFigures, dtype_key, op_verdict, step_summary
 from advisor.records.samples import OpStat
 from advisor.records.units import MISSING, fmt_rate, fmt_seconds
@@ -55,7 +56,8 @@ def _ceilings(spec: Mapping[str, Any] | None) -> tuple[dict[str, float], float |
     return dict(spec.get("peak_flops") or {}), spec.get("memory_bandwidth")
 
 
-def _step_scales(state: SessionState, ops: list[OpStat]) -> tuple[dict[int, float], dict[int, float], float | None]:
+def _step_scales(state: SessionState, ops: list[OpStat]) -> tuple[dict[int, float], dict[int, float], float | None,
+                                                                  float | None]:
     """Per timed step: the factor to an ordinary step and the profiled step's own time; and the
     ordinary step time. A profiled step's time is at least its ops' total, so that ops whose
     profiler times overlap still scale to no more than an ordinary step.
@@ -63,12 +65,17 @@ def _step_scales(state: SessionState, ops: list[OpStat]) -> tuple[dict[int, floa
     The factor is light / profiled, and at most what leaves room in the ordinary step for its
     exposed communication (``RankComm`` of the ops' rank): the probes slow the computation, not
     the wait for the other ranks, and the plain ratio read 19.1 ms of ops beside 11.7 ms of
-    exposed communication in a 22.7 ms step. Without a light step the room is left in the
-    profiled step itself (a 4-step 2-rank run read 0.78 ms of ops beside its exposed
-    communication in a step shorter than both)."""
+    exposed communication in a 22.7 ms step.
+
+    Without a light step the base is the median of the steps after step 0 (all profiled), the
+    statistic the comm section's step time and exposed time are: the profiled step itself left
+    a 2.0 ms step of a 4-step 2-rank run beside a median exposed 3 ms of the others. Returns
+    (scales, profiled step times, light step time, the base step time)."""
     light = light_step_time(state)
     rank = ops[0].rank if ops else 0
     samples = {s.index: s for s in state.steps.get(rank) or state.rank0_steps()}
+    steady = [s.time_s for s in ordinary_steps(list(samples.values())) if s.time_s > 0]
+    base = light or (statistics.median(steady) if steady else None)
     op_totals: dict[int, float] = defaultdict(float)
     for op in ops:
         op_totals[op.step] += op.time_s
@@ -82,13 +89,11 @@ def _step_scales(state: SessionState, ops: list[OpStat]) -> tuple[dict[int, floa
         profiled[step] = max(sample.time_s if sample else 0.0, total)
         # Ops timed inside the counting mode are each op's own run: on an ordinary step's base
         # already, shrunk only to fit in it; profiled ones shrink with their step's slowdown.
-        scales[step] = scale(light, total if step in inline else profiled[step])
+        scales[step] = scale(base, total if step in inline else profiled[step])
         if ordinary is not None and total > 0:
-            # The step the ops are shown in: the ordinary one, or the profiled one itself where no
-            # light step was timed (a short run whose steps after the warm-up were all deep).
-            room = max((light or profiled[step]) - ordinary.exposed_s, 1e-9)
+            room = max((base or profiled[step]) - ordinary.exposed_s, 1e-9)
             scales[step] = min(scales[step], room / total)
-    return scales, profiled, light
+    return scales, profiled, light, base
 
 
 def _kernel_timed(spec: Mapping[str, Any] | None) -> bool:
@@ -215,7 +220,7 @@ def build_compute_section(state: SessionState, spec: Mapping[str, Any] | None) -
     }
     if not steps:
         return empty
-    scales, profiled, light = _step_scales(state, ops)
+    scales, profiled, light, base = _step_scales(state, ops)
     inline = _inline_steps(ops)
     op_scales = _op_scales(scales, spec)
     summaries = []
@@ -226,11 +231,10 @@ def build_compute_section(state: SessionState, spec: Mapping[str, Any] | None) -
         # On the light base the step is the ordinary step: profiled x k is that step when the
         # profiled one was slower, but a profiled step faster than the median ordinary one (a
         # noisy run) would have read "ops 66 ms of a 101 ms step" beside a 2.17 s median step.
-        # Without a light step it is the profiled step as measured: the factor there only leaves
-        # room for the exposed communication, and must not shrink the step with its ops.
-        summaries.append(step_summary(figures, step_time_s=light or profiled[step], peak_flops=peaks,
+        # Without a light step it is the median profiled step (``_step_scales``).
+        summaries.append(step_summary(figures, step_time_s=base or profiled[step], peak_flops=peaks,
                                       bandwidth=bandwidth, mfu_step_time_s=light))
-        mfus.append(mfu_by_dtype(figures, light or profiled[step], peaks))
+        mfus.append(mfu_by_dtype(figures, base or profiled[step], peaks))
 
     def mean(name: str) -> float | None:
         values = [getattr(s, name) for s in summaries if getattr(s, name) is not None]
@@ -326,7 +330,8 @@ def time_base_note(compute: Mapping[str, Any]) -> str:
         pace = f"{ratio:.1f}x slower" if ratio >= 1.05 else ("as fast" if ratio > 0.95 else f"{1 / ratio:.1f}x faster")
         return (f"times per ordinary step of {fmt_seconds(step)} (profiled steps ran {pace}: "
                 f"ops {fmt_seconds(compute.get('profiled_op_time_s'))} of {fmt_seconds(profiled)} there)")
-    return "times on profiled steps (no ordinary step to normalise to)"
+    return (f"times on profiled steps, against their median of {fmt_seconds(step)} "
+            "(no ordinary step to normalise to)")
 
 
 def _pct(value: float | None) -> str:
