@@ -19,6 +19,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from advisor.recommend.rules._figures import FP32_DTYPES, MATMUL_OPS
+
 REPORT_SCHEMA = "advisor.report/1"
 DIFF_SCHEMA = "advisor.diff/1"
 PHASES = ("data_s", "forward_s", "backward_s", "optimizer_s", "other_s")
@@ -313,6 +315,7 @@ class _Checks:
                                 "section shows", **{f"evidence '{what}'": value,
                                                     f"comm[rank {min(rows)}].{key}": shown})
         self.data_wait(evidence)
+        self.op_evidence(evidence)
         item = evidence.get("peak memory")
         value = _num(item.get("value")) if item else None
         if value is not None and peak is not None and not _close(value, peak, abs_tol=BYTES_ABS_TOL):
@@ -320,28 +323,56 @@ class _Checks:
                         "section shows", **{"evidence 'peak memory'": value, "memory.peak_bytes": peak})
 
     def data_wait(self, evidence: Mapping[str, Mapping[str, Any]]) -> None:
-        """The input rule's 'data wait / step time' is the median data wait over the median step of
-        the lowest rank's ordinary steps in the steps the diagnosis describes (its summary says so),
-        where those steps are timed on the host (no device time)."""
-        item = evidence.get("data wait / step time")
-        value = _num(item.get("value")) if item else None
+        """The input rule's 'data wait / step time' and the optimizer-step rule's 'optimizer step /
+        step time' are the median phase over the median step of the lowest rank's ordinary steps in
+        the steps the diagnosis describes (their summaries say so), where those steps are timed on
+        the host (no device time)."""
         rank = self.first_rank()
-        if value is None or rank is None or not self.complete:
+        if rank is None or not self.complete:
             return
         steps = (self.report.get("diagnosis") or {}).get("steps") or {}
         ordinary = [s for s in self.light_steps(rank, first=steps.get("first"), last=steps.get("last"))
                     if s.get("index", 0) > 0 and not s.get("deep")]
         if not ordinary or any(s.get("device_time_s") is not None for s in ordinary):
             return
-        waits = [w for s in ordinary if (w := _num((s.get("phases") or {}).get("data_s")))]
         times = [t for s in ordinary if (t := _num(s.get("time_s"))) is not None]
-        if not waits or not times:
+        for what, phase in (("data wait / step time", "data_s"), ("optimizer step / step time", "optimizer_s")):
+            item = evidence.get(what)
+            value = _num(item.get("value")) if item else None
+            spent = [w for s in ordinary if (w := _num((s.get("phases") or {}).get(phase))) is not None]
+            if value is None or not spent or not times:
+                continue
+            shown = statistics.median(spent) / statistics.median(times)
+            if not _close(value, round(shown, 4), abs_tol=1e-4):
+                self.breach("diagnosis.evidence", f"the diagnosis's '{what}' must be the median {phase[:-2]} phase "
+                            "over the median ordinary step", **{f"evidence '{what}'": value,
+                                                                "from the steps": round(shown, 4)})
+
+    def op_evidence(self, evidence: Mapping[str, Mapping[str, Any]]) -> None:
+        """Where the diagnosis describes the whole session, the host-overhead rule's 'op time per deep
+        step' is the compute section's ``profiled_op_time_s``, and the compute rule's 'fp32
+        matmul/conv time per step' the fp32 matmul rows of ``ops`` as profiled (both are the ops'
+        own times per profiled step, of the compute section's rank)."""
+        if self.report.get("regimes"):
             return
-        shown = statistics.median(waits) / statistics.median(times)
-        if not _close(value, round(shown, 4), abs_tol=1e-4):
-            self.breach("diagnosis.evidence", "the diagnosis's 'data wait / step time' must be the median data "
-                        "wait over the median ordinary step", **{"evidence 'data wait / step time'": value,
-                                                                  "from the steps": round(shown, 4)})
+        compute = self.report.get("compute") or {}
+        item = evidence.get("op time per deep step")
+        value, shown = (_num(item.get("value")) if item else None), _num(compute.get("profiled_op_time_s"))
+        if value is not None and shown is not None and not _close(value, shown, abs_tol=SECONDS_ABS_TOL):
+            self.breach("diagnosis.evidence", "the diagnosis's 'op time per deep step' must be the compute "
+                        "section's profiled op time", **{"evidence 'op time per deep step'": value,
+                                                         "compute.profiled_op_time_s": shown})
+        item = evidence.get("fp32 matmul/conv time per step")
+        value = _num(item.get("value")) if item else None
+        rows = [r for r in self.report.get("ops") or [] if isinstance(r, Mapping)]
+        if value is None or not rows:
+            return
+        matmul = sum(t for r in rows if r.get("name") in MATMUL_OPS and r.get("dtype") in FP32_DTYPES
+                     and (t := _num(r.get("profiled_time_s"))) is not None)
+        if not _close(value, matmul, abs_tol=SECONDS_ABS_TOL):
+            self.breach("diagnosis.evidence", "the diagnosis's 'fp32 matmul/conv time per step' must be the fp32 "
+                        "matmul rows of the ops section", **{"evidence 'fp32 matmul/conv time per step'": value,
+                                                             "sum(ops[].profiled_time_s)": matmul})
 
     def applied(self) -> None:
         for i, entry in enumerate(self.report.get("applied") or []):

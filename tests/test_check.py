@@ -196,3 +196,71 @@ def test_a_data_wait_share_that_is_not_the_median_over_the_median_is_named() -> 
         if item["what"] == "data wait / step time":
             item["value"] = 0.45  # a mean of ratios, say
     assert [b.field for b in check_report(wrong)] == ["diagnosis.evidence"]
+
+
+def test_an_optimizer_share_that_is_not_the_median_over_the_median_is_named() -> None:
+    """The optimizer-step rule quotes the median optimizer phase over the median ordinary step,
+    the statistic of the input rule's share; nothing checked it."""
+    from advisor.records.samples import StepSample
+    from advisor.state import LiveState
+
+    live = LiveState(session_id="optimizer")
+    for index, (time_s, opt_s) in enumerate([(0.5, 0.1), (0.1, 0.05), (0.1, 0.04), (0.12, 0.07), (0.1, 0.05)]):
+        live.add(StepSample(index=index, time_s=time_s, end_time=100.0 + index,
+                            phases={"optimizer_s": opt_s, "forward_s": time_s - opt_s}))
+    report = build_report(live.snapshot())
+    evidence = {e["what"]: e for e in report["diagnosis"]["evidence"]}
+    assert evidence["optimizer step / step time"]["value"] == pytest.approx(0.05 / 0.1)
+    assert check_report(report) == []
+    wrong = copy.deepcopy(report)
+    for item in wrong["diagnosis"]["evidence"]:
+        if item["what"] == "optimizer step / step time":
+            item["value"] = round(statistics.fmean(o / t for t, o in [(0.1, 0.05), (0.1, 0.04), (0.12, 0.07),
+                                                                     (0.1, 0.05)]), 4)  # a mean of ratios
+    assert [b.line().split(":")[0] for b in check_report(wrong)] == ["diagnosis.evidence"]
+
+
+def test_a_host_gap_quoting_other_op_times_than_the_compute_section_is_named() -> None:
+    """The host-overhead rule's 'op time per deep step' is the compute section's profiled op time."""
+    from advisor.records.samples import OpStat, StepSample
+    from advisor.state import LiveState
+
+    live = LiveState(session_id="host")
+    for index in range(8):
+        time_s = 0.4 if index == 3 else 0.1
+        live.add(StepSample(index=index, time_s=time_s, deep=index == 3, end_time=100.0 + index,
+                            phases={"forward_s": time_s / 2, "backward_s": time_s / 2}))
+    live.add(OpStat(step=3, name="aten.addmm", module="fc", phase="forward", count=1, flops=10**6, bytes=10**5,
+                    time_s=0.02, dtype="float32"))
+    report = build_report(live.snapshot())
+    evidence = {e["what"]: e for e in report["diagnosis"]["evidence"]}
+    assert evidence["op time per deep step"]["value"] == pytest.approx(report["compute"]["profiled_op_time_s"])
+    assert check_report(report) == []
+    wrong = copy.deepcopy(report)
+    wrong["compute"]["profiled_op_time_s"] *= 1.5
+    wrong["compute"]["profiled_step_time_s"] *= 1.5
+    assert "diagnosis's 'op time per deep step'" in " ".join(b.line() for b in check_report(wrong))
+
+
+def test_an_fp32_matmul_time_that_is_not_the_ops_sections_is_named() -> None:
+    """The compute rule's 'fp32 matmul/conv time per step' is the fp32 matmul rows of ``ops`` as
+    profiled (kernel times on CUDA)."""
+    from advisor.records.samples import Event, OpStat, StepSample
+    from advisor.state import LiveState
+
+    live = LiveState(session_id="matmul")
+    live.add(Event(name="device_spec", data={"type": "cuda", "name": "H100", "peak_flops": {"fp32": 5e13, "tf32": 4e14},
+                                             "memory_bandwidth": 3e12}))
+    for index in range(6):
+        live.add(StepSample(index=index, time_s=0.1, deep=index == 2, end_time=100.0 + index,
+                            phases={"forward_s": 0.05, "backward_s": 0.05}))
+    for k in range(3):  # 3 x 25 ms of a 100 ms step, each 1e12 FLOP in 25 ms: 80% of the fp32 roof
+        live.add(OpStat(step=2, name="aten.mm", module=f"fc{k}", phase="forward", count=1, flops=10**12,
+                        bytes=10**8, time_s=0.025, dtype="float32"))
+    report = build_report(live.snapshot())
+    evidence = {e["what"]: e for e in report["diagnosis"]["evidence"]}
+    assert evidence["fp32 matmul/conv time per step"]["value"] == pytest.approx(0.075)
+    assert check_report(report) == []
+    wrong = copy.deepcopy(report)
+    wrong["ops"][0]["profiled_time_s"] *= 1.2
+    assert "'fp32 matmul/conv time per step'" in " ".join(b.line() for b in check_report(wrong))
