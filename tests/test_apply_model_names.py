@@ -47,7 +47,7 @@ def test_a_prefixed_name_is_applied_to_that_models_module() -> None:
         optG = torch.optim.SGD(netG.parameters(), lr=0.01)
         optD = torch.optim.SGD(netD.parameters(), lr=0.01)
         ex = agent.executor = Executor(agent.context)
-        for step in range(5):
+        for step in range(6):
             if step == 1:
                 ex.submit(ApplyCommand(recommendation=recommendation("ckpt", params={"modules": ["netD.main.2"]}),
                                        at_step=2, measure_steps=1))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_zero_attach import attach as zero_attach
 
-SCRIPT = ["examples/ddp.py", "--hidden", "256", "--layers", "6", "--batch", "1024", "--steps", "10"]
+SCRIPT = ["examples/ddp.py", "--hidden", "256", "--layers", "6", "--batch", "1024", "--steps", "12"]
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -44,7 +44,7 @@ def test_a_joint_plan_fits_where_no_single_live_remedy_does_and_is_kept_on_both_
 
     losses = attach(tmp_path / "plan", tmp_path / "plan.json", "--memory-budget", str(budget),
                     "--apply", plan.id, "--apply-at-step", "3")
-    assert len(losses) == len(base_losses) == 10
+    assert len(losses) == len(base_losses) == 12
     assert all(math.isclose(a, b, rel_tol=0, abs_tol=1e-5) for a, b in zip(losses, base_losses)), (losses, base_losses)
     report = json.loads((tmp_path / "plan.json").read_text())
     applied = [a for a in report["applied"] if a["recommendation_id"] == plan.id]
