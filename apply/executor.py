@@ -22,7 +22,8 @@ Flow of one ``{"type": "apply", ...}`` command:
    growth). Then ``measure_steps`` light steps give the step time: a deep step
    runs the deep probes and would overstate the remedy's cost several times
    over, and the light step right after the deep ones pays for their teardown,
-   so it is not timed either (``_settled``; the same holds in the before window). A handle with a ``step_period`` (a loader's workers, which deliver
+   so it is not timed either (``_settled``; the same holds in the before
+   window). A handle with a ``step_period`` (a loader's workers, which deliver
    batches in turn) gets whole periods of light steps: ``measure_steps``
    rounded up. Deep steps are what is left when no light step comes (a run that
    deep-samples every step); the window never spans more than
@@ -207,13 +208,18 @@ def _peak(samples: list[StepSample]) -> tuple[int | None, tuple[int, ...]]:
     return max(s.peak_memory_bytes for s in with_peak), tuple(s.index for s in with_peak)  # type: ignore[type-var]
 
 
-def _settled(samples: list[StepSample], light: list[StepSample]) -> list[StepSample]:
-    """The light steps that do not follow a deep step, or all of them when none is left. The
-    first light step after deep ones pays for the deep probes' teardown: hf_clm's read 11.5 ms
-    beside 8.4 ms steady (and 7.3 beside 5.6 before the apply), and a 3-step window that counted
-    it measured checkpointing 17% slower than the job ran with it."""
+def _after_deep_left_out(samples: list[StepSample], light: list[StepSample]) -> list[StepSample]:
+    """The ``light`` steps that do not follow a deep step of ``samples``. The first light step
+    after deep ones pays for the deep probes' teardown: hf_clm's read 11.5 ms beside 8.4 ms
+    steady (and 7.3 beside 5.6 before the apply), and a 3-step window that counted it measured
+    checkpointing 17% slower than the job ran with it."""
     deep = {s.index for s in samples if s.deep}
-    return [s for s in light if s.index - 1 not in deep] or light
+    return [s for s in light if s.index - 1 not in deep]
+
+
+def _settled(samples: list[StepSample], light: list[StepSample]) -> list[StepSample]:
+    """The light steps to time: those that do not follow a deep step, or all when none is left."""
+    return _after_deep_left_out(samples, light) or light
 
 
 def measure(samples: list[StepSample], *, warmup: int = 0, kind: str | None = None) -> Measurement:
@@ -288,7 +294,7 @@ def _window_done(after: list[StepSample], measure_steps: int, budget_bytes: int 
                  *, fixed: bool = False, period: int = 1) -> bool:
     """Warm-up and ``measure_steps`` deep steps, then ``measure_steps`` light ones rounded up to
     whole periods of ``period`` steps (or the bound), not counting a light step right after a deep
-    one (``_settled``): the bound has room for that one.
+    one (``_after_deep_left_out``): the bound has room for that one.
 
     ``fixed`` (several ranks): always the bound, so the window ends at the same step on every rank.
     """
@@ -300,8 +306,7 @@ def _window_done(after: list[StepSample], measure_steps: int, budget_bytes: int 
         return False
     if budget_bytes is not None and any((s.peak_memory_bytes or 0) > budget_bytes for s in after):
         return True  # over budget: the step time cannot change the verdict
-    deep = {s.index for s in after if s.deep}
-    light = sum(1 for s in after[1:] if not s.deep and s.index - 1 not in deep)
+    light = len(_after_deep_left_out(after, [s for s in after[1:] if not s.deep]))
     return light >= light_needed or len(after) >= bound
 
 

@@ -176,17 +176,22 @@ def test_the_checker_is_torch_free() -> None:
     assert proc.returncode == 0, proc.stderr
 
 
-def test_a_data_wait_share_that_is_not_the_median_over_the_median_is_named() -> None:
-    """The input rule quotes the median data wait over the median ordinary step; the ddp report's
-    "also: input: 6%" stood beside a phase table of mean fractions (8.9%), and nothing checked it."""
+def _phase_report(phase: str, steps: list[tuple[float, float]]) -> dict:
+    """The report of one rank's steps, each (time, seconds of ``phase``), the rest forward."""
     from advisor.records.samples import StepSample
     from advisor.state import LiveState
 
-    live = LiveState(session_id="input")
-    for index, (time_s, data_s) in enumerate([(0.5, 0.1), (0.1, 0.05), (0.1, 0.04), (0.12, 0.06), (0.1, 0.05)]):
+    live = LiveState(session_id=phase)
+    for index, (time_s, spent) in enumerate(steps):
         live.add(StepSample(index=index, time_s=time_s, end_time=100.0 + index,
-                            phases={"data_s": data_s, "forward_s": time_s - data_s}))
-    report = build_report(live.snapshot())
+                            phases={phase: spent, "forward_s": time_s - spent}))
+    return build_report(live.snapshot())
+
+
+def test_a_data_wait_share_that_is_not_the_median_over_the_median_is_named() -> None:
+    """The input rule quotes the median data wait over the median ordinary step; the ddp report's
+    "also: input: 6%" stood beside a phase table of mean fractions (8.9%), and nothing checked it."""
+    report = _phase_report("data_s", [(0.5, 0.1), (0.1, 0.05), (0.1, 0.04), (0.12, 0.06), (0.1, 0.05)])
     evidence = {e["what"]: e for e in report["diagnosis"]["evidence"]}
     assert report["diagnosis"]["bottleneck"] == "input"
     assert evidence["data wait / step time"]["value"] == pytest.approx(0.05 / 0.1)
@@ -201,14 +206,7 @@ def test_a_data_wait_share_that_is_not_the_median_over_the_median_is_named() -> 
 def test_an_optimizer_share_that_is_not_the_median_over_the_median_is_named() -> None:
     """The optimizer-step rule quotes the median optimizer phase over the median ordinary step,
     the statistic of the input rule's share; nothing checked it."""
-    from advisor.records.samples import StepSample
-    from advisor.state import LiveState
-
-    live = LiveState(session_id="optimizer")
-    for index, (time_s, opt_s) in enumerate([(0.5, 0.1), (0.1, 0.05), (0.1, 0.04), (0.12, 0.07), (0.1, 0.05)]):
-        live.add(StepSample(index=index, time_s=time_s, end_time=100.0 + index,
-                            phases={"optimizer_s": opt_s, "forward_s": time_s - opt_s}))
-    report = build_report(live.snapshot())
+    report = _phase_report("optimizer_s", [(0.5, 0.1), (0.1, 0.05), (0.1, 0.04), (0.12, 0.07), (0.1, 0.05)])
     evidence = {e["what"]: e for e in report["diagnosis"]["evidence"]}
     assert evidence["optimizer step / step time"]["value"] == pytest.approx(0.05 / 0.1)
     assert check_report(report) == []
