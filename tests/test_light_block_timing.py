@@ -74,11 +74,13 @@ def test_one_light_step_in_n_times_the_numbered_modules(clock: None) -> None:
     timed = {s.index: s.module_forward_s for s in steps if s.module_forward_s}
     assert sorted(timed) == [2, 5]  # steps every-1, 2*every-1: every other step carries nothing
     # Only the container's numbered members: not "head", not the blocks' "inner" Linear; one
-    # call each. Between its pre and post hooks a call reads the clock once per tensor autograd
-    # saves (the recompute spans' marks; the inner module's look-up reads none): blocks.0 saves
-    # its input and the ReLU's output, the later blocks the weight too (their input needs a gradient).
-    assert timed[2] == {"blocks.0": 3.0, "blocks.1": 4.0, "blocks.2": 4.0}
-    # A recompute span ends at the call's last save: here the ReLU's output, the last op.
+    # call each. Between its pre and post hooks a call reads the clock once when its forward
+    # starts (after its own pre-hooks) and once per tensor autograd saves (the recompute spans'
+    # marks; the inner module's look-up reads none): blocks.0 saves its input and the ReLU's
+    # output, the later blocks the weight too (their input needs a gradient).
+    assert timed[2] == {"blocks.0": 4.0, "blocks.1": 5.0, "blocks.2": 5.0}
+    # A recompute span runs from the forward's start to the call's last save: here the ReLU's
+    # output, the last op.
     assert steps[2].module_recompute_s == {"blocks.0": 2.0, "blocks.1": 3.0, "blocks.2": 3.0}
 
 
@@ -87,7 +89,7 @@ def test_calls_add_up_and_recomputation_in_backward_is_not_counted(clock: None) 
     # Two forwards in the step: each block's two calls add up. blocks.1 is checkpointed: its
     # forward runs again inside backward, which is recompute, not the training forward. Its own
     # checkpoint's hooks hide its saves: no recompute span (the forward stands for it).
-    assert steps[1].module_forward_s == {"blocks.0": 6.0, "blocks.1": 2.0, "blocks.2": 8.0}
+    assert steps[1].module_forward_s == {"blocks.0": 8.0, "blocks.1": 4.0, "blocks.2": 10.0}
     assert steps[1].module_recompute_s == {"blocks.0": 4.0, "blocks.2": 6.0}
 
 
@@ -148,6 +150,40 @@ def test_the_recompute_span_is_what_a_checkpoint_recomputes(monkeypatch: pytest.
     assert (forward, recomputed) == (6, 4)  # t addmm relu t [addmm add]: the early stop skipped the tail
     assert step.module_recompute_s["blocks.1"] == recomputed
     assert step.module_forward_s["blocks.1"] == forward
+
+
+def test_a_modules_own_pre_hook_is_in_its_forward_not_in_its_recompute(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint runs a module's forward again, not its hooks: FSDP2's pre-forward hook (put
+    first, ``prepend=True``) waits for the layer's all-gather, and the recomputation inside the
+    layer's backward does not repeat it. The clock counts aten ops: the hook's ops are in the
+    block's forward time and not in its recompute span (the zoo's FSDP2 layers' recompute read 3x
+    what checkpointing them cost when they were)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class OpClock(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            OpClock.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    monkeypatch.setattr(block_timer.time, "perf_counter", lambda: float(OpClock.ops))
+
+    def gather(module: torch.nn.Module, args: tuple) -> None:  # three ops, like an unshard's copy-out
+        torch.zeros(64).add_(1).mul_(2)
+
+    def spans(hooked: bool) -> tuple[float, float]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(Projected(), Projected())
+        if hooked:
+            model[1].register_forward_pre_hook(gather, prepend=True)
+        with OpClock():
+            step = _run({"light_timing_every": 2}, 2, model)[1]
+        return step.module_forward_s["1"], step.module_recompute_s["1"]
+
+    (forward, recompute), (hooked_forward, hooked_recompute) = spans(False), spans(True)
+    assert hooked_forward == forward + 3
+    assert hooked_recompute == recompute > 0
 
 
 def test_deep_steps_and_disabled_sampling_carry_nothing() -> None:
@@ -326,7 +362,7 @@ def test_a_timed_step_keeps_no_graph_that_no_backward_freed_and_changes_no_gradi
     reference = penalty_grads(model, x)
     model.zero_grad()
     timer = block_timer.BlockTimer(counting=lambda: True)
-    names = {id(m): name for name, m in model.named_modules() if block_timer.numbered(name)}
+    names = {id(m): (name, weakref.ref(m)) for name, m in model.named_modules() if block_timer.numbered(name)}
     handles = []
 
     def subscribe(pre, post):

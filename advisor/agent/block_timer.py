@@ -19,9 +19,14 @@ needs but whose output nothing saved, never runs again, and recomputing the bloc
 of its forward on this CPU (examples/gpt.py at hidden 256; 0.97 at the default 128, where Python
 dominates). So while it times, the timer also holds saved-tensor hooks that mark each save
 (a detached alias packed, one clock read or a re-recorded event per save), and each module's
-recompute span runs from its call's start to its last save (``recompute``). A module whose saves
-it never saw (its own checkpoint's hooks hid them, or the script disabled saved-tensor hooks) gets
-no span: the forward stands for it.
+recompute span runs from the start of its ``forward`` to its last save (``recompute``). The start
+is marked by a forward pre-hook the timer puts last on each timed module while it times: a
+checkpoint runs the module's forward again, not its hooks, and a ``fully_shard``ed layer's
+pre-hook waits for its parameters' all-gather, which the recomputation inside the layer's
+backward does not repeat (the forward span, from the call's start, still holds it: the zoo's
+FSDP2 layers' recompute was read 3x what it cost). A module whose saves it never saw (its own
+checkpoint's hooks hid them, or the script disabled saved-tensor hooks) gets no span: the forward
+stands for it.
 
 On CUDA the host clock would time the kernel launches, not the kernels: there each timed call
 records a pair of timing events on the current stream instead, and ``stop`` returns a
@@ -83,7 +88,9 @@ class BlockTimer:
         # ``counting``: whether a forward now is the training forward (not an evaluation pass).
         self._counting = counting
         self._names: dict[int, str] = {}
-        self._stack: list[tuple[int, Any, int]] = []  # (module id, start mark, saves before it)
+        # (module id, call's start mark, saves before it, its forward's start mark once its hooks ran)
+        self._stack: list[tuple[int, Any, int, Any]] = []
+        self._local: list[Any] = []  # the forward-start pre-hooks' handles while timing
         self.totals: dict[str, float] = {}
         self._pairs: list[tuple[str, Any, Any]] = []
         self.recompute: dict[str, float] = {}
@@ -100,11 +107,14 @@ class BlockTimer:
     def active(self) -> bool:
         return self._unsubscribe is not None
 
-    def start(self, names: dict[int, str], subscribe: Callable[[Any, Any], Unsubscribe], *,
+    def start(self, modules: dict[int, tuple[str, Any]], subscribe: Callable[[Any, Any], Unsubscribe], *,
               device: torch.device | None = None) -> None:
-        """Time the modules in ``names`` (id(module) -> qualified name) until ``stop``; on a
+        """Time ``modules`` (id(module) -> (qualified name, weak reference)) until ``stop``; on a
         CUDA ``device``, by timing events on its current stream, else by the host's clock."""
-        self._names = names
+        self._names = {key: name for key, (name, _) in modules.items()}
+        for _, ref in modules.values():
+            if (module := ref()) is not None:
+                self._local.append(module.register_forward_pre_hook(self._forward_start))
         self._stack = []
         self.totals, self.recompute = {}, {}
         self._pairs, self._recompute_pairs = [], []
@@ -124,6 +134,9 @@ class BlockTimer:
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
+        for handle in self._local:
+            handle.remove()
+        self._local = []
         if self._hooks is not None and self._thread == threading.get_ident():
             self._hooks.__exit__(None, None, None)  # another thread (an exit handler) cannot pop this one's
         self._hooks = self._thread = None
@@ -153,23 +166,30 @@ class BlockTimer:
     def pre(self, module: torch.nn.Module, args: Any) -> None:
         key = id(module)
         if key in self._names and torch._C._current_graph_task_id() == -1 and self._counting():
-            self._stack.append((key, self._mark(), self._saves))
+            self._stack.append((key, self._mark(), self._saves, None))
+
+    def _forward_start(self, module: torch.nn.Module, args: Any) -> None:
+        """The module's last pre-hook: its other hooks are done and its forward starts."""
+        if self._stack and self._stack[-1][0] == id(module) and self._stack[-1][3] is None:
+            key, start, saves, _ = self._stack[-1]
+            self._stack[-1] = (key, start, saves, self._mark())
 
     def post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if self._stack and self._stack[-1][0] == id(module):
-            key, start, saves = self._stack.pop()
+            key, start, saves, body = self._stack.pop()
             name = self._names[key]
             end = self._mark()
             last = self._last if self._saves > saves else None
+            body = start if body is None else body
             if self._device is not None:
                 self._pairs.append((name, start, end))
                 if last is not None:
-                    self._recompute_pairs.append((name, start, last))
+                    self._recompute_pairs.append((name, body, last))
                     self._last_taken = True
             else:
                 self.totals[name] = self.totals.get(name, 0.0) + (end - start)
                 if last is not None:
-                    self.recompute[name] = self.recompute.get(name, 0.0) + (last - start)
+                    self.recompute[name] = self.recompute.get(name, 0.0) + (last - body)
 
 
 def _unpack(tensor: torch.Tensor) -> torch.Tensor:

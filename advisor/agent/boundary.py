@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from advisor.agent.block_timer import BlockTimer, DeviceTimes, numbered, timing_event
+from advisor.agent.block_timer import BlockTimer, DeviceTimes, timing_event
 from advisor.agent.clock import PHASE_KEYS, Snapshot, StepClock
 from advisor.agent.deep import DeepSchedule
 from advisor.agent.objects import ScriptObjects
@@ -226,7 +226,7 @@ class Boundaries:
         if step == 1 or started:
             self._check_remedies(step)
         if deep and not started and self._deep.light_timing_due(step):
-            blocks = {key: name for key, name in self._objects.module_names().items() if numbered(name)}
+            blocks = self._objects.numbered_modules()
             if blocks:
                 self.timer.start(blocks, self._module_events.subscribe, device=self._objects.device)
         self._outbox.flush(sync=False)

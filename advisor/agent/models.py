@@ -14,6 +14,7 @@ from typing import Any, Iterable
 
 import torch
 
+from advisor.agent.block_timer import numbered
 from advisor.agent.naming import find_variable_name, unique_label
 from advisor.apply.target import unwrap  # the one unwrapping function
 from advisor.records.samples import ModelInfo
@@ -38,6 +39,7 @@ class ModelRegistry:
         self._rejected: weakref.WeakSet = weakref.WeakSet()  # top-level modules with nothing to train
         self._labels: dict[int, str] = {}  # id(model) -> its name in the script
         self._names: dict[int, str] = {}
+        self._numbered: dict[int, tuple[str, weakref.ref]] = {}  # the block timer's modules
 
     def models(self) -> list[torch.nn.Module]:
         return [m for ref, _ in self._roots if (m := ref()) is not None]
@@ -57,14 +59,22 @@ class ModelRegistry:
     def module_name(self, module: torch.nn.Module) -> str | None:
         return self._names.get(id(module))
 
+    def numbered(self) -> dict[int, tuple[str, weakref.ref]]:
+        """id(module) -> (qualified name, weak reference) for the numbered members of containers
+        (``blocks.3``): the modules the block timer times."""
+        return self._numbered
+
     def refresh_names(self) -> None:
         """With several models every name starts with its model's label (``netG.main.3``)."""
         self._names = {}
+        self._numbered = {}
         models = self.models()
         for model in models:
             prefix = self._labels.get(id(model), "") if len(models) > 1 else ""
             for name, sub in model.named_modules():
-                self._names.setdefault(id(sub), ".".join(part for part in (prefix, name) if part))
+                qualified = self._names.setdefault(id(sub), ".".join(part for part in (prefix, name) if part))
+                if numbered(qualified):
+                    self._numbered.setdefault(id(sub), (qualified, weakref.ref(sub)))
 
     def _known(self, model: torch.nn.Module) -> bool:
         return (any(ref() is model for ref, _ in self._roots) or self.module_name(model) is not None

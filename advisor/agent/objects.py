@@ -82,6 +82,10 @@ class ScriptObjects:
     def module_name(self, module: torch.nn.Module) -> str | None:
         return self._models.module_name(module)
 
+    def numbered_modules(self) -> dict[int, tuple[str, weakref.ref]]:
+        """id(module) -> (qualified name, weak reference) for the numbered members of containers."""
+        return self._models.numbered()
+
     def refresh_names(self) -> None:
         """Rebuild the module-name map (after a remedy changed the module tree)."""
         self._models.refresh_names()

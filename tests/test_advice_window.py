@@ -1,0 +1,87 @@
+"""The live advice loop leaves the job's steps alone: it does not re-advise on an apply window's
+steps (its CPU slowed the timed steps it measures) until the result, and it computes at a lower
+priority than the job."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from recommendations import recommendation
+
+from advisor import advice as advice_module
+from advisor.advice import ADVICE_NICENESS, WINDOW_STEPS, AdviceLoop
+from advisor.records.results import ApplyResult
+from advisor.records.samples import StepSample
+from advisor.records.settings import AgentSettings
+from advisor.state import LiveState
+
+
+def _loop(monkeypatch) -> tuple[AdviceLoop, list[int], list]:
+    refreshed: list[int] = []
+    monkeypatch.setattr(advice_module, "advise_state", lambda state, budget_bytes=None: (refreshed.append(1), (None, state.recommendations))[1])
+    live = LiveState()
+    live.update(recommendations=[recommendation("r", "t", apply_class="live-exact")])
+    sent: list = []
+    session = SimpleNamespace(live=live, options=SimpleNamespace(settings=AgentSettings()),
+                              send_command=lambda c: sent.append(c) or 1, id="s")
+    return AdviceLoop(session, budget_bytes=None), refreshed, sent
+
+
+def _deep(index: int) -> StepSample:
+    return StepSample(index=index, time_s=0.01, deep=True)
+
+
+def test_the_windows_steps_are_advised_on_when_its_result_comes(monkeypatch) -> None:
+    loop, refreshed, sent = _loop(monkeypatch)
+    try:
+        loop.on_record(_deep(1))
+        assert loop.wait_idle(30) and len(refreshed) == 1  # an ordinary deep step: advised on
+        assert loop.apply("r") is None
+        [command] = sent
+        for index in range(command.at_step, command.at_step + 3):  # the window's deep steps
+            loop.on_record(_deep(index))
+        assert loop.wait_idle(30) and len(refreshed) == 1
+        result = ApplyResult(remedy="t", recommendation_id="r", at_step=command.at_step, status="kept")
+        loop.on_record(result.event(rank=0, step=command.at_step + 3))
+        assert loop.wait_idle(30) and len(refreshed) == 2  # the result: advice on the whole window
+        loop.on_record(_deep(command.at_step + 10))
+        assert loop.wait_idle(30) and len(refreshed) == 3  # after it, deep steps again
+    finally:
+        loop.close()
+
+
+def test_a_result_that_never_comes_stops_the_wait(monkeypatch) -> None:
+    loop, refreshed, sent = _loop(monkeypatch)
+    try:
+        assert loop.apply("r") is None
+        loop.on_record(_deep(sent[0].at_step + 1))
+        assert loop.wait_idle(30) and refreshed == []
+        loop.on_record(_deep(sent[0].at_step + WINDOW_STEPS + 1))
+        assert loop.wait_idle(30) and len(refreshed) == 1
+    finally:
+        loop.close()
+
+
+def _nice(tid: int) -> int:
+    # /proc/self/task/TID/stat: the 19th field is the nice value (after the parenthesised name)
+    fields = Path(f"/proc/self/task/{tid}/stat").read_text().rpartition(")")[2].split()
+    return int(fields[16])
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread priority is Linux's")
+def test_the_advice_runs_below_the_jobs_priority(monkeypatch) -> None:
+    """The advice thread computes in bursts while the job trains on the same cores: it runs at a
+    lower priority, and the controller's other threads (the receiver, the main one) do not."""
+    loop, _, _ = _loop(monkeypatch)
+    try:
+        main = _nice(threading.get_native_id())
+        loop.on_record(_deep(1))
+        assert loop.wait_idle(30)  # the loop thread ran: its first act lowered its priority
+        assert _nice(loop._thread.native_id) == min(19, main + ADVICE_NICENESS)
+        assert _nice(threading.get_native_id()) == main
+    finally:
+        loop.close()
