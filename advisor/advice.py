@@ -11,13 +11,13 @@ recommendation into a command for every rank.
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
 from dataclasses import replace
 from typing import Any
 
+from advisor.priority import lower_priority
 from advisor.recommend.advise import advise
 from advisor.recommend.calibration import model_errors
 from advisor.recommend.profile import Profile, has_measurements, profile_from_records
@@ -32,7 +32,6 @@ from advisor.regime import apply_refusal, current_regime, inexact_refusal, rever
 from advisor.state import PendingApply, SessionState
 
 MEASURE_STEPS = 3  # steps measured after an apply before keep-or-revert
-ADVICE_NICENESS = 10  # how much lower than the controller's the advice thread's priority is
 # Steps past an apply's step after which its window is taken as over even with no result: far more
 # than a window takes (its deep steps, then MEASURE_STEPS settled light ones; apply/executor.py).
 WINDOW_STEPS = 32
@@ -152,7 +151,7 @@ class AdviceLoop:
 
     # -- background ------------------------------------------------------------------------
     def _loop(self) -> None:
-        lower_priority()
+        lower_priority()  # its bursts of CPU after each deep step must not slow the job's steps
         while not self._closed:
             with self._idle:
                 self._idle.wait_for(lambda: self._dirty or self._closed, 0.5)
@@ -345,23 +344,6 @@ class AdviceLoop:
             self._closed = True
             self._idle.notify_all()
         self._thread.join(2)
-
-
-def lower_priority(steps: int = ADVICE_NICENESS) -> None:
-    """Lower the calling thread's scheduling priority (Linux: a thread has its own nice value).
-
-    The advice is minutes of CPU over a long job, in bursts of 0.1-1 s after each deep step, while
-    the job trains on the same cores: on two cores a burst slowed an 11 ms step to 13-18 ms for
-    several steps, which the apply windows and the step-time baselines then read. At nice 10 the
-    job's threads get ~10 times the CPU share of this one when they compete, and it still runs at
-    full speed on an idle core. Elsewhere (no per-thread priority) nothing changes."""
-    if sys.platform != "linux":
-        return
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + steps)
-    except OSError:  # a sandbox that forbids it: advice at the job's priority, as before
-        pass
 
 
 def auto_nothing_reason(recs: list[Recommendation], *, allow_inexact: bool) -> str:

@@ -34,6 +34,7 @@ from typing import IO, Any, Callable, Iterator
 from advisor.errors import SessionError
 from advisor.exits import decide_exit
 from advisor.intake import RecordError, parse_record
+from advisor.priority import lower_priority
 from advisor.records.advice import Diagnosis, Recommendation
 from advisor.records.samples import PHASES, Event, Record
 from advisor.regime import interrupted_applies
@@ -159,6 +160,7 @@ class SessionStore:
         _remove(self._reserve)
 
     def _write_loop(self) -> None:
+        lower_priority()  # bulk writes: never ahead of the job's steps on a shared core
         while True:
             item = self._queue.get()
             batch = [item]

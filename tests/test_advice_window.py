@@ -13,7 +13,8 @@ import pytest
 from recommendations import recommendation
 
 from advisor import advice as advice_module
-from advisor.advice import ADVICE_NICENESS, WINDOW_STEPS, AdviceLoop
+from advisor.advice import WINDOW_STEPS, AdviceLoop
+from advisor.priority import BACKGROUND_NICENESS
 from advisor.records.results import ApplyResult
 from advisor.records.samples import StepSample
 from advisor.records.settings import AgentSettings
@@ -81,7 +82,27 @@ def test_the_advice_runs_below_the_jobs_priority(monkeypatch) -> None:
         main = _nice(threading.get_native_id())
         loop.on_record(_deep(1))
         assert loop.wait_idle(30)  # the loop thread ran: its first act lowered its priority
-        assert _nice(loop._thread.native_id) == min(19, main + ADVICE_NICENESS)
+        assert _nice(loop._thread.native_id) == min(19, main + BACKGROUND_NICENESS)
         assert _nice(threading.get_native_id()) == main
     finally:
         loop.close()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread priority is Linux's")
+def test_the_store_writes_below_the_jobs_priority(tmp_path) -> None:
+    from advisor.records.samples import RunInfo
+    from advisor.store import SessionStore
+
+    store = SessionStore(tmp_path / "session.sqlite")
+    try:
+        store.put(RunInfo(script="x.py", argv=[]))
+        main, tid = _nice(threading.get_native_id()), store._thread.native_id
+        # the writer lowers its priority first thing; no event marks it, so poll to a deadline
+        waited = threading.Event()
+        for _ in range(3000):
+            if _nice(tid) != main:
+                break
+            waited.wait(0.01)
+        assert _nice(tid) == min(19, main + BACKGROUND_NICENESS)
+    finally:
+        store.close()
