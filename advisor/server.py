@@ -25,6 +25,7 @@ import time
 from typing import Any, Callable
 
 from advisor.intake import RecordError, parse_record
+from advisor.priority import lower_priority
 from advisor.records.samples import Record
 from advisor.records.wire import HELLO_MAX, MAX_FRAME, FrameReader, encode
 
@@ -89,6 +90,9 @@ class ChannelServer:
         try:
             if self._handshake(peer, reader):
                 reader.max_length = MAX_FRAME
+                # After the handshake (a rank waits on it at start-up): the records' intake, a
+                # deep step's thousands at a time, never ahead of the job on a shared core.
+                lower_priority()
                 self._read_records(peer, reader)
         finally:
             if reader.rejected:

@@ -207,6 +207,25 @@ def test_deep_probe_teardown_is_not_the_next_steps_data_wait():
     assert all(s.phases["data_s"] < 0.05 for s in steps), [s.phases for s in steps]
 
 
+def test_the_boundary_after_a_deep_step_waits_for_its_records_to_be_sent():
+    """The records of a deep step go out at its boundary (the channel's drain), before the next
+    step's clock starts; a light step's boundary does not wait. The drain sees the deep step's
+    sample emitted already."""
+    emitted, drained = [], []
+    agent = Agent(emit=emitted.append, settings=AgentSettings(deep_steps=(1, 2)),
+                  drain=lambda: drained.append(max(s.index for s in _steps(emitted))))
+    hooks = install(agent)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 1)
+        _train(model, torch.optim.SGD(model.parameters(), lr=0.1), 5)
+        agent.flush(sync=True)
+    finally:
+        hooks.remove()
+    assert [s.deep for s in _steps(emitted)] == [False, True, True, False, False]
+    assert drained == [1, 2]
+
+
 def _run_probes(names, deep_steps, steps, model_factory=None):
     from advisor.agent.probe_registry import build_probes
     from advisor.records.samples import OpStat

@@ -2,11 +2,14 @@
 
 import socket
 import struct
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
+from advisor.priority import BACKGROUND_NICENESS
 from advisor.records.samples import Event, StepSample
 from advisor.records.wire import (
     MAX_FRAME,
@@ -145,6 +148,40 @@ def test_agent_sends_records_in_batches_not_one_write_per_record():
             time.sleep(0.01)
         assert [r.index for r in received] == list(range(40))
         assert channel.sent == 40 and channel.writes - writes <= 2  # at most split by one send round
+    finally:
+        channel.close(1)
+        server.close()
+
+
+def _nice(tid: int) -> int:
+    return int(Path(f"/proc/self/task/{tid}/stat").read_text().rpartition(")")[2].split()[16])
+
+
+def test_drain_returns_once_everything_emitted_is_sent(monkeypatch):
+    """A deep step's boundary drains the channel: its thousand records are encoded while the job
+    waits between steps, not beside the next step. With a send interval far longer than the test,
+    only the drain can have sent them."""
+    from advisor.agent import channel as channel_module
+    from advisor.agent.channel import AgentChannel
+
+    monkeypatch.setattr(channel_module, "SEND_INTERVAL_S", 600.0)
+    secret = new_secret()
+    received = []
+    server = ChannelServer(secret, received.append)
+    channel = AgentChannel(server.path, secret, spill_path=None)
+    try:
+        deadline = time.monotonic() + 5
+        while not channel.connected and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert channel.connected
+        for i in range(1000):
+            channel.emit({"kind": "step", "data": StepSample(index=i, time_s=0.1).to_dict()})
+        assert channel.drain(timeout=60)
+        assert channel.sent == 1000
+        assert channel.drain(timeout=0)  # nothing buffered: returns at once
+        if sys.platform == "linux":  # the controller's intake of records runs below the job's priority
+            [reader] = [t for t in threading.enumerate() if t.name == "advisor-recv"]
+            assert _nice(reader.native_id) == min(19, _nice(threading.get_native_id()) + BACKGROUND_NICENESS)
     finally:
         channel.close(1)
         server.close()

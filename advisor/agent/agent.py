@@ -67,11 +67,12 @@ class Agent:
     """Hook callbacks, and the parts they drive; one per training process."""
 
     def __init__(self, *, emit: Callable[[Record], None], settings: AgentSettings | None = None,
-                 probes: list[Probe] | None = None, rank: int = 0, world_size: int = 1) -> None:
+                 probes: list[Probe] | None = None, rank: int = 0, world_size: int = 1,
+                 drain: Callable[[], object] | None = None) -> None:
         self.settings = settings = settings if settings is not None else AgentSettings()
         self.rank, self.world_size = rank, world_size
         self.clock = clock = StepClock()
-        self.outbox = outbox = Outbox(emit, rank=rank, step=lambda: clock.step)
+        self.outbox = outbox = Outbox(emit, rank=rank, step=lambda: clock.step, drain=drain)
         self.objects = ScriptObjects(outbox, rank=rank, world_size=world_size, comm_switch=settings.comm_switch)
         self.probes = ProbeSet(list(probes or []), warn=outbox.warn, passes=(StopTraining,))
         self.deep = DeepSchedule(settings, self.probes, outbox, step=lambda: clock.step)

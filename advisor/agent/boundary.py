@@ -154,9 +154,13 @@ class Boundaries:
     def _boundary(self, kind: str, now: float) -> None:
         clock = self._clock
         clock.flush(now)
+        ended_deep = self._deep.active
         self._close_step(now, kind, on_device=True)
         clock.phase = "data"
         self._after_boundary(deep=True)
+        if ended_deep:
+            # Its records go out now, not beside the next step (``AgentChannel.drain``).
+            self._outbox.drain()
         # The advisor's own work at this boundary (the deep probes' teardown and set-up, the
         # one-off device micro-benchmark, an apply) is not the next step's data wait.
         clock.restart(time.perf_counter())

@@ -147,7 +147,7 @@ def start(settings: AgentSettings, *, script: str, argv: list[str], started: flo
         channel.emit({"kind": record.KIND, "data": record.to_dict()})
 
     probes, probe_warnings = build_probes(settings)
-    agent = Agent(emit=emit, settings=settings, probes=probes, rank=rank, world_size=world_size)
+    agent = Agent(emit=emit, settings=settings, probes=probes, rank=rank, world_size=world_size, drain=channel.drain)
     holder.append(agent)
     run_info = RunInfo(
         script=script, argv=argv, rank=rank, local_rank=local_rank,

@@ -26,8 +26,10 @@ Losses = list[tuple[torch.Tensor, bool]]  # each backward's loss, and whether it
 class Outbox:
     """Records to the controller: events, warnings, and step samples held until their loss is readable."""
 
-    def __init__(self, send: Callable[[Record], None], *, rank: int, step: Callable[[], int]) -> None:
+    def __init__(self, send: Callable[[Record], None], *, rank: int, step: Callable[[], int],
+                 drain: Callable[[], object] | None = None) -> None:
         self._send = send
+        self._drain = drain  # waits until the channel has sent what was emitted (AgentChannel.drain)
         self.rank = rank
         self._step = step  # the step in progress, for events and warnings
         # The last steps' samples as they closed (loss not read yet), for an executor created after them.
@@ -35,6 +37,11 @@ class Outbox:
         self._pending: list[tuple[StepSample, Losses, Any, DeviceTimes | None, tuple[Any, Any] | None]] = []
         # CUDA: the recent steps' device_time_s by index, as flush resolves them.
         self._device_times: dict[int, float] = {}
+
+    def drain(self) -> None:
+        """Wait, bounded, until what was emitted so far is sent (nothing without a channel)."""
+        if self._drain is not None:
+            self._drain()
 
     def emit(self, record: Record) -> None:
         try:
