@@ -102,8 +102,9 @@ def _environment(entry: Entry, steps: int, run: Path, home: Path) -> dict[str, s
     return env
 
 
-def command(entry: Entry, steps: int, run: Path, *, attach: list[str] | None) -> list[str]:
-    """The bare command (``attach`` None) or the ``advisor attach`` one with those options."""
+def command(entry: Entry, steps: int, run: Path, *, attach: list[str] | None, verb: str = "attach") -> list[str]:
+    """The bare command (``attach`` None) or the ``advisor attach`` one with those options (``verb``
+    "fit": ``advisor fit`` with them, on the entry's world size)."""
     script = str(ZOO / entry.script)
     args = [_format(a, entry, steps, run) for a in entry.args]
     if attach is None:
@@ -112,11 +113,14 @@ def command(entry: Entry, steps: int, run: Path, *, attach: list[str] | None) ->
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
                 str(entry.ranks), script, *args]
     ranks = ["--nproc-per-node", str(entry.ranks)] if entry.ranks > 1 else []
-    return [sys.executable, "-m", "advisor", "attach", "--headless", *ranks, *attach, script, *args]
+    headless = ["--headless"] if verb == "attach" else []
+    return [sys.executable, "-m", "advisor", verb, *headless, *ranks, *attach, script, *args]
 
 
-def execute(entry: Entry, steps: int, home: Path, kind: str, attach: list[str] | None, *, timeout_s: int) -> Run:
-    """Empty the run folder, copy the entry's data in, run one command and collect its results."""
+def execute(entry: Entry, steps: int, home: Path, kind: str, attach: list[str] | None, *, timeout_s: int,
+            verb: str = "attach") -> Run:
+    """Empty the run folder, copy the entry's data in, run one command and collect its results
+    (``verb`` "fit": ``advisor fit`` writes the report)."""
     base = home / entry.name
     data, run = base / "data", base / "run"
     if entry.prepare is not None and not data.exists():
@@ -132,7 +136,7 @@ def execute(entry: Entry, steps: int, home: Path, kind: str, attach: list[str] |
     report_path = base / f"{kind}.json"
     report_path.unlink(missing_ok=True)
     attach_args = None if attach is None else ["--json", str(report_path), *attach]
-    cmd = command(entry, steps, run, attach=attach_args)
+    cmd = command(entry, steps, run, attach=attach_args, verb=verb)
     cwd = run if entry.cwd == "run" else (ZOO / entry.script).parent
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=cwd, env=_environment(entry, steps, run, home), stdout=subprocess.PIPE,

@@ -1,0 +1,52 @@
+"""Workspaces a kernel sizes at run time, which its fake implementation leaves empty.
+
+oneDNN's LSTM/GRU layer (``aten.mkldnn_rnn_layer``, what ``nn.LSTM`` runs on the CPU in training)
+returns a workspace its backward reads: every time step's gates and states, laid out and padded as
+oneDNN chooses. PyTorch's meta kernel returns an empty one, so a fit of the zoo's word-language
+LSTM saw 0.47 MB of the layer's 3.2 MB of saved activations (-29% on the step's peak). When the
+target is this machine's CPU, ``real_workspace_bytes`` runs the op once for real on zeros of the
+same shapes (once per distinct call, at most ``MAX_PROBE_BYTES`` of inputs) and the fit gives the
+fake call a workspace of that size; otherwise (a larger layer, another target) the meta's stands.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+MAX_PROBE_BYTES = 256 * 2**20  # the real inputs a probe may allocate
+
+# op -> index of its workspace output
+WORKSPACE_OUTPUT = {torch.ops.aten.mkldnn_rnn_layer.default: 3}
+
+_sizes: dict[tuple, int | None] = {}
+
+
+def _key(args: tuple) -> tuple:
+    return tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else
+                 tuple(a) if isinstance(a, list) else a for a in args)
+
+
+def real_workspace_bytes(func: Any, args: tuple) -> int | None:
+    """The workspace's size in bytes when ``func`` runs for real on zeros shaped as ``args``;
+    None when the probe would allocate too much or fails."""
+    key = (func, torch.is_grad_enabled(), _key(args))  # without grad the kernel keeps no workspace
+    if key not in _sizes:
+        _sizes[key] = _probe(func, args)
+    return _sizes[key]
+
+
+def _probe(func: Any, args: tuple) -> int | None:
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if sum(t.numel() * t.element_size() for t in tensors) > MAX_PROBE_BYTES:
+        return None
+    with unset_fake_temporarily():
+        real = [torch.zeros(a.shape, dtype=a.dtype) if isinstance(a, torch.Tensor) else a for a in args]
+        try:
+            out = func(*real)
+        except RuntimeError:  # a build without oneDNN, say: the meta's workspace stands
+            return None
+        workspace = out[WORKSPACE_OUTPUT[func]]
+        return 0 if workspace is None else workspace.numel() * workspace.element_size()
