@@ -35,6 +35,7 @@ from advisor.state import SessionState
 SCHEMA = "advisor.fit/1"
 MODEL_STATE = ("parameter", "gradient", "optimizer_state")
 TOP_MODULES = 8
+TRACKED_STEP = 1  # the step a fit's memory probe tracks (advisor.records.fit.FIT_STEPS)
 
 
 def _fit_event(state: SessionState) -> dict[str, Any]:
@@ -106,10 +107,11 @@ def build_fit_report(state: SessionState, *, fit: FitSettings, budget_bytes: int
     }
     step = roofline_step(state, spec, fit)
     report["time"] = step.to_dict()
-    fits = predicted <= limit if limit else None
+    incomplete = _incomplete(event)
+    fits = predicted <= limit if limit and incomplete is None else None
     report["verdict"] = {"limit_bytes": limit, "limit": "--memory-budget" if budget_bytes else "the target's memory",
                          "predicted_bytes": predicted, "fits": fits,
-                         "headroom_bytes": (limit - predicted) if limit else None}
+                         "headroom_bytes": (limit - predicted) if limit else None, "incomplete": incomplete}
     tensor_budget = limit - sum(c.bytes for c in costs) if limit else None
     report["plan"] = None
     report["recommendations"] = []
@@ -118,6 +120,19 @@ def build_fit_report(state: SessionState, *, fit: FitSettings, budget_bytes: int
         report["recommendations"] = [r.to_dict() for r in recs]
         report["plan"] = _plan(recs, tensor_budget, costs_bytes=sum(c.bytes for c in costs))
     return report
+
+
+def _incomplete(event: dict[str, Any]) -> str | None:
+    """Why the tracked peak is not a whole training step's, or None. The memory probe tracks step
+    1 (step 0 builds the optimizer's state): a run that stopped before step 1 ended has a peak
+    without that step's activations or, before step 0 ended, its optimizer state. The zoo's llmc
+    stopped at a formatted loss in step 1 and lbfgs_sine at its evaluation's ``.numpy()`` there,
+    and both said "fits" on 26.6 MB against a measured 92.7 MB and 1.2 MB against 43.8 MB."""
+    steps = event.get("steps")
+    if steps is None or steps > TRACKED_STEP:
+        return None
+    return (f"the run stopped in step {steps}, before step {TRACKED_STEP} (the step the memory probe "
+            f"tracks) ended: the peak holds what ran, not a whole training step")
 
 
 def _unrunnable(event: dict[str, Any]) -> dict[str, Any] | None:
@@ -243,7 +258,10 @@ def render_fit_report(report: dict[str, Any]) -> str:
                          f"{fmt_seconds(time['collectives_exposed_s'])} of it not hidden by compute")
     verdict = report.get("verdict") or {}
     lines.append("")
-    if verdict.get("fits") is None:
+    if verdict.get("incomplete"):
+        lines.append(f"fits: unknown ({verdict['incomplete']}; predicted so far "
+                     f"{fmt_bytes(verdict['predicted_bytes'])})")
+    elif verdict.get("fits") is None:
         lines.append("fits: unknown (no memory size for the target)")
     else:
         word = "fits" if verdict["fits"] else "does not fit"

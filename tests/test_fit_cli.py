@@ -203,6 +203,12 @@ def test_a_data_access_after_a_step_stops_the_fit_cleanly_with_the_steps_before_
     assert code == 0, err[-2000:]
     line = next(i for i, text in enumerate(script.read_text().splitlines(), 1) if ".numpy()" in text)
     assert f"numpy_after_step.py:{line}" in out and "it reads tensor data" in out
-    run = json.loads(report.read_text())["run"]
+    data = json.loads(report.read_text())
+    run = data["run"]
     assert run["stopped_by"]["kind"] == "data" and run["stopped_by"]["step"] >= 1
     assert run["stopped_at"]["line"] == line
+    # It stopped in step 1, the step the memory probe tracks: no verdict on a part of a step (the
+    # zoo's llmc and lbfgs_sine said "fits" on peaks of a third and a fortieth of the measured).
+    assert run["steps"] == 1
+    assert data["verdict"]["fits"] is None and "before step 1" in data["verdict"]["incomplete"]
+    assert "fits: unknown (the run stopped in step 1" in out
