@@ -194,6 +194,18 @@ def test_the_plan_a_fit_writes_is_applied_by_attach_and_its_peak_holds(tmp_path:
 
 
 @pytest.mark.slow
+def test_a_loss_formatted_into_a_log_line_is_a_placeholder_read_not_a_stop(tmp_path: Path) -> None:
+    """``f"{loss:.4f}"`` on a fake tensor raised in ``FakeTensor.__format__`` and stopped llmc's fit in
+    step 1, before the tracked step ended: it is a read like ``.item()``, answered and counted."""
+    script = ROOT / "tests" / "fit_scripts" / "format_loss.py"
+    report = fit(tmp_path, str(script))
+    line = next(i for i, text in enumerate(script.read_text().splitlines(), 1) if ":.4f" in text)
+    run = report["run"]
+    assert run["stopped_by"] is None and run["steps"] == run["steps_wanted"]
+    assert [(r["line"], r["count"]) for r in run["placeholder_reads"]] == [(line, run["steps"] - 1)]
+    assert report["verdict"]["incomplete"] is None and report["verdict"]["fits"] is True
+
+
 def test_a_data_access_after_a_step_stops_the_fit_cleanly_with_the_steps_before_it(tmp_path: Path) -> None:
     """``.numpy()`` of a tensor after the first step (dcgan's save_image) ended the fit with exit 1:
     the step before it is measured, and the report says where and why it stopped."""

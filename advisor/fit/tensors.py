@@ -171,6 +171,23 @@ def _all_real(args: Any, kwargs: Any) -> bool:
     return found
 
 
+def install_formatting(patches: Patches) -> None:
+    """``f"{loss:.6f}"`` on a fake tensor reads its value, as on a real one: ``Tensor.__format__``
+    reads a 0-dim tensor through ``item()`` only when its type is exactly ``Tensor``, so a fake
+    one raised "unsupported format string passed to FakeTensor.__format__" and the fit of llmc's
+    trainer stopped in step 1 at its log line, before the step the memory probe tracks ended. Here
+    the read goes through ``item()``, which the fit answers with a placeholder (``advisor.fit.reads``),
+    counted by line like any other read."""
+    original = FakeTensor.__format__
+
+    def format_(self: FakeTensor, spec: str) -> str:
+        if spec and self.dim() == 0:
+            return format(self.item(), spec)
+        return original(self, spec)
+
+    patches.set(FakeTensor, "__format__", format_)
+
+
 def install_device_view(patches: Patches) -> None:
     """Make a fit's fake tensors say where they are in the script's code (see the module docstring):
     ``device``, ``is_cuda``, ``is_cpu`` and ``get_device()`` on ``FakeTensor``, restored by ``patches``."""

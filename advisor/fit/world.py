@@ -24,7 +24,7 @@ from advisor.fit.functions import DeviceCalls
 from advisor.fit.modules import install_module_moves
 from advisor.fit.patches import Patches
 from advisor.fit.reads import Reads
-from advisor.fit.tensors import FitTensorMode, install_device_view
+from advisor.fit.tensors import FitTensorMode, install_device_view, install_formatting
 from advisor.fit.weights import Weights
 from advisor.records.fit import FitSettings
 
@@ -66,6 +66,7 @@ class FitWorld:
                 install_device_view(patches)
                 mirror_autocast(patches)
                 _foreach_on_device(patches)
+            install_formatting(patches)
             install_module_moves(patches)
             install_world(patches, self.settings)
             Weights(self.mode).install(patches)
