@@ -63,6 +63,7 @@ class Boundaries:
         self._versions: int | None = None  # parameter versions after the last backward
         self._update_seen = False  # a no-optimizer loop updates through version-visible ops
         self.timer = BlockTimer(counting=lambda: clock.phase != "eval")
+        self._probed = False  # the step just closed was a deep step whose probes ran
         # CUDA: a timing event where the open step began (after the advisor's own boundary work),
         # paired with one at its end: the step's time on the device's timeline (device_time_s).
         self._start_event: Any = None
@@ -154,12 +155,11 @@ class Boundaries:
     def _boundary(self, kind: str, now: float) -> None:
         clock = self._clock
         clock.flush(now)
-        ended_deep = self._deep.active
         self._close_step(now, kind, on_device=True)
         clock.phase = "data"
         self._after_boundary(deep=True)
-        if ended_deep:
-            # Its records go out now, not beside the next step (``AgentChannel.drain``).
+        if self._probed:
+            # The deep probes' records go out now, not beside the next step (``AgentChannel.drain``).
             self._outbox.drain()
         # The advisor's own work at this boundary (the deep probes' teardown and set-up, the
         # one-off device micro-benchmark, an apply) is not the next step's data wait.
@@ -181,6 +181,7 @@ class Boundaries:
         step_events = (start_event, self._device_mark()) if on_device and start_event is not None else None
         deep = self._deep.active
         deep_probes = self._deep.stop(step)
+        self._probed = bool(deep_probes)  # a deep step that ran probes: many records to send
         extra: dict[str, Any] = {}
         for figures in self._probes.call_all("on_step_end", step):
             extra.update(figures or {})
