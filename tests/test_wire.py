@@ -125,20 +125,26 @@ def test_commands_reach_connected_agents():
         server.close()
 
 
-def test_agent_sends_records_in_batches_not_one_write_per_record():
-    """Records emitted within one send interval go out in one write: the training thread's emit
-    wakes no thread, so a step boundary pays no thread hand-off for its record (issue 15)."""
+def _connected():
+    """(records received, controller's server, agent's channel), the channel connected to it."""
     from advisor.agent.channel import AgentChannel
 
     secret = new_secret()
     received = []
     server = ChannelServer(secret, received.append)
     channel = AgentChannel(server.path, secret, spill_path=None)
+    deadline = time.monotonic() + 5
+    while not channel.connected and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert channel.connected
+    return received, server, channel
+
+
+def test_agent_sends_records_in_batches_not_one_write_per_record():
+    """Records emitted within one send interval go out in one write: the training thread's emit
+    wakes no thread, so a step boundary pays no thread hand-off for its record (issue 15)."""
+    received, server, channel = _connected()
     try:
-        deadline = time.monotonic() + 5
-        while not channel.connected and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert channel.connected
         writes = channel.writes
         for i in range(40):
             channel.emit({"kind": "step", "data": StepSample(index=i, time_s=0.1).to_dict()})
@@ -162,18 +168,10 @@ def test_drain_returns_once_everything_emitted_is_sent(monkeypatch):
     waits between steps, not beside the next step. With a send interval far longer than the test,
     only the drain can have sent them."""
     from advisor.agent import channel as channel_module
-    from advisor.agent.channel import AgentChannel
 
     monkeypatch.setattr(channel_module, "SEND_INTERVAL_S", 600.0)
-    secret = new_secret()
-    received = []
-    server = ChannelServer(secret, received.append)
-    channel = AgentChannel(server.path, secret, spill_path=None)
+    received, server, channel = _connected()
     try:
-        deadline = time.monotonic() + 5
-        while not channel.connected and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert channel.connected
         for i in range(1000):
             channel.emit({"kind": "step", "data": StepSample(index=i, time_s=0.1).to_dict()})
         assert channel.drain(timeout=60)
