@@ -122,24 +122,27 @@ class AdviceLoop:
         # after the deep ones times the blocks the predictions read (``_ready``).
         waiting = self.apply_request is not None and not self._applied_auto
         answered = isinstance(record, Event) and record.name in (ApplyResult.NAME, RevertResult.NAME)
-        if (isinstance(record, StepSample) and (record.deep or waiting) and not self._measuring(record.index)) or (
-                answered or isinstance(record, Event) and record.name == Oom.NAME):
-            with self._idle:
-                if answered:
-                    self._window = None
-                self._dirty = True
-                self._idle.notify_all()
+        stepped = isinstance(record, StepSample) and (record.deep or waiting)
+        if not (stepped or answered or isinstance(record, Event) and record.name == Oom.NAME):
+            return
+        with self._idle:
+            if answered:
+                self._window = None
+            elif stepped and self._measuring(record.index):
+                return
+            self._dirty = True
+            self._idle.notify_all()
 
     def _measuring(self, step: int) -> bool:
-        """Whether an apply's window is measuring the job at ``step``: its steps are not advised
-        on until the result comes (which advises on them all). Advice from the window's deep steps,
-        computed while the job ran its timed light steps, slowed those 20-40% on two cores (the zoo's
-        hf_clm read +23% over its prediction); the advice would be about a regime in flight anyway.
-        A result that never comes (a lost rank) stops the wait ``WINDOW_STEPS`` steps on."""
-        window = self._window
-        if window is None:
+        """Whether an apply's window is measuring the job at ``step`` (called holding ``_idle``):
+        its steps are not advised on until the result comes (which advises on them all). Advice
+        from the window's deep steps, computed while the job ran its timed light steps, slowed
+        those 20-40% on two cores (the zoo's hf_clm read +23% over its prediction); the advice
+        would be about a regime in flight anyway. A result that never comes (a lost rank) stops
+        the wait ``WINDOW_STEPS`` steps on."""
+        if self._window is None:
             return False
-        if step > window + WINDOW_STEPS:
+        if step > self._window + WINDOW_STEPS:
             self._window = None
             return False
         return True

@@ -193,32 +193,28 @@ def test_deep_probe_teardown_is_not_the_next_steps_data_wait():
             time.sleep(0.2)
 
     emitted = []
-    agent = Agent(emit=emitted.append, settings=AgentSettings(deep_steps=(1,)), probes=[SlowTeardown()])
-    hooks = install(agent)
-    try:
-        torch.manual_seed(0)
-        model = torch.nn.Linear(8, 1)
-        _train(model, torch.optim.SGD(model.parameters(), lr=0.1), 4)
-        agent.flush(sync=True)
-    finally:
-        hooks.remove()
+    _train_linear(Agent(emit=emitted.append, settings=AgentSettings(deep_steps=(1,)), probes=[SlowTeardown()]), 4)
     steps = _steps(emitted)
     assert [s.deep for s in steps] == [False, True, False, False]
     assert all(s.phases["data_s"] < 0.05 for s in steps), [s.phases for s in steps]
 
 
-def _drained(probes: list) -> tuple[list[StepSample], list[int]]:
-    emitted, drained = [], []
-    agent = Agent(emit=emitted.append, settings=AgentSettings(deep_steps=(1, 2)), probes=probes,
-                  drain=lambda: drained.append(max(s.index for s in _steps(emitted))))
+def _train_linear(agent: Agent, steps: int) -> None:
+    """``steps`` SGD steps of a seeded Linear(8, 1) under ``agent``'s hooks, its records flushed."""
     hooks = install(agent)
     try:
         torch.manual_seed(0)
         model = torch.nn.Linear(8, 1)
-        _train(model, torch.optim.SGD(model.parameters(), lr=0.1), 5)
+        _train(model, torch.optim.SGD(model.parameters(), lr=0.1), steps)
         agent.flush(sync=True)
     finally:
         hooks.remove()
+
+
+def _drained(probes: list) -> tuple[list[StepSample], list[int]]:
+    emitted, drained = [], []
+    _train_linear(Agent(emit=emitted.append, settings=AgentSettings(deep_steps=(1, 2)), probes=probes,
+                        drain=lambda: drained.append(max(s.index for s in _steps(emitted)))), 5)
     return _steps(emitted), drained
 
 

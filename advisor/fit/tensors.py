@@ -39,7 +39,7 @@ from torch._subclasses.fake_tensor import (
 from torch.utils._pytree import tree_flatten
 
 from advisor.fit.patches import Patches
-from advisor.fit.workspaces import WORKSPACE_OUTPUT, real_workspace_bytes
+from advisor.fit.workspaces import WORKSPACE_OUTPUT, with_real_workspace
 
 HOST: None = None  # the place of a host tensor; a device tensor's place is its device index
 
@@ -125,7 +125,7 @@ class FitTensorMode(FakeTensorMode):
         if failed is not None:
             return self._on_unrunnable(func, failed, args)
         if self.target is None and func in WORKSPACE_OUTPUT and not kwargs:
-            out = _with_real_workspace(func, args, out)
+            out = with_real_workspace(func, args, out)
         if named is not None:
             self.place_all(out, named)
         elif self.target is not None:
@@ -147,18 +147,6 @@ class FitTensorMode(FakeTensorMode):
                 continue
             if key not in self._places:  # a view or an in-place result keeps its base's place
                 self.place(tensor, place)
-
-
-def _with_real_workspace(func: Any, args: Any, out: Any) -> Any:
-    """``out`` with its workspace output (empty in the meta kernel) as large as the real kernel's
-    on this CPU (``advisor.fit.workspaces``)."""
-    size = real_workspace_bytes(func, tuple(args))
-    index = WORKSPACE_OUTPUT[func]
-    workspace = out[index]
-    if size is None or size == workspace.numel() * workspace.element_size():
-        return out
-    resized = workspace.new_empty((size // workspace.element_size(),))
-    return (*out[:index], resized, *out[index + 1:])
 
 
 def _all_real(args: Any, kwargs: Any) -> bool:

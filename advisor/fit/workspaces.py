@@ -29,6 +29,18 @@ def _key(args: tuple) -> tuple:
                  tuple(a) if isinstance(a, list) else a for a in args)
 
 
+def with_real_workspace(func: Any, args: Any, out: Any) -> Any:
+    """``out`` (the fake call's outputs) with its workspace as large as the real kernel's on this
+    CPU, when that differs and could be measured."""
+    size = real_workspace_bytes(func, tuple(args))
+    index = WORKSPACE_OUTPUT[func]
+    workspace = out[index]
+    if size is None or size == workspace.numel() * workspace.element_size():
+        return out
+    resized = workspace.new_empty((size // workspace.element_size(),))
+    return (*out[:index], resized, *out[index + 1:])
+
+
 def real_workspace_bytes(func: Any, args: tuple) -> int | None:
     """The workspace's size in bytes when ``func`` runs for real on zeros shaped as ``args``;
     None when the probe would allocate too much or fails."""
