@@ -185,6 +185,21 @@ def test_drain_returns_once_everything_emitted_is_sent(monkeypatch):
         server.close()
 
 
+def test_drain_does_not_wait_for_a_controller_not_connected(tmp_path):
+    """A sender still trying to connect completes no round: a deep step's boundary waited the whole
+    drain timeout for it. Unconnected, drain returns at once and the records stay buffered."""
+    from advisor.agent.channel import RETRY_S, AgentChannel
+
+    channel = AgentChannel(str(tmp_path / "no-controller.sock"), new_secret(), spill_path=None)
+    try:
+        channel.emit({"kind": "step", "data": StepSample(index=0, time_s=0.1).to_dict()})
+        started = time.monotonic()
+        assert channel.drain(timeout=60)
+        assert time.monotonic() - started < RETRY_S / 2 and channel.sent == 0  # it retries for RETRY_S
+    finally:
+        channel.close(1)
+
+
 def test_an_exit_record_goes_out_at_once_not_at_the_next_round(monkeypatch):
     """A process whose peer died may be torn down by its launcher before the next send round: its
     exit record and a lost peer's verdict wake the sender (a step record does not)."""

@@ -113,8 +113,9 @@ class AgentChannel:
         interpreter lock against the training thread in 5 ms turns: the light step after deep
         ones ran 10-40% slower than steady on the zoo's small jobs. Waiting here leaves the lock
         to the sender while the job is between steps; the boundary's own work is in no step's
-        time. Never waits for a controller that is not connected (the sender spills at once)."""
-        if not self._pending or self._closing:
+        time. Never waits while no controller is connected: one still being connected to holds
+        the sender in its retries (up to ``RETRY_S``), and a gone one is spilled to in the next round."""
+        if not self._pending or self._closing or not self.connected:
             return True
         with self._round_done:
             done = self._rounds
