@@ -19,7 +19,6 @@ from __future__ import annotations
 import errno
 import itertools
 import json
-import math
 import os
 import queue
 import sqlite3
@@ -27,7 +26,6 @@ import stat
 import threading
 import time
 import urllib.parse
-from array import array
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator
 
@@ -41,6 +39,8 @@ from advisor.regime import interrupted_applies
 from advisor.session_meta import check_meta
 from advisor.state import MAX_LIVE_STEPS, LiveState, SessionState
 from advisor.step_totals import StepTotals
+from advisor.store_steps import SCHEMA as STEPS_SCHEMA
+from advisor.store_steps import StepWriter, fold_steps, has_layout, sum_series
 
 SCHEMA_VERSION = 1
 RECEIVED_SEQ = "received_seq"  # meta key: {agent connection id: highest frame seq stored}
@@ -75,7 +75,7 @@ def _connect(path: Path) -> sqlite3.Connection:
         conn = sqlite3.connect(str(path), check_same_thread=False, timeout=10)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
-        conn.executescript(_SCHEMA)
+        conn.executescript(_SCHEMA + STEPS_SCHEMA)
     except sqlite3.DatabaseError as exc:
         raise SessionError(f"cannot create the session store {path} ({exc})") from None
     return conn
@@ -128,6 +128,7 @@ class SessionStore:
         os.close(fd)
         self._conn = _connect(path)
         self._queue: queue.Queue = queue.Queue()
+        self._steps = StepWriter()
         self._received: dict[str, int] = {}  # connection id -> highest frame seq stored (RECEIVED_SEQ)
         self.failed = 0
         self.last_failure = ""
@@ -153,6 +154,13 @@ class SessionStore:
             return
         self._queue.put(("record", (record, origin)))
 
+    def flush(self, *, checkpoint: bool = False, timeout: float = 60.0) -> bool:
+        """Wait until everything put so far is committed (False if not within ``timeout``);
+        ``checkpoint`` also moves the WAL into the file, so its size is the session's."""
+        done = threading.Event()
+        self._queue.put(("flush", (done, checkpoint)))
+        return done.wait(timeout)
+
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(10)
@@ -172,12 +180,15 @@ class SessionStore:
             stop = None in batch
             meta: dict[str, Any] = {}
             records = []
+            flushes = []
             for entry in batch:
                 if entry is None:
                     continue
                 kind, payload = entry
                 if kind == "meta":
                     meta.update(payload)
+                elif kind == "flush":
+                    flushes.append(payload)
                 else:
                     records.append(payload)
             if self.error:
@@ -187,6 +198,13 @@ class SessionStore:
                     self._commit(records, meta)
                 except (sqlite3.Error, OSError, MemoryError) as exc:
                     self._fail(exc, records, meta)
+            for done, checkpoint in flushes:
+                if checkpoint and not self.error:
+                    try:
+                        self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                    except sqlite3.Error:
+                        pass  # a reader holds the WAL: the size then includes it
+                done.set()
             if stop:
                 if self.error:
                     self._write_end_state()
@@ -204,10 +222,11 @@ class SessionStore:
                     received[origin[0]] = max(origin[1], received.get(origin[0], 0))
                     vouched = True
                 try:
-                    _insert(self._conn, record)
+                    _insert(self._conn, record, self._steps)
                 except _RECORD_ERRORS as exc:
                     self.failed += 1  # one unstorable record must not stop the writer
                     self.last_failure = f"{type(exc).__name__}: {exc}"[:300]
+            self._steps.trim(self._conn)
             if vouched:  # in the same transaction as the records it vouches for
                 self._conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
                                    (RECEIVED_SEQ, json.dumps(received)))
@@ -303,7 +322,11 @@ def _free_bytes(folder: Path) -> int:
     return info.f_bavail * info.f_frsize
 
 
-def _insert(conn: sqlite3.Connection, record: Record) -> None:
+def _insert(conn: sqlite3.Connection, record: Record, steps: StepWriter | None = None) -> None:
+    """One record's row; a step goes to the step tables (``steps``; None: the old layout's row)."""
+    if steps is not None and record.KIND == "step":
+        steps.insert(conn, record)
+        return
     data = record.to_dict()
     step = data.get("index") if record.KIND == "step" else data.get("step")
     conn.execute(
@@ -386,45 +409,30 @@ def _received_seq(conn: sqlite3.Connection) -> dict[str, int]:
     return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)}
 
 
-_NUMBER = (int, float)
-
-
-def _sum_steps(conn: sqlite3.Connection, rank: int, last_id: int) -> StepTotals:
-    """The summary figures of one rank's stored steps up to row ``last_id``.
+def _sum_steps(conn: sqlite3.Connection, rank: int, last_id: int) -> tuple[StepTotals, int]:
+    """A session of the old layout (steps in ``records``): the summary figures of one rank's
+    stored steps up to row ``last_id``, and how many rows there were.
 
     Only the fields the summary reads are checked (as ``advisor.intake`` would) and no
     record objects are built: a million steps take seconds, not most of a minute.
     """
-    times: dict[str, array] = {"steady": array("d"), "deep": array("d"), "warmup": array("d")}
-    sums: dict[str, list[float]] = {c: [0.0] * len(PHASES) for c in times}
-    last: tuple[int, Any] | None = None
-    loads = json.loads
     rows = conn.execute("SELECT data FROM records WHERE kind = 'step' AND rank = ? AND id <= ? ORDER BY id",
                         (rank, last_id))
-    for (text,) in rows:
-        try:
-            data = loads(text)
-            index, time_s, deep, loss = data["index"], data["time_s"], data.get("deep", False), data.get("loss")
-            phases = data.get("phases") or {}
-            values = [phases.get(k) or 0.0 for k in PHASES]
-        except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
-            continue
-        if (type(index) is not int or index < 0 or type(time_s) not in _NUMBER or not 0 <= time_s < math.inf
-                or type(deep) is not bool or (loss is not None and type(loss) not in _NUMBER)
-                or any(type(v) not in _NUMBER or not math.isfinite(v) for v in values)):
-            continue
-        category = "warmup" if index == 0 else "deep" if deep else "steady"
-        times[category].append(time_s)
-        row = sums[category]
-        for k, v in enumerate(values):
-            row[k] += v
-        last = (index, loss)
-    totals = StepTotals()
-    for category, values in times.items():
-        totals.add_many(category, values, dict(zip(PHASES, sums[category])))
-    if last is not None:
-        totals.set_last(*last)
-    return totals
+    return fold_steps(_legacy_fields(text) for (text,) in rows)
+
+
+_WRONG: tuple[Any, ...] = (None, None, None, None, *([None] * len(PHASES)))  # counted, never summed
+
+
+def _legacy_fields(text: Any) -> tuple[Any, ...]:
+    try:
+        data = json.loads(text)
+        deep, phases = data.get("deep", False), data.get("phases") or {}
+        if type(deep) is not bool:
+            return _WRONG
+        return (data["index"], data["time_s"], data.get("loss"), deep, *(phases.get(k) or 0.0 for k in PHASES))
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+        return _WRONG
 
 
 def read_meta(db_path: Path) -> dict[str, Any]:
@@ -465,15 +473,10 @@ class RecordReader:
         stored: dict[str, int] = {}
         try:
             stored = _received_seq(conn)
-            cutoff = self._sum_old_steps(conn)
-            skip_to = min(cutoff.values(), default=0)  # rows up to here that are steps were all summed
-            for row_id, kind, rank, data in conn.execute(
-                    "SELECT id, kind, rank, data FROM records WHERE kind != 'step' OR id > ? ORDER BY id", (skip_to,)):
-                if kind == "step" and row_id <= cutoff.get(rank, 0):
-                    continue  # summed above
-                record = self._parse(kind, data)
-                if record is not None:
-                    yield record
+            if has_layout(conn):
+                yield from self._read_layout(conn)
+            else:
+                yield from self._read_legacy(conn)
         except sqlite3.DatabaseError as exc:
             self.damaged = f"{self.db_path} is damaged ({exc}); records before the damage were read"
         finally:
@@ -487,6 +490,32 @@ class RecordReader:
             except SpillError as exc:
                 self.skipped_files.append(str(exc))
 
+    def _read_layout(self, conn: sqlite3.Connection) -> Iterator[Record]:
+        """Steps in their own tables (``advisor.store_steps``): the series summed where the full
+        records were trimmed, then every other record, then the full step records kept."""
+        self.totals, bad = sum_series(conn)
+        self._count_bad(bad, "step series row with wrong field types")
+        for kind, data in conn.execute("SELECT kind, data FROM records ORDER BY id"):
+            record = self._parse(kind, data)
+            if record is not None:
+                yield record
+        for (data,) in conn.execute("SELECT data FROM step_records ORDER BY id"):
+            record = self._parse("step", data)
+            if record is not None:
+                yield record
+
+    def _read_legacy(self, conn: sqlite3.Connection) -> Iterator[Record]:
+        """Steps among the other records (sessions written before ``advisor.store_steps``)."""
+        cutoff = self._sum_old_steps(conn)
+        skip_to = min(cutoff.values(), default=0)  # rows up to here that are steps were all summed
+        for row_id, kind, rank, data in conn.execute(
+                "SELECT id, kind, rank, data FROM records WHERE kind != 'step' OR id > ? ORDER BY id", (skip_to,)):
+            if kind == "step" and row_id <= cutoff.get(rank, 0):
+                continue  # summed above
+            record = self._parse(kind, data)
+            if record is not None:
+                yield record
+
     def _sum_old_steps(self, conn: sqlite3.Connection) -> dict[Any, int]:
         """Fold each rank's older steps into ``totals``; returns rank -> the last row id summed."""
         cutoff: dict[Any, int] = {}
@@ -497,12 +526,14 @@ class RecordReader:
             (last_id,) = conn.execute("SELECT id FROM records WHERE kind = 'step' AND rank = ? ORDER BY id DESC "
                                       "LIMIT 1 OFFSET ?", (rank, MAX_LIVE_STEPS)).fetchone()
             cutoff[rank] = last_id
-            self.totals[rank] = _sum_steps(conn, rank, last_id)
-            valid = self.totals[rank].count
-            if valid < count - MAX_LIVE_STEPS:
-                self.dropped += count - MAX_LIVE_STEPS - valid
-                self.last_problem = f"step record of rank {rank} with wrong field types"
+            self.totals[rank], seen = _sum_steps(conn, rank, last_id)
+            self._count_bad(seen - self.totals[rank].count, f"step record of rank {rank} with wrong field types")
         return cutoff
+
+    def _count_bad(self, bad: int, problem: str) -> None:
+        if bad > 0:
+            self.dropped += bad
+            self.last_problem = problem
 
     def _parse(self, kind: Any, data: Any, *, decoded: bool = False) -> Record | None:
         try:

@@ -31,10 +31,10 @@ def _failing_from(monkeypatch, first: int) -> None:
     """The store's inserts fail as SQLite fails on a full disk, from step ``first`` on."""
     insert = store_module._insert
 
-    def full(conn, record):
+    def full(conn, record, *steps):
         if isinstance(record, StepSample) and record.index >= first:
             raise sqlite3.OperationalError(FULL)
-        insert(conn, record)
+        insert(conn, record, *steps)
 
     monkeypatch.setattr(store_module, "_insert", full)
 

@@ -82,7 +82,7 @@ def test_a_stored_malformed_record_is_dropped_on_load_with_a_warning():
                      (json.dumps({"name": "apply_result", "data": ["not", "a", "dict"]}),))
         conn.execute("INSERT INTO records(received, kind, rank, step, data) VALUES (0, 'exit', 0, 1, ?)",
                      (json.dumps({"rank": 0, "code": 0, "reason": ["a"]}),))
-        conn.execute("INSERT INTO records(received, kind, rank, step, data) VALUES (0, 'step', 0, 3, ?)",
+        conn.execute("INSERT INTO step_records(rank, data) VALUES (0, ?)",
                      (json.dumps(StepSample(index=3, time_s=0.1).to_dict()),))
     state = load_state(folder / DB_NAME)
     assert [s.index for s in state.steps[0]] == [0, 1, 2, 3]

@@ -146,7 +146,7 @@ def test_killing_the_other_nodes_training_process_is_reported_on_the_rank_0_node
                 try:
                     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
                         rows = [json.loads(d) for (d,) in conn.execute("SELECT data FROM records WHERE kind = 'run'")]
-                        stepped = conn.execute("SELECT count(*) FROM records WHERE kind = 'step'").fetchone()[0]
+                        stepped = conn.execute("SELECT count(*) FROM step_records").fetchone()[0]
                 except sqlite3.OperationalError:  # the controller is still creating its store
                     continue
                 victim = next((r["pid"] for r in rows if r["rank"] == 1 and stepped >= 3), victim)
