@@ -158,7 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="steps to deep-sample (default 1,2,3; step 0 is the warm-up; the compute "
                              "probe counts ops and then times them on two steps of its own after the first of a run)")
     attach.add_argument("--deep-every", type=int, default=100, metavar="N",
-                        help="also deep-sample every N-th step (0: never; default 100)")
+                        help="also deep-sample every N-th step, the period doubling after every ten such steps up to "
+                             "64N (0: never; default 100)")
     attach.add_argument("--peak-flops", type=float, metavar="FLOPS", help="override the device's peak FLOP/s")
     attach.add_argument("--peak-bandwidth", type=float, metavar="B/S", help="override the device's memory bandwidth")
     attach.add_argument("--host-link-bandwidth", type=_rate, metavar="RATE",

@@ -24,7 +24,7 @@ from advisor.records.samples import RECORD_TYPES, Record
 # Numeric fields that may be negative; every other count, size, time and index is >= 0.
 _SIGNED = {"loss"}
 # Fields that are divisors or sizes of a world somewhere downstream: at least 1.
-_AT_LEAST_ONE = {"world_size", "group_size"}
+_AT_LEAST_ONE = {"world_size", "group_size", "steps_covered"}
 # Lists of global ranks: each >= 0, at most this many (the largest world a record describes).
 _RANK_LISTS = {"group_ranks"}
 # Maps of name -> seconds: every value a time, so >= 0 (the generic check only sees finite floats).

@@ -1,6 +1,7 @@
 """Which steps are deep-sampled, and by which probes.
 
-Deep steps are the steps in ``deep_steps`` (default 1, 2, 3), every ``deep_every``-th step, and
+Deep steps are the steps in ``deep_steps`` (default 1, 2, 3), every ``deep_every``-th step (the
+period doubling after every ten of them, ``advisor.records.schedule.periodic_deep_due``), and
 the steps asked for with ``request_deep`` (by the executor for its windows, by a probe for a step
 of its own). Probes' ``start_deep`` runs at the boundary before the step and ``stop_deep`` at the
 boundary after it, in reverse order (dispatch modes and saved-tensor hooks stack).
@@ -36,7 +37,7 @@ from advisor.agent.probeset import ProbeSet
 from advisor.apply.compiled import compiled_model, dynamo_graphs
 from advisor.probes.probe import Probe
 from advisor.records.samples import StepSample
-from advisor.records.schedule import light_timing_due
+from advisor.records.schedule import light_timing_due, periodic_deep_due
 from advisor.records.settings import AgentSettings
 
 
@@ -76,7 +77,7 @@ class DeepSchedule:
         """Whether ``step`` is one of the scheduled deep steps."""
         if step in self.steps:
             return True
-        return bool(self.every) and step > 0 and step % self.every == 0
+        return periodic_deep_due(step, self.every)
 
     def light_timing_due(self, step: int) -> bool:
         """Whether light step ``step`` times its numbered modules' forward (the first is step

@@ -149,6 +149,9 @@ class MemorySample(Record):
     allocated_bytes: int | None = None
     reserved_bytes: int | None = None
     device_used_bytes: int | None = None
+    # A light sample that stands for this many light steps (the bucket its step is in, from
+    # advisor.records.schedule.LIGHT_SAMPLES_FULL on): the one of largest total_bytes among them.
+    steps_covered: int = 1
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,6 +12,38 @@ from typing import Iterable
 
 DEEP_STEPS = (1, 2, 3)
 LIGHT_TIMING_EVERY = 5
+# Periodic deep steps back off: ten at the period asked for, then ten at twice it, and so on up to
+# DEEP_PERIOD_CAP times it. A deep step costs a few light steps and tens of kilobytes to hundreds
+# of store records; at every 100th step for good, a million-step run held 10,000 of them.
+DEEP_PER_PERIOD = 10
+DEEP_PERIOD_CAP = 64
+# Light memory samples: every light step's until step 2 * LIGHT_SAMPLES_FULL, then one per bucket
+# of light steps, a bucket twice as long each time the run doubles (the sample of largest total kept).
+LIGHT_SAMPLES_FULL = 10_000
+
+
+def periodic_deep_due(step: int, every: int) -> bool:
+    """Whether ``step`` is a periodic deep step (``--deep-every``): every ``every``-th step for the
+    first ``DEEP_PER_PERIOD`` of them, then the period doubles after each ``DEEP_PER_PERIOD`` more,
+    up to ``DEEP_PERIOD_CAP`` times ``every``. With 100: 100, 200, ... 1000, 1200, ... 3000, 3400, ..."""
+    if every <= 0 or step <= 0:
+        return False
+    start, period = 0, every
+    while period < every * DEEP_PERIOD_CAP:
+        end = start + DEEP_PER_PERIOD * period
+        if step <= end:
+            break
+        start, period = end, period * 2
+    return (step - start) % period == 0
+
+
+def light_sample_bucket(step: int, full: int = LIGHT_SAMPLES_FULL) -> tuple[int, int]:
+    """(bucket id, bucket length in steps) of light step ``step``'s memory sample: length 1 before
+    ``full``, then 2**k from ``full * 2**k`` on; buckets never straddle those steps."""
+    if step < 2 * full or full <= 0:
+        return step, 1
+    size = 1 << ((step // full).bit_length() - 1)
+    return step // size, size
 
 
 def light_timing_due(step: int, every: int = LIGHT_TIMING_EVERY) -> bool:

@@ -67,6 +67,7 @@ def build_memory_section(state: SessionState, *, budget_bytes: int | None) -> di
             "module": s.module,
             "total_bytes": s.total_bytes,
             "categories": {c: int(s.categories.get(c, 0)) for c in MEMORY_CATEGORIES},
+            "steps_covered": s.steps_covered,
         }
         for t, s in _downsample(points, MAX_TIMELINE_POINTS)
     ]
@@ -101,6 +102,9 @@ def build_memory_section(state: SessionState, *, budget_bytes: int | None) -> di
         "categories_at_peak": categories_at_peak,
         "categories_max": categories_max,
         "timeline": timeline,
+        # Light steps whose sample the agent folded into another's as the run grew (advisor/probes/
+        # memory/light_series.py): 0 while every light step has its own.
+        "light_steps_folded": sum(s.steps_covered - 1 for s in samples),
         "modules": modules,
         "module_time_scale": time_scale,
         "oom": _oom(state, rank),

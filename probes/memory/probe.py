@@ -33,6 +33,7 @@ from advisor.probes.memory.cuda import (
     start_memory_history,
     stop_memory_history,
 )
+from advisor.probes.memory.light_series import LightSeries
 from advisor.probes.memory.modules import ModuleAttributor
 from advisor.probes.memory.oom import (
     is_oom,
@@ -85,6 +86,7 @@ class MemoryProbe(Probe):
         self._sentinel_bytes = 0
         self._grad_total: int | None = None
         self._deep_peak: tuple[int, int] | None = None  # (step, tracked peak) of the last deep step
+        self._series = LightSeries()  # light samples downsampled as the run grows
 
     # -- Probe hooks -----------------------------------------------------------------------
     def attach(self, ctx: AgentContext) -> None:
@@ -212,6 +214,8 @@ class MemoryProbe(Probe):
             return
         self._follow_device(ctx)
         self._emit_partial_step(ctx)
+        for sample in self._series.flush():  # the light steps' largest, before the OOM's record
+            ctx.emit(sample)
         if getattr(exc, "advisor_oom_recorded", False):
             return
         tracker = self.tracker
@@ -244,6 +248,8 @@ class MemoryProbe(Probe):
             pass
 
     def detach(self, ctx: AgentContext) -> None:
+        for sample in self._series.flush():
+            ctx.emit(sample)
         for handle in self._handles:
             handle.remove()
         self._handles = []
@@ -408,18 +414,18 @@ class MemoryProbe(Probe):
             known = sum(categories.values())
             categories["other"] = max(0, allocated - known)  # activations, temporaries, inputs
             categories["offloaded_host"] = host_memory.held_bytes()  # pinned host copies: not device bytes
-        ctx.emit(
-            MemorySample(
-                rank=ctx.rank,
-                step=ctx.step,
-                time=time.perf_counter() - ctx.step_start,
-                event=f"{phase}_start",
-                categories=categories,
-                total_bytes=sum(categories.values()) - categories["offloaded_host"],
-                allocated_bytes=allocated,
-                reserved_bytes=reserved,
-            )
+        sample = MemorySample(
+            rank=ctx.rank,
+            step=ctx.step,
+            time=time.perf_counter() - ctx.step_start,
+            event=f"{phase}_start",
+            categories=categories,
+            total_bytes=sum(categories.values()) - categories["offloaded_host"],
+            allocated_bytes=allocated,
+            reserved_bytes=reserved,
         )
+        for ready in self._series.offer(sample):
+            ctx.emit(ready)
 
     def _cuda_view(self, ctx: AgentContext) -> dict[str, Any]:
         """Allocator counters plus NVML's view of this process (bytes; None where NVML cannot say)."""
