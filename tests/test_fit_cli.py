@@ -224,3 +224,22 @@ def test_a_data_access_after_a_step_stops_the_fit_cleanly_with_the_steps_before_
     assert run["steps"] == 1
     assert data["verdict"]["fits"] is None and "before step 1" in data["verdict"]["incomplete"]
     assert "fits: unknown (the run stopped in step 1" in out
+
+
+@pytest.mark.slow
+def test_deep_copies_of_a_model_and_of_real_host_state_run_and_the_peak_holds(tmp_path: Path) -> None:
+    """Lightning's ``self.log`` deep-copies a real host tensor (torchmetrics' ``add_state``): the fit
+    stopped there ("set the storage of a tensor on device meta to a storage on device cpu", the
+    zoo's lightning_lm). The copy is real, as under python; an EMA's deep copy of the model is fake
+    and counted: the fit's peak is the one attach measures."""
+    script = ROOT / "tests" / "fit_scripts" / "deepcopies.py"
+    attached = tmp_path / "attach.json"
+    procs = [_run(["attach", "--headless", "--json", str(attached), str(script)], tmp_path, "attach")]
+    report = fit(tmp_path, str(script))
+    code, out, err = _finish(procs[0])
+    assert code == 0, err[-3000:]
+    run = report["run"]
+    assert run["stopped_by"] is None and run["steps"] == run["steps_wanted"]
+    measured = json.loads(attached.read_text())["memory"]["peak_bytes"]
+    predicted = report["memory"]["tracked_peak_bytes"]
+    assert abs(predicted - measured) <= 0.05 * measured, (predicted, measured)

@@ -64,6 +64,12 @@ class DeviceCalls(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = dict(kwargs or {})
         name = getattr(func, "__name__", "")
+        if name == "__deepcopy__" and args and type(args[0]) is torch.Tensor:
+            # A copy of the script's real host data (a metric's default state, torchmetrics'
+            # ``add_state``) is real too, as under python; under the fake mode its new storage
+            # would be fake and the real tensor could not take it.
+            with unset_fake_temporarily():
+                return func(*args, **kwargs)
         if self.target is not None and args and isinstance(args[0], torch.Tensor):
             if name in _MOVES:
                 return self._move(name, args, kwargs)
