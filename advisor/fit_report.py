@@ -80,6 +80,7 @@ def build_fit_report(state: SessionState, *, fit: FitSettings, budget_bytes: int
                 "stopped_at": event.get("stopped_at"), "stopped_by": event.get("stopped_by"),
                 "placeholder_reads": event.get("placeholders") or [],
                 "early_reads": event.get("early_reads") or [],
+                "writes_folder": event.get("writes_folder"), "writes_redirected": event.get("writes") or [],
                 "exit_reason": state.exit_reason, "exit_code": state.exit_code},
         "unrunnable": _unrunnable(event),
         "warnings": warnings_of(state.events),
@@ -214,6 +215,11 @@ def render_fit_report(report: dict[str, Any]) -> str:
     for read in run.get("placeholder_reads") or []:
         lines.append(f"  {read['file']}:{read['line']} read a value {read['count']} time(s): answered 0 "
                      f"(fake tensors have no values): {read['code']}")
+    written = run.get("writes_redirected") or []
+    if written:
+        named = ", ".join(w["path"] for w in written[:3]) + (f" and {len(written) - 3} more" if len(written) > 3 else "")
+        lines.append(f"  the script wrote {len(written)} file(s) ({named}): written under {run.get('writes_folder')} "
+                     f"instead, with fake values; none of yours changed")
     if report.get("unrunnable"):
         found = report["unrunnable"]
         where = found.get("where") or {}

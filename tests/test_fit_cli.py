@@ -243,3 +243,29 @@ def test_deep_copies_of_a_model_and_of_real_host_state_run_and_the_peak_holds(tm
     measured = json.loads(attached.read_text())["memory"]["peak_bytes"]
     predicted = report["memory"]["tracked_peak_bytes"]
     assert abs(predicted - measured) <= 0.05 * measured, (predicted, measured)
+
+
+def test_the_scripts_writes_go_to_the_session_never_over_the_users_files(tmp_path: Path) -> None:
+    """``torch.save`` of a fit's fake state dict replaced a real checkpoint (689 bytes of fake
+    weights). Every file the script writes, makes, renames or removes under a fit is acted on under
+    ``<session>/writes`` instead, what it wrote reads back there, and the report names them."""
+    script = ROOT / "tests" / "fit_scripts" / "writes_files.py"
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "last.pt").write_bytes(b"the user's real checkpoint")
+    (out / "old.pt").write_bytes(b"an older one")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    report = tmp_path / "fit.json"
+    code, stdout, err = _finish(_run(["fit", "--json", str(report), str(script), str(out)], tmp_path, "writes"))
+    assert code == 0, err[-3000:]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing made, changed or removed
+    run = json.loads(report.read_text())["run"]
+    assert run["steps"] == run["steps_wanted"]  # the read-back and the rotation ran as under python
+    folder = Path(run["writes_folder"])
+    written = {w["path"]: w["count"] for w in run["writes_redirected"]}
+    assert str(out / "cache.txt") in written and str(out / "last.pt") in written
+    assert written[str(out / "ckpt.pt")] >= run["steps"]
+    shadow = folder / str(out).lstrip("/")
+    assert (shadow / "cache.txt").read_text() == "prepared\n" and (shadow / "last.pt").is_file()
+    assert (shadow / "logs" / "train.log").read_text().startswith("step 0\n")
+    assert "none of yours changed" in stdout

@@ -10,7 +10,10 @@ target), or why the script could not be run (``unrunnable``, then the run ends a
 
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
@@ -18,7 +21,10 @@ import torch.distributed as dist
 from advisor.agent.agent import StopTraining
 from advisor.agent.probe_registry import device_info
 from advisor.fit.reads import FitUnrunnable, Reads, raising_frame
+from advisor.agent.bootstrap import SESSION_ENV
 from advisor.fit.world import FitWorld
+from advisor.fit.writes import FOLDER, Shadow
+from advisor.paths import advisor_home
 from advisor.probes.memory.probe import MemoryProbe
 from advisor.records.fit import FIT_STEPS
 from advisor.records.samples import RunInfo
@@ -33,7 +39,8 @@ class FitRun:
         self.agent = agent
         self.settings = settings
         self.reads = Reads(steps=FIT_STEPS, steps_done=lambda: agent.step, stop=StopTraining)
-        self.world = FitWorld(settings, self.reads, tracked=self._tracked)
+        self.shadow = Shadow(_writes_folder(), keep=(advisor_home(),))
+        self.world = FitWorld(settings, self.reads, tracked=self._tracked, shadow=self.shadow)
         self.run_info = run_info
 
     def _tracked(self) -> int:
@@ -65,6 +72,7 @@ class FitRun:
             "stopped_by": log.stopped_by,
             "placeholders": _reads(log.placeholders), "early_reads": _reads(log.early),
             "communicators": communicators,
+            "writes_folder": str(self.shadow.root), "writes": self.shadow.redirected(),
         }
         if isinstance(exc, FitUnrunnable):
             data["unrunnable"] = {"message": str(exc), "kind": exc.kind, "op": exc.op, "where": exc.where}
@@ -74,6 +82,13 @@ class FitRun:
         if stopped:
             raise StopTraining(f"advisor fit: stopped early after {self.agent.step} step(s): the script raised "
                                f"{type(exc).__name__} reading data that fake tensors do not have") from None
+
+
+def _writes_folder() -> Path:
+    """``<session>/writes``: where the script's file writes go (a fresh temporary folder when the
+    process was not started by ``advisor fit``, in tests)."""
+    session = os.environ.get(SESSION_ENV)
+    return Path(session) / FOLDER if session else Path(tempfile.mkdtemp(prefix="advisor-fit-")) / FOLDER
 
 
 def _reads(counts: dict[tuple[str, int, str], int]) -> list[dict[str, Any]]:

@@ -4,8 +4,9 @@ In order: ``torch.cuda`` answers for the target (``cuda_api``), fake tensors say
 (``tensors``), CUDA autocast is mirrored on the CPU's (``autocast``), modules move by setting their
 parameters' data (``modules``), a process group of the target's world size is PyTorch's fake one
 and DDP runs on it (``distributed``), loaded weights are read as shapes (``weights``), batches are
-loaded for real outside the fake mode, ``torch.compile`` leaves models eager, and then the fake
-mode and the device calls' mode are entered. Everything is put back on the way out, last first. A process forked from inside (a
+loaded for real outside the fake mode, ``torch.compile`` leaves models eager, the script's file
+writes go to the session folder (``writes``), and then the fake mode and the device calls' mode are
+entered. Everything is put back on the way out, last first. A process forked from inside (a
 DataLoader worker) leaves the fake modes, so that its batches are real tensors.
 """
 
@@ -26,6 +27,7 @@ from advisor.fit.patches import Patches
 from advisor.fit.reads import Reads
 from advisor.fit.tensors import FitTensorMode, install_device_view, install_formatting
 from advisor.fit.weights import Weights
+from advisor.fit.writes import Shadow, install_writes
 from advisor.records.fit import FitSettings
 
 _ACTIVE: list["FitWorld"] = []
@@ -48,8 +50,10 @@ class FitWorld:
     """The script's view of the target (see the module docstring). ``tracked()``: the device bytes
     the memory tracker counts now, for ``torch.cuda.memory_allocated``."""
 
-    def __init__(self, settings: FitSettings, reads: Reads, *, tracked: Callable[[], int] = lambda: 0) -> None:
+    def __init__(self, settings: FitSettings, reads: Reads, *, tracked: Callable[[], int] = lambda: 0,
+                 shadow: Shadow | None = None) -> None:
         self.settings = settings
+        self.shadow = shadow
         self.reads = reads
         target = settings.device
         self.mode = FitTensorMode(target="cuda" if target is not None else None, on_unrunnable=reads.unrunnable)
@@ -72,6 +76,8 @@ class FitWorld:
             Weights(self.mode).install(patches)
             _real_batches(patches)
             _eager_compile(patches)
+            if self.shadow is not None:
+                install_writes(patches, self.shadow)
             self.mode.__enter__()
             self.calls.__enter__()
         except BaseException:
