@@ -58,6 +58,10 @@ def model_state(state: SessionState) -> dict[str, int] | None:
     return {**figures, "total": sum(figures.values()), "step": last.step}
 
 
+def _named(files: list[dict[str, Any]], shown: int = 3) -> str:
+    return ", ".join(f["path"] for f in files[:shown]) + (f" and {len(files) - shown} more" if len(files) > shown else "")
+
+
 def build_fit_report(state: SessionState, *, fit: FitSettings, budget_bytes: int | None) -> dict[str, Any]:
     event = _fit_event(state)
     spec = device_spec_from_state(state) or {}
@@ -81,6 +85,7 @@ def build_fit_report(state: SessionState, *, fit: FitSettings, budget_bytes: int
                 "placeholder_reads": event.get("placeholders") or [],
                 "early_reads": event.get("early_reads") or [],
                 "writes_folder": event.get("writes_folder"), "writes_redirected": event.get("writes") or [],
+                "writes_created": event.get("created") or [],
                 "exit_reason": state.exit_reason, "exit_code": state.exit_code},
         "unrunnable": _unrunnable(event),
         "warnings": warnings_of(state.events),
@@ -217,9 +222,12 @@ def render_fit_report(report: dict[str, Any]) -> str:
                      f"(fake tensors have no values): {read['code']}")
     written = run.get("writes_redirected") or []
     if written:
-        named = ", ".join(w["path"] for w in written[:3]) + (f" and {len(written) - 3} more" if len(written) > 3 else "")
-        lines.append(f"  the script wrote {len(written)} file(s) ({named}): written under {run.get('writes_folder')} "
-                     f"instead, with fake values; none of yours changed")
+        lines.append(f"  the script wrote {len(written)} file(s) ({_named(written)}): written under "
+                     f"{run.get('writes_folder')} instead (checkpoints, and files you had); none of yours changed")
+    created = run.get("writes_created") or []
+    if created:
+        lines.append(f"  the script created {len(created)} new file(s) where it said ({_named(created)}); "
+                     "values it wrote from the model are placeholders")
     if report.get("unrunnable"):
         found = report["unrunnable"]
         where = found.get("where") or {}

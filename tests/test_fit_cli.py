@@ -206,18 +206,36 @@ def test_a_loss_formatted_into_a_log_line_is_a_placeholder_read_not_a_stop(tmp_p
     assert report["verdict"]["incomplete"] is None and report["verdict"]["fits"] is True
 
 
-def test_a_data_access_after_a_step_stops_the_fit_cleanly_with_the_steps_before_it(tmp_path: Path) -> None:
-    """``.numpy()`` of a tensor after the first step (dcgan's save_image) ended the fit with exit 1:
-    the step before it is measured, and the report says where and why it stopped."""
+def test_a_data_access_after_a_step_is_a_placeholder_read_and_its_file_goes_to_the_session(tmp_path: Path) -> None:
+    """``.numpy()`` of a tensor after the first step (dcgan's save_image) stopped the fit in step 1,
+    before the tracked step ended: it is answered with zeros of the tensor's shape and dtype, counted
+    by line; the file the script writes from it, one the user had, is written in the session's
+    ``writes/`` instead."""
     script = ROOT / "tests" / "fit_scripts" / "numpy_after_step.py"
-    report = tmp_path / "fit.json"
-    code, out, err = _finish(_run(["fit", "--json", str(report), str(script)], tmp_path, "numpy"))
-    assert code == 0, err[-2000:]
+    saved = tmp_path / "snapshot.npy"
+    saved.write_bytes(b"the user's own snapshot")
+    data = fit(tmp_path, str(script), str(saved))
     line = next(i for i, text in enumerate(script.read_text().splitlines(), 1) if ".numpy()" in text)
-    assert f"numpy_after_step.py:{line}" in out and "it reads tensor data" in out
+    run = data["run"]
+    assert run["stopped_by"] is None and run["steps"] == run["steps_wanted"]
+    assert run["stopped_at"]["line"] == line  # the read after the last step ends the run, cleanly
+    assert [(r["line"], r["count"]) for r in run["placeholder_reads"]] == [(line, run["steps"] - 1)]
+    assert data["verdict"]["fits"] is True and saved.read_bytes() == b"the user's own snapshot"
+    assert [w["path"] for w in run["writes_redirected"]] == [str(saved)]
+
+
+def test_a_shape_read_after_a_step_stops_the_fit_cleanly_with_the_steps_before_it(tmp_path: Path) -> None:
+    """An op whose output shape depends on values (``nonzero``) after the first step: the step before
+    it is measured, and the report says where and why it stopped."""
+    script = ROOT / "tests" / "fit_scripts" / "shape_after_step.py"
+    report = tmp_path / "fit.json"
+    code, out, err = _finish(_run(["fit", "--json", str(report), str(script)], tmp_path, "shape"))
+    assert code == 0, err[-2000:]
+    line = next(i for i, text in enumerate(script.read_text().splitlines(), 1) if ".nonzero()" in text)
+    assert f"shape_after_step.py:{line}" in out and "its output shape depends on values" in out
     data = json.loads(report.read_text())
     run = data["run"]
-    assert run["stopped_by"]["kind"] == "data" and run["stopped_by"]["step"] >= 1
+    assert run["stopped_by"]["kind"] == "shape" and run["stopped_by"]["step"] >= 1
     assert run["stopped_at"]["line"] == line
     # It stopped in step 1, the step the memory probe tracks: no verdict on a part of a step (the
     # zoo's llmc and lbfgs_sine said "fits" on peaks of a third and a fortieth of the measured).
@@ -247,8 +265,9 @@ def test_deep_copies_of_a_model_and_of_real_host_state_run_and_the_peak_holds(tm
 
 def test_the_scripts_writes_go_to_the_session_never_over_the_users_files(tmp_path: Path) -> None:
     """``torch.save`` of a fit's fake state dict replaced a real checkpoint (689 bytes of fake
-    weights). Every file the script writes, makes, renames or removes under a fit is acted on under
-    ``<session>/writes`` instead, what it wrote reads back there, and the report names them."""
+    weights). Under a fit, checkpoints and any write to a file the user had go to
+    ``<session>/writes``, read back from there; the user's files are neither removed nor replaced;
+    other new files are written where the script says; the report names both."""
     script = ROOT / "tests" / "fit_scripts" / "writes_files.py"
     out = tmp_path / "out"
     out.mkdir()
@@ -258,14 +277,19 @@ def test_the_scripts_writes_go_to_the_session_never_over_the_users_files(tmp_pat
     report = tmp_path / "fit.json"
     code, stdout, err = _finish(_run(["fit", "--json", str(report), str(script), str(out)], tmp_path, "writes"))
     assert code == 0, err[-3000:]
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing made, changed or removed
+    # The user's files neither changed nor removed; what is new is the script's log and cache.
+    after = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if not p.is_dir()}
+    assert {k: after[k] for k in before} == before
+    assert set(after) - set(before) == {"cache.txt", "logs/train.log"}
+    assert after["logs/train.log"].startswith(b"step 0\n")
     run = json.loads(report.read_text())["run"]
     assert run["steps"] == run["steps_wanted"]  # the read-back and the rotation ran as under python
     folder = Path(run["writes_folder"])
     written = {w["path"]: w["count"] for w in run["writes_redirected"]}
-    assert str(out / "cache.txt") in written and str(out / "last.pt") in written
+    assert set(written) == {str(out / "ckpt.pt"), str(out / "last.pt")}  # the checkpoints: always
     assert written[str(out / "ckpt.pt")] >= run["steps"]
     shadow = folder / str(out).lstrip("/")
-    assert (shadow / "cache.txt").read_text() == "prepared\n" and (shadow / "last.pt").is_file()
-    assert (shadow / "logs" / "train.log").read_text().startswith("step 0\n")
-    assert "none of yours changed" in stdout
+    assert (shadow / "last.pt").is_file() and not (shadow / "ckpt.pt").exists()  # replaced there
+    # New files that are not checkpoints are written where the script says, and named.
+    assert {w["path"] for w in run["writes_created"]} == {str(out / "cache.txt"), str(out / "logs" / "train.log")}
+    assert "none of yours changed" in stdout and "created 2 new file(s)" in stdout

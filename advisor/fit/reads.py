@@ -152,10 +152,48 @@ class Reads:
                 raise FitUnrunnable(_explain(kind, op, where, done), where, op, kind)
             self.log.stopped_at, self.log.stopped_by = where, {"op": op, "kind": kind, "step": done}
             raise self._stop(f"advisor fit: stopped early: {_explain(kind, op, where, done)}")
+        self._count(where, done)
+        return placeholder(args[0] if args else None)
+
+    def array(self, tensor: Any) -> Any:
+        """``tensor.numpy()`` (or ``tolist()``) on a fake tensor: a read of all its values, decided
+        as ``item()`` is (after the steps, the clean stop; before, zeros of its shape and dtype,
+        counted by line). What the script then writes from it goes to the session's ``writes/``
+        (``advisor.fit.writes``), never over the user's files (dcgan's ``save_image`` in step 1
+        stopped its fit before the tracked step ended)."""
+        import numpy as np
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():
+            dtype = torch.zeros((), dtype=tensor.dtype).numpy().dtype  # raises as a real one would (bf16)
+        if not ours_first():
+            where = script_frame()
+            done = self.steps_done()
+            if done >= self.steps:
+                self.log.stopped_at = where
+                raise self._stop(f"advisor fit: stopped at {_line(where)} after {done} step(s): it reads "
+                                 "tensor data that fake tensors do not have")
+            self._count(where, done)
+        return np.zeros(tuple(tensor.shape), dtype=dtype)
+
+    def _count(self, where: dict[str, Any] | None, done: int) -> None:
         key = (where or {}).get("file", "?"), (where or {}).get("line", 0), (where or {}).get("code", "")
         counts = self.log.early if done == 0 else self.log.placeholders
         counts[key] = counts.get(key, 0) + 1
-        return placeholder(args[0] if args else None)
+
+
+def install_array_reads(patches: Any, reads: Reads) -> None:
+    """``numpy()`` and ``tolist()`` of a fake tensor go through ``Reads.array``."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def numpy_(self: Any, *, force: bool = False) -> Any:
+        return reads.array(self)
+
+    def tolist_(self: Any) -> Any:
+        return reads.array(self).tolist()
+
+    patches.set(FakeTensor, "numpy", numpy_)
+    patches.set(FakeTensor, "tolist", tolist_)
 
 
 def _line(where: dict[str, Any] | None) -> str:

@@ -73,6 +73,7 @@ class FitRun:
             "placeholders": _reads(log.placeholders), "early_reads": _reads(log.early),
             "communicators": communicators,
             "writes_folder": str(self.shadow.root), "writes": self.shadow.redirected(),
+            "created": self.shadow.created(),
         }
         if isinstance(exc, FitUnrunnable):
             data["unrunnable"] = {"message": str(exc), "kind": exc.kind, "op": exc.op, "where": exc.where}

@@ -24,7 +24,7 @@ from advisor.fit.distributed import install_world
 from advisor.fit.functions import DeviceCalls
 from advisor.fit.modules import install_module_moves
 from advisor.fit.patches import Patches
-from advisor.fit.reads import Reads
+from advisor.fit.reads import Reads, install_array_reads
 from advisor.fit.tensors import FitTensorMode, install_device_view, install_formatting
 from advisor.fit.weights import Weights
 from advisor.fit.writes import Shadow, install_writes
@@ -71,6 +71,7 @@ class FitWorld:
                 mirror_autocast(patches)
                 _foreach_on_device(patches)
             install_formatting(patches)
+            install_array_reads(patches, self.reads)
             install_module_moves(patches)
             install_world(patches, self.settings)
             Weights(self.mode).install(patches)

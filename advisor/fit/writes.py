@@ -1,23 +1,29 @@
-"""The script's file writes under a fit go to the session folder, never over the user's files.
+"""Under a fit, the script's writes never change or remove a file the user had.
 
-A fit runs the script on fake tensors: what it writes (a checkpoint of fake weights, an image of
-placeholder pixels, a log of placeholder losses) is not what a real run would write, and writing
-it over the user's files loses theirs (``torch.save`` of a fake state dict replaced a real
-checkpoint with 689 bytes). So for the length of the fit, in the training process (and the
-DataLoader workers it forks), every file the script opens for writing, appending or updating is
-opened at the same path under ``<session>/writes/`` instead, its folders made there; a later open
-for reading of a path written so is opened there too, so a script that writes and reads back (a
-cache it prepares, ``np.memmap`` of a file it just wrote) runs as under python. Folders made
-(``os.makedirs``, ``os.mkdir``) are made there; removals and renames act there, and on a path
-only the user's tree has they do nothing. Every path redirected is counted and named in the report.
+A fit runs the script on fake tensors: what it writes from them (a checkpoint of fake weights, a
+log of placeholder losses) is not what a real run writes, and written over the user's files it
+loses theirs (``torch.save`` of a fake state dict replaced a real checkpoint with 689 bytes). So
+for the length of the fit, in the training process (and the DataLoader workers it forks):
 
-What goes through Python's ``open`` (``builtins.open``, ``io.open``, ``Path.open`` and its
-``write_*``, ``torch.save``, numpy, PIL, ``logging.FileHandler``s made during the fit) and
-``os.open`` is covered; a C++ or Rust writer is given the redirected path where its Python
-wrapper takes one (``torch.save``'s zip writer, safetensors' ``save_file``), else it writes where
-the script said. ``torch.save`` writes fake tensors as PyTorch's ``skip_data`` does (shapes and
-dtypes, no bytes), so a checkpoint saved in the loop does not stop the fit. Not redirected: the session folder, ``$ADVISOR_HOME``, ``/dev``,
-``/proc`` and ``/sys``.
+- a file that existed before the fit began (modified earlier) is never written, removed or
+  replaced: a write to it goes to the same path under ``<session>/writes/`` (copied there first
+  when opened to append or update), and later reads of that path read the copy, so the script
+  sees what it wrote;
+- ``torch.save`` (and safetensors' ``save_file``), the writes of model state, always go there,
+  since what they write is fake: a fake checkpoint left where a real run resumes from would be
+  loaded as weights;
+- anything else is written where the script says: a new log, a cache of the script's real host
+  data, a library's own files and folders (Hugging Face datasets builds its cache in a temporary
+  folder it then renames, and checks that the result exists: an overlay that moved those away
+  broke it). Those files are listed in the report too.
+
+Covered: what goes through Python's ``open`` (``builtins.open``, ``io.open``, ``Path.open`` and its
+``write_*``, numpy, PIL, ``logging.FileHandler``s made during the fit), ``os.open``, ``os.remove``,
+``os.unlink``, ``os.rename``, ``os.replace``, ``shutil.rmtree``, and the C++ and Rust writers whose
+Python wrappers take a file name (``torch.save``'s zip writer, safetensors). A C library writing
+by itself over a user's file is not. ``torch.save`` writes fake tensors as PyTorch's ``skip_data``
+does (shapes and dtypes, no bytes), so a checkpoint saved in the loop does not stop the fit. Not
+redirected: the session folder, ``$ADVISOR_HOME``, ``/dev``, ``/proc`` and ``/sys``.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import io
 import os
 import shutil
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -34,59 +41,77 @@ from advisor.fit.patches import Patches
 
 FOLDER = "writes"
 _WRITE_MODES = frozenset("wax+")
+_KEEPS_CONTENT = frozenset("a+")  # modes whose write starts from the file's content
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 
 
 class Shadow:
-    """Paths of the user's tree, mapped under ``root`` (``<session>/writes``)."""
+    """The user's files as they were when the fit began, and the copies written instead of them."""
 
     def __init__(self, root: Path, keep: tuple[Path, ...]) -> None:
         self.root = root.resolve()
         self.keep = tuple(str(p.resolve()) for p in (*keep, self.root)) + ("/dev", "/proc", "/sys")
-        self.written: dict[str, int] = {}  # user path -> times redirected
+        self.started = time.time()
+        self._redirected: dict[str, int] = {}  # user path -> writes that went to its copy
+        self._created: dict[str, int] = {}  # path -> writes made where the script said
         self._lock = threading.Lock()
 
     def _absolute(self, path: Any) -> str | None:
         if isinstance(path, int):
             return None  # a file descriptor: already open
         try:
-            text = os.fsdecode(os.fspath(path))
+            return os.path.abspath(os.fsdecode(os.fspath(path)))
         except TypeError:
             return None
-        return os.path.abspath(text)
-
-    def _kept(self, absolute: str) -> bool:
-        return any(absolute == k or absolute.startswith(k.rstrip("/") + "/") for k in self.keep)
 
     def mapped(self, path: Any) -> str | None:
-        """Where ``path`` lives under the shadow, or None when it is not redirected."""
+        """Where ``path``'s copy lives, or None for a path never redirected (the kept folders)."""
         absolute = self._absolute(path)
-        if absolute is None or self._kept(absolute):
+        if absolute is None or any(absolute == k or absolute.startswith(k.rstrip("/") + "/") for k in self.keep):
             return None
         return os.path.join(self.root, absolute.lstrip("/"))
 
-    def for_write(self, path: Any) -> Any:
-        """The path to write instead of ``path`` (its folder made under the shadow), counted."""
-        target = self.mapped(path)
-        if target is None:
+    def users(self, path: Any) -> bool:
+        """Whether ``path`` is a file the user had before the fit began."""
+        try:
+            return os.lstat(path).st_mtime < self.started
+        except (OSError, TypeError, ValueError):
+            return False
+
+    def for_write(self, path: Any, mode: str = "w", *, always: bool = False) -> Any:
+        """The path to write instead of ``path``: its copy for a user's file (or always), else itself."""
+        copy = self.mapped(path)
+        if copy is None:
             return path
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        with self._lock:
-            key = self._absolute(path) or ""
-            self.written[key] = self.written.get(key, 0) + 1
-        return target
+        key = self._absolute(path) or ""
+        if always or os.path.lexists(copy) or self.users(path):
+            os.makedirs(os.path.dirname(copy), exist_ok=True)
+            if not os.path.lexists(copy) and _KEEPS_CONTENT & set(mode) and os.path.isfile(path):
+                shutil.copyfile(path, copy)  # appending to the user's file: to a copy of it
+            self._count(self._redirected, key)
+            return copy
+        self._count(self._created, key)
+        return path
 
     def for_read(self, path: Any) -> Any:
-        """``path``'s shadow copy when the fit wrote one, else ``path``."""
-        target = self.mapped(path)
-        return target if target is not None and os.path.lexists(target) else path
+        """``path``'s copy when the fit wrote one, else ``path``."""
+        copy = self.mapped(path)
+        return copy if copy is not None and os.path.lexists(copy) else path
+
+    def _count(self, counts: dict[str, int], key: str) -> None:
+        with self._lock:
+            counts[key] = counts.get(key, 0) + 1
 
     def redirected(self) -> list[dict[str, Any]]:
         with self._lock:
-            return [{"path": p, "count": n} for p, n in sorted(self.written.items())]
+            return [{"path": p, "count": n} for p, n in sorted(self._redirected.items())]
+
+    def created(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [{"path": p, "count": n} for p, n in sorted(self._created.items()) if p not in self._redirected]
 
 
-def _writes(mode: Any) -> bool:
+def _mode_writes(mode: Any) -> bool:
     return isinstance(mode, str) and bool(_WRITE_MODES & set(mode))
 
 
@@ -95,103 +120,114 @@ def install_writes(patches: Patches, shadow: Shadow) -> None:
     original_os_open = os.open
 
     def open_(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
-        target = shadow.for_write(file) if _writes(mode) else shadow.for_read(file)
+        target = shadow.for_write(file, mode) if _mode_writes(mode) else shadow.for_read(file)
         return original_open(target, mode, *args, **kwargs)
 
     def os_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
-        target = shadow.for_write(path) if flags & _WRITE_FLAGS else shadow.for_read(path)
+        if flags & _WRITE_FLAGS:
+            target = shadow.for_write(path, "w" if flags & os.O_TRUNC else "a")
+        else:
+            target = shadow.for_read(path)
         return original_os_open(target, flags, *args, **kwargs)
 
     patches.set(builtins, "open", open_)
     patches.set(io, "open", open_)
     patches.set(os, "open", os_open)
-    _made_there(patches, shadow)
-    _moved_there(patches, shadow)
-    _safetensors(patches, shadow)
-    _torch_save(patches, shadow)
+    _removals(patches, shadow)
+    _renames(patches, shadow)
+    _model_state_writers(patches, shadow)
 
 
-def _torch_save(patches: Patches, shadow: Shadow) -> None:
-    """``torch.save`` to a file name writes from C++ (``PyTorchFileWriter``): given the redirected name."""
-    import torch
-    import torch.serialization as serialization
-
-    original = serialization.save
-    skip_data = getattr(serialization, "skip_data", None)
-
-    def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(f, (str, bytes, os.PathLike)):
-            f = shadow.for_write(f)
-        if skip_data is None:
-            return original(obj, f, *args, **kwargs)
-        # Fake tensors have no data to write (pickling one fails on its mode's weak references):
-        # their shapes and dtypes are written, the bytes left empty, as PyTorch's own skip_data does.
-        with skip_data(materialize_fake_tensors=True):
-            return original(obj, f, *args, **kwargs)
-
-    patches.set(serialization, "save", save)
-    patches.set(torch, "save", save)
-
-
-def _made_there(patches: Patches, shadow: Shadow) -> None:
-    for name in ("makedirs", "mkdir"):
-        original = getattr(os, name)
-
-        def made(path: Any, *args: Any, _original: Callable = original, **kwargs: Any) -> Any:
-            target = shadow.mapped(path)
-            if target is None:
-                return _original(path, *args, **kwargs)
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            return _original(target, *args, **kwargs)
-
-        patches.set(os, name, made)
-
-
-def _moved_there(patches: Patches, shadow: Shadow) -> None:
-    """Removals and renames act on the shadow; on a path only the user's tree has, nothing."""
+def _removals(patches: Patches, shadow: Shadow) -> None:
+    """A removal takes the fit's copy, and the file itself unless the user had it."""
     for name in ("remove", "unlink"):
         original = getattr(os, name)
 
         def removed(path: Any, *args: Any, _original: Callable = original, **kwargs: Any) -> None:
-            target = shadow.mapped(path)
-            if target is None:
+            copy = shadow.mapped(path)
+            if copy is None:
                 return _original(path, *args, **kwargs)
-            if os.path.lexists(target):
-                _original(target, *args, **kwargs)
-            return None
+            had_copy = os.path.lexists(copy)
+            if had_copy:
+                _original(copy, *args, **kwargs)
+            if shadow.users(path) or (had_copy and not os.path.lexists(path)):
+                return None  # the user's file stays
+            return _original(path, *args, **kwargs)
 
         patches.set(os, name, removed)
+    original_rmtree = shutil.rmtree
+
+    def rmtree(path: Any, *args: Any, **kwargs: Any) -> None:
+        copy = shadow.mapped(path)
+        if copy is None:
+            return original_rmtree(path, *args, **kwargs)
+        if os.path.isdir(copy):
+            original_rmtree(copy, *args, **kwargs)
+        if os.path.isdir(path) and not _holds_users(shadow, path):
+            return original_rmtree(path, *args, **kwargs)
+        return None  # a folder with a file the user had: left whole
+
+    patches.set(shutil, "rmtree", rmtree)
+
+
+def _holds_users(shadow: Shadow, folder: Any) -> bool:
+    for root, _, files in os.walk(folder):
+        if any(shadow.users(os.path.join(root, f)) for f in files):
+            return True
+    return False
+
+
+def _renames(patches: Patches, shadow: Shadow) -> None:
+    """A rename moves the fit's copy between copies; it never moves a file of the user's, nor puts
+    anything over one (their copies take it); otherwise it moves as under python."""
     for name in ("rename", "replace"):
         original = getattr(os, name)
 
         def moved(src: Any, dst: Any, *args: Any, _original: Callable = original, **kwargs: Any) -> None:
             source, target = shadow.mapped(src), shadow.mapped(dst)
-            if source is None and target is None:
+            if source is None or target is None:
                 return _original(src, dst, *args, **kwargs)
-            real_source = shadow.for_read(src)
-            if real_source is src or target is None:
-                return None  # the user's own file, or a move into kept folders of a fit's file: left
-            return _original(real_source, shadow.for_write(dst), *args, **kwargs)
+            if os.path.lexists(source) or shadow.users(src):  # the fit's copy, or the user's own file
+                copy = shadow.for_read(src)
+                if copy == src:  # the user's file: moved as a copy, the original left
+                    os.makedirs(os.path.dirname(target), exist_ok=True)
+                    if os.path.isdir(src):
+                        shutil.copytree(src, target, dirs_exist_ok=True)
+                    else:
+                        shutil.copyfile(src, target)
+                    shadow.for_write(dst, always=True)
+                    return None
+                return _original(copy, shadow.for_write(dst, always=True), *args, **kwargs)
+            if shadow.users(dst) or os.path.lexists(target):
+                return _original(src, shadow.for_write(dst, always=True), *args, **kwargs)
+            return _original(src, dst, *args, **kwargs)
 
         patches.set(os, name, moved)
-    original_rmtree = shutil.rmtree
-
-    def rmtree(path: Any, *args: Any, **kwargs: Any) -> None:
-        target = shadow.mapped(path)
-        if target is None:
-            return original_rmtree(path, *args, **kwargs)
-        if os.path.isdir(target):
-            original_rmtree(target, *args, **kwargs)
-        return None
-
-    patches.set(shutil, "rmtree", rmtree)
 
 
-def _safetensors(patches: Patches, shadow: Shadow) -> None:
-    """safetensors writes from Rust: its Python wrappers are given the redirected file name."""
+def _model_state_writers(patches: Patches, shadow: Shadow) -> None:
+    """``torch.save`` and safetensors' ``save_file``: always to the copy (what they write is fake)."""
     import importlib
     import sys
 
+    import torch
+    import torch.serialization as serialization
+
+    original_save = serialization.save
+    skip_data = getattr(serialization, "skip_data", None)
+
+    def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(f, (str, bytes, os.PathLike)):
+            f = shadow.for_write(f, always=True)
+        if skip_data is None:
+            return original_save(obj, f, *args, **kwargs)
+        # Fake tensors have no data to write (pickling one fails on its mode's weak references):
+        # their shapes and dtypes are written, the bytes left empty, as PyTorch's own skip_data does.
+        with skip_data(materialize_fake_tensors=True):
+            return original_save(obj, f, *args, **kwargs)
+
+    patches.set(serialization, "save", save)
+    patches.set(torch, "save", save)
     for module_name in ("safetensors.torch", "safetensors.numpy"):
         module = sys.modules.get(module_name)
         if module is None:
@@ -204,6 +240,6 @@ def _safetensors(patches: Patches, shadow: Shadow) -> None:
             continue
 
         def save_file(tensors: Any, filename: Any, *args: Any, _original: Callable = original, **kwargs: Any) -> Any:
-            return _original(tensors, shadow.for_write(filename), *args, **kwargs)
+            return _original(tensors, shadow.for_write(filename, always=True), *args, **kwargs)
 
         patches.set(module, "save_file", save_file)
