@@ -86,6 +86,7 @@ def build_fit_report(state: SessionState, *, fit: FitSettings, budget_bytes: int
                 "early_reads": event.get("early_reads") or [],
                 "writes_folder": event.get("writes_folder"), "writes_redirected": event.get("writes") or [],
                 "writes_created": event.get("created") or [],
+                "random_draws": event.get("draws"),
                 "exit_reason": state.exit_reason, "exit_code": state.exit_code},
         "unrunnable": _unrunnable(event),
         "warnings": warnings_of(state.events),
@@ -224,6 +225,10 @@ def render_fit_report(report: dict[str, Any]) -> str:
     if written:
         lines.append(f"  the script wrote {len(written)} file(s) ({_named(written)}): written under "
                      f"{run.get('writes_folder')} instead (checkpoints, and files you had); none of yours changed")
+    left = (run.get("random_draws") or {}).get("not_replayed") or {}
+    if left:
+        lines.append(f"  random draws not replayed on the host's generator ({', '.join(f'{op} x{n}' for op, n in left.items())}"
+                     "): the script's later random choices (a shuffle) may differ from a real run's")
     created = run.get("writes_created") or []
     if created:
         lines.append(f"  the script created {len(created)} new file(s) where it said ({_named(created)}); "

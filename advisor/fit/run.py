@@ -74,6 +74,7 @@ class FitRun:
             "communicators": communicators,
             "writes_folder": str(self.shadow.root), "writes": self.shadow.redirected(),
             "created": self.shadow.created(),
+            "draws": {"replayed_elements": self.world.mode.draws.replayed, "not_replayed": dict(self.world.mode.draws.left)},
         }
         if isinstance(exc, FitUnrunnable):
             data["unrunnable"] = {"message": str(exc), "kind": exc.kind, "op": exc.op, "where": exc.where}

@@ -38,6 +38,7 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.utils._pytree import tree_flatten
 
+from advisor.fit.draws import Draws, draws
 from advisor.fit.patches import Patches
 from advisor.fit.workspaces import WORKSPACE_OUTPUT, with_real_workspace
 
@@ -65,6 +66,7 @@ class FitTensorMode(FakeTensorMode):
         self._on_unrunnable = on_unrunnable
         self._places: dict[int, int | None] = {}  # storage key -> device index, or HOST
         self.depth = 0  # > 0 while FakeTensorMode's own code runs an op (it must see the CPU)
+        self.draws = Draws()  # random ops replayed on the host's generator (advisor.fit.draws)
 
     # -- places ---------------------------------------------------------------------------
     def place_of(self, tensor: torch.Tensor) -> int | None:
@@ -108,6 +110,7 @@ class FitTensorMode(FakeTensorMode):
         if self.target is not None and isinstance(device, torch.device) and device.type == self.target:
             named = device.index or 0
             kwargs = {**kwargs, "device": torch.device("cpu")}
+        outer = self.depth == 0  # not an op FakeTensorMode runs inside another (a decomposition)
         if named is None and _all_real(args, kwargs):
             # Only real tensors in: the script's host data (made for real by ``advisor.fit.functions``
             # or a DataLoader), computed for real, as under python (FakeTensorMode would fake it).
@@ -130,7 +133,13 @@ class FitTensorMode(FakeTensorMode):
             self.place_all(out, named)
         elif self.target is not None:
             self._place_outputs(args, kwargs, out)
+        if outer and draws(func) and named is None and self._on_host(out):
+            self.draws.replay(func, args, kwargs, out)
         return out
+
+    def _on_host(self, out: Any) -> bool:
+        """Whether the op's outputs are where a real run draws from the host's generator."""
+        return all(self.place_of(t) is HOST for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
 
     def _place_outputs(self, args: Any, kwargs: Any, out: Any) -> None:
         inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
