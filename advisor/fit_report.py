@@ -153,7 +153,7 @@ def _unrunnable(event: dict[str, Any]) -> dict[str, Any] | None:
         found = {"kind": "read", "op": "aten._local_scalar_dense", "where": where,
                  "message": f"the script never reached its first optimizer step on fake tensors: it reads values "
                             f"the model computed before it, at {lines}, and fake tensors have none (each read "
-                            "was answered 0)"}
+                            "was answered with a placeholder)"}
     if not found:
         return None
     hints = {
@@ -216,10 +216,10 @@ def render_fit_report(report: dict[str, Any]) -> str:
         lines.append(f"ran {run.get('steps')} optimizer step(s) on fake tensors")
     for read in run.get("early_reads") or []:
         lines.append(f"  before the first optimizer step, {read['file']}:{read['line']} read a value {read['count']} "
-                     f"time(s), answered 0: if the script's flow depends on it, it may differ on the target: "
+                     f"time(s), answered with a placeholder (1.0 for a float, 0, False): if the script's flow depends on it, it may differ on the target: "
                      f"{read['code']}")
     for read in run.get("placeholder_reads") or []:
-        lines.append(f"  {read['file']}:{read['line']} read a value {read['count']} time(s): answered 0 "
+        lines.append(f"  {read['file']}:{read['line']} read a value {read['count']} time(s): answered with a placeholder "
                      f"(fake tensors have no values): {read['code']}")
     written = run.get("writes_redirected") or []
     if written:

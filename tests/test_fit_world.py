@@ -121,16 +121,33 @@ def test_batches_are_loaded_for_real_and_become_fake_on_the_device() -> None:
 def test_values_read_get_placeholders_by_line_and_after_the_last_step_stop_the_run() -> None:
     with _world(steps_done=1) as world:
         loss = torch.randn(3, device="cuda").sum()
-        assert loss.item() == 0.0 and bool(loss > 0) is False
+        # A float reads 1.0 (0.0 ended loops at `if loss < tol: break` and divided by zero), a bool False.
+        assert loss.item() == 1.0 and bool(loss > 0) is False
         assert sum(world.reads.log.placeholders.values()) == 2 and not world.reads.log.early
     with _world(steps_done=0) as world:  # before the first step: said apart, by line
         loss = torch.randn(3, device="cuda").sum()
-        assert float(loss) == 0.0
+        assert float(loss) == 1.0
         [(path, line, code)] = world.reads.log.early
         assert path == __file__ and "float(loss)" in code
     with _world(steps_done=3):
         with pytest.raises(_Stop):
             torch.randn(3, device="cuda").sum().item()
+
+
+def test_a_grad_scaler_reads_no_overflow_and_steps() -> None:
+    """Float reads get 1.0, but PyTorch's GradScaler asks whether the gradients overflowed: it gets
+    0.0 ("no"), so the optimizer steps as it would on the target."""
+    with _world(steps_done=1):
+        model = nn.Linear(4, 1).to("cuda")
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        stepped = []
+        optimizer.register_step_post_hook(lambda *args: stepped.append(1))
+        scaler = torch.amp.GradScaler("cuda")
+        loss = model(torch.randn(2, 4, device="cuda")).sum()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        assert stepped == [1]
 
 
 def test_the_scripts_host_data_is_real_and_the_models_tensors_fake() -> None:

@@ -7,8 +7,9 @@ implementation (a custom CUDA op). (The script's host data is real, ``advisor.fi
 reading it works as under python.) ``Reads.unrunnable`` decides, op by op:
 
 - after the steps the fit needs (``steps``), the run stops there, cleanly (``StopTraining``);
-- before that, a value read into Python gets a placeholder (0, False or 0.0: "no overflow" to a
-  ``GradScaler``, a logged loss of 0.0) and the run goes on; every such read is counted by line,
+- before that, a value read into Python gets a placeholder (False, 0, or 1.0 for a float: a logged
+  loss of 1.0, which passes a convergence test and divides; 0.0, "no overflow", to a
+  ``GradScaler``) and the run goes on; every such read is counted by line,
   and those before the first optimizer step apart (``ReadLog.early``): a script whose flow depends
   on such a value may not take the path it takes on the target, and the report names each line
   (when it never reaches an optimizer step, the fit fails with them named);
@@ -111,15 +112,26 @@ def ours_first() -> bool:
 
 
 def placeholder(tensor: Any) -> Any:
-    """The value a read of ``tensor`` gets: 0 of its kind."""
+    """The value a read of ``tensor`` gets: False, 0, or 1.0 for a floating-point value (a loss or a
+    norm: 0.0 ended loops at their convergence test, ``if loss < 1e-3: break``, and divided by
+    zero), except 0.0 where PyTorch's ``GradScaler`` reads whether gradients overflowed ("no")."""
     dtype = getattr(tensor, "dtype", torch.float32)
     if dtype == torch.bool:
         return False
     if dtype.is_floating_point:
-        return 0.0
+        return 0.0 if _in_grad_scaler() else 1.0
     if dtype.is_complex:
         return 0j
     return 0
+
+
+def _in_grad_scaler() -> bool:
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_filename.endswith("grad_scaler.py"):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
 
 
 class Reads:

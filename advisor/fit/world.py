@@ -72,6 +72,7 @@ class FitWorld:
                 _foreach_on_device(patches)
             install_formatting(patches)
             install_array_reads(patches, self.reads)
+            _no_distribution_checks(patches)
             install_module_moves(patches)
             install_world(patches, self.settings)
             Weights(self.mode).install(patches)
@@ -95,6 +96,16 @@ class FitWorld:
             self.mode.__exit__(*exc)
         finally:
             self._patches.restore()
+
+
+def _no_distribution_checks(patches: Patches) -> None:
+    """``torch.distributions`` checks that arguments and samples lie in their supports by reading
+    values (``support.check(value).all()``): on fake tensors each check read a placeholder and
+    raised (the zoo's mixture of experts, ``Normal.cdf`` in its gating, before its first step).
+    The checks only refuse invalid values; under a fit there are none to check."""
+    from torch.distributions import Distribution
+
+    patches.set(Distribution, "_validate_args", False)
 
 
 def _foreach_on_device(patches: Patches) -> None:
