@@ -173,11 +173,10 @@ class Reads:
         counted by line). What the script then writes from it goes to the session's ``writes/``
         (``advisor.fit.writes``), never over the user's files (dcgan's ``save_image`` in step 1
         stopped its fit before the tracked step ended)."""
-        import numpy as np
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
         with unset_fake_temporarily():
-            dtype = torch.zeros((), dtype=tensor.dtype).numpy().dtype  # raises as a real one would (bf16)
+            torch.zeros((), dtype=tensor.dtype).numpy()  # raises as a real one would (bfloat16)
         if not ours_first():
             where = script_frame()
             done = self.steps_done()
@@ -186,7 +185,8 @@ class Reads:
                 raise self._stop(f"advisor fit: stopped at {_line(where)} after {done} step(s): it reads "
                                  "tensor data that fake tensors do not have")
             self._count(where, done)
-        return np.zeros(tuple(tensor.shape), dtype=dtype)
+        with unset_fake_temporarily():
+            return torch.zeros(tuple(tensor.shape), dtype=tensor.dtype).numpy()
 
     def _count(self, where: dict[str, Any] | None, done: int) -> None:
         key = (where or {}).get("file", "?"), (where or {}).get("line", 0), (where or {}).get("code", "")

@@ -24,7 +24,6 @@ from advisor.fit.reads import FitUnrunnable, Reads, raising_frame
 from advisor.agent.bootstrap import SESSION_ENV
 from advisor.fit.world import FitWorld
 from advisor.fit.writes import FOLDER, Shadow
-from advisor.paths import advisor_home
 from advisor.probes.memory.probe import MemoryProbe
 from advisor.records.fit import FIT_STEPS
 from advisor.records.samples import RunInfo
@@ -39,7 +38,7 @@ class FitRun:
         self.agent = agent
         self.settings = settings
         self.reads = Reads(steps=FIT_STEPS, steps_done=lambda: agent.step, stop=StopTraining)
-        self.shadow = Shadow(_writes_folder(), keep=(advisor_home(),))
+        self.shadow = Shadow(_writes_folder(), keep=_kept_folders())
         self.world = FitWorld(settings, self.reads, tracked=self._tracked, shadow=self.shadow)
         self.run_info = run_info
 
@@ -84,6 +83,13 @@ class FitRun:
         if stopped:
             raise StopTraining(f"advisor fit: stopped early after {self.agent.step} step(s): the script raised "
                                f"{type(exc).__name__} reading data that fake tensors do not have") from None
+
+
+def _kept_folders() -> tuple[Path, ...]:
+    """Folders the script's writes are never redirected from: the advisor's home (the session
+    folder's grandparent, ``$ADVISOR_HOME/sessions/<id>``)."""
+    session = os.environ.get(SESSION_ENV)
+    return (Path(session).parent.parent,) if session else ()
 
 
 def _writes_folder() -> Path:

@@ -207,9 +207,6 @@ def _renames(patches: Patches, shadow: Shadow) -> None:
 
 def _model_state_writers(patches: Patches, shadow: Shadow) -> None:
     """``torch.save`` and safetensors' ``save_file``: always to the copy (what they write is fake)."""
-    import importlib
-    import sys
-
     import torch
     import torch.serialization as serialization
 
@@ -228,13 +225,7 @@ def _model_state_writers(patches: Patches, shadow: Shadow) -> None:
 
     patches.set(serialization, "save", save)
     patches.set(torch, "save", save)
-    for module_name in ("safetensors.torch", "safetensors.numpy"):
-        module = sys.modules.get(module_name)
-        if module is None:
-            try:
-                module = importlib.import_module(module_name)
-            except Exception:  # noqa: BLE001 - not installed, or its framework is not
-                continue
+    for module in _safetensors_modules():
         original = getattr(module, "save_file", None)
         if original is None:
             continue
@@ -243,3 +234,20 @@ def _model_state_writers(patches: Patches, shadow: Shadow) -> None:
             return _original(tensors, shadow.for_write(filename, always=True), *args, **kwargs)
 
         patches.set(module, "save_file", save_file)
+
+
+def _safetensors_modules() -> list[Any]:
+    found = []
+    try:
+        import safetensors.torch as for_torch
+
+        found.append(for_torch)
+    except Exception:  # noqa: BLE001 - not installed
+        pass
+    try:
+        import safetensors.numpy as for_numpy
+
+        found.append(for_numpy)
+    except Exception:  # noqa: BLE001 - not installed, or numpy is not
+        pass
+    return found
