@@ -492,7 +492,11 @@ class RecordReader:
 
     def _read_layout(self, conn: sqlite3.Connection) -> Iterator[Record]:
         """Steps in their own tables (``advisor.store_steps``): the series summed where the full
-        records were trimmed, then every other record, then the full step records kept."""
+        records were trimmed, then every other record, then the full step records kept. One read
+        transaction: a live writer's trim between the queries would leave its steps neither summed
+        nor listed."""
+        if not conn.in_transaction:
+            conn.execute("BEGIN")
         self.totals, bad = sum_series(conn)
         self._count_bad(bad, "step series row with wrong field types")
         for kind, data in conn.execute("SELECT kind, data FROM records ORDER BY id"):

@@ -202,6 +202,8 @@ def install_array_reads(patches: Any, reads: Reads) -> None:
         return reads.array(self)
 
     def tolist_(self: Any) -> Any:
+        if self.dim() == 0:
+            return self.item()  # a scalar: read as item() is, with its placeholder
         return reads.array(self).tolist()
 
     patches.set(FakeTensor, "numpy", numpy_)
