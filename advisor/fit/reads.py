@@ -152,12 +152,7 @@ class Reads:
         is_read = isinstance(exc, DataDependentOutputException)
         if is_read and ours_first():
             return placeholder(args[0] if args else None)
-        where = script_frame()
-        done = self.steps_done()
-        if done >= self.steps:
-            self.log.stopped_at = where
-            raise self._stop(f"advisor fit: stopped at {_line(where)} after {done} step(s): it reads a value "
-                             "that fake tensors do not have")
+        where, done = self._within_steps("a value")
         if not is_read:
             kind = "shape" if "DynamicOutputShape" in type(exc).__name__ else "kernel"
             if done == 0:
@@ -178,15 +173,19 @@ class Reads:
         with unset_fake_temporarily():
             torch.zeros((), dtype=tensor.dtype).numpy()  # raises as a real one would (bfloat16)
         if not ours_first():
-            where = script_frame()
-            done = self.steps_done()
-            if done >= self.steps:
-                self.log.stopped_at = where
-                raise self._stop(f"advisor fit: stopped at {_line(where)} after {done} step(s): it reads "
-                                 "tensor data that fake tensors do not have")
-            self._count(where, done)
+            self._count(*self._within_steps("tensor data"))
         with unset_fake_temporarily():
             return torch.zeros(tuple(tensor.shape), dtype=tensor.dtype).numpy()
+
+    def _within_steps(self, what: str) -> tuple[dict[str, Any] | None, int]:
+        """The script's line and the steps done; after the last step the run stops there, cleanly."""
+        where = script_frame()
+        done = self.steps_done()
+        if done >= self.steps:
+            self.log.stopped_at = where
+            raise self._stop(f"advisor fit: stopped at {_line(where)} after {done} step(s): it reads {what} "
+                             "that fake tensors do not have")
+        return where, done
 
     def _count(self, where: dict[str, Any] | None, done: int) -> None:
         key = (where or {}).get("file", "?"), (where or {}).get("line", 0), (where or {}).get("code", "")
