@@ -499,12 +499,10 @@ class RecordReader:
             conn.execute("BEGIN")
         self.totals, bad = sum_series(conn)
         self._count_bad(bad, "step series row with wrong field types")
-        for kind, data in conn.execute("SELECT kind, data FROM records ORDER BY id"):
+        rows = itertools.chain(conn.execute("SELECT kind, data FROM records ORDER BY id"),
+                               conn.execute("SELECT 'step', data FROM step_records ORDER BY id"))
+        for kind, data in rows:
             record = self._parse(kind, data)
-            if record is not None:
-                yield record
-        for (data,) in conn.execute("SELECT data FROM step_records ORDER BY id"):
-            record = self._parse("step", data)
             if record is not None:
                 yield record
 

@@ -6,7 +6,7 @@ second was 360 MB per rank of step records alone, though no reader ever builds m
 is written twice:
 
 - ``step_series``: one compact row per step of every rank, kept for the whole run: its index,
-  time, loss, whether deep, and its phases, as typed columns (about 90 bytes). This is the series
+  time, loss, whether deep, and its phases, as typed columns (about 80 bytes). This is the series
   the summary and any later reader use for every step's time and loss.
 - ``step_records``: the full JSON record, kept for the last ``MAX_LIVE_STEPS`` steps of each rank;
   older rows are deleted in batches. Their own table, so the pages they free are whole pages that
@@ -97,7 +97,7 @@ def _finite(value: Any) -> float | None:
     return None
 
 
-def first_full_ids(conn: sqlite3.Connection) -> dict[Any, int]:
+def _first_full_ids(conn: sqlite3.Connection) -> dict[Any, int]:
     """rank -> the id of its oldest full step record (the series before it is only in the series)."""
     return dict(conn.execute("SELECT rank, min(id) FROM step_records GROUP BY rank").fetchall())
 
@@ -105,7 +105,7 @@ def first_full_ids(conn: sqlite3.Connection) -> dict[Any, int]:
 def sum_series(conn: sqlite3.Connection) -> tuple[dict[int, StepTotals], int]:
     """Each rank's summary figures over the steps whose full record was trimmed, and how many of
     those rows could not be counted (wrong types: a damaged or hand-edited file)."""
-    firsts = first_full_ids(conn)
+    firsts = _first_full_ids(conn)
     out: dict[int, StepTotals] = {}
     bad = 0
     for (rank,) in conn.execute("SELECT DISTINCT rank FROM step_series").fetchall():

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -115,8 +116,8 @@ def main() -> None:
     args = parser.parse_args()
     templates = _templates(_record_session())
     light, deep_step, sample, deep_other = templates
-    print(f"recorded: light step record {len(store_module.json.dumps(light.to_dict()))} B, light memory sample "
-          f"{len(store_module.json.dumps(sample.to_dict()))} B, deep steps 1-3: {len(deep_other)} other records")
+    print(f"recorded: light step record {len(json.dumps(light.to_dict()))} B, light memory sample "
+          f"{len(json.dumps(sample.to_dict()))} B, deep steps 1-3: {len(deep_other)} other records")
     marks = sorted({int(m) for m in args.marks.split(",") if int(m) <= args.steps} | {args.steps})
     started = time.perf_counter()
     _print("now", _write(args.steps, marks, templates, legacy=False))

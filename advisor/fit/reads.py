@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
-from torch._subclasses.fake_tensor import DataDependentOutputException
+from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor, unset_fake_temporarily
 
 _TORCH_DIR = os.path.dirname(os.path.realpath(torch.__file__))
 # This installation's own code (advisor, and its probes/apply/recommend folders, which are
@@ -168,8 +168,6 @@ class Reads:
         counted by line). What the script then writes from it goes to the session's ``writes/``
         (``advisor.fit.writes``), never over the user's files (dcgan's ``save_image`` in step 1
         stopped its fit before the tracked step ended)."""
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
-
         with unset_fake_temporarily():
             torch.zeros((), dtype=tensor.dtype).numpy()  # raises as a real one would (bfloat16)
         if not ours_first():
@@ -195,7 +193,6 @@ class Reads:
 
 def install_array_reads(patches: Any, reads: Reads) -> None:
     """``numpy()`` and ``tolist()`` of a fake tensor go through ``Reads.array``."""
-    from torch._subclasses.fake_tensor import FakeTensor
 
     def numpy_(self: Any, *, force: bool = False) -> Any:
         return reads.array(self)

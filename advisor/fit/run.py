@@ -19,9 +19,9 @@ from typing import Any
 import torch.distributed as dist
 
 from advisor.agent.agent import StopTraining
+from advisor.agent.bootstrap import SESSION_ENV
 from advisor.agent.probe_registry import device_info
 from advisor.fit.reads import FitUnrunnable, Reads, raising_frame
-from advisor.agent.bootstrap import SESSION_ENV
 from advisor.fit.world import FitWorld
 from advisor.fit.writes import FOLDER, Shadow
 from advisor.probes.memory.probe import MemoryProbe

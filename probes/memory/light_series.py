@@ -1,7 +1,7 @@
 """Light memory samples, downsampled as a run grows (``advisor.records.schedule.light_sample_bucket``).
 
-Every light step's sample is sent until ``LIGHT_SAMPLES_FULL``; from there one per bucket of
-light steps and event (``optimizer_start``; on CUDA each phase's), the one of largest
+Every light step's sample is sent until step ``2 * LIGHT_SAMPLES_FULL``; from there one per bucket
+of light steps and event (``optimizer_start``; on CUDA each phase's), the one of largest
 ``total_bytes`` (so the peak a light step reached survives), sent when the next bucket starts or the
 probe detaches, with ``steps_covered`` saying how many steps it stands for. Samples per rank grow
 with the logarithm of the run's length: a million steps send about 76,000 per event, not a million.
@@ -20,7 +20,7 @@ class LightSeries:
 
     def __init__(self, full: int = LIGHT_SAMPLES_FULL) -> None:
         self.full = full
-        self._held: dict[str, tuple[int, int, int, MemorySample]] = {}  # event -> (bucket, size, seen, sample)
+        self._held: dict[str, tuple[int, int, MemorySample]] = {}  # event -> (bucket, seen, largest sample)
 
     def offer(self, sample: MemorySample) -> list[MemorySample]:
         """The samples to send now that ``sample`` was taken (it may be held back)."""
@@ -34,10 +34,10 @@ class LightSeries:
             self._held.pop(sample.event, None)
             return [*out, sample]
         if held is None:
-            self._held[sample.event] = (bucket, size, 1, sample)
+            self._held[sample.event] = (bucket, 1, sample)
         else:
-            best = sample if sample.total_bytes > held[3].total_bytes else held[3]
-            self._held[sample.event] = (bucket, size, held[2] + 1, best)
+            _, seen, largest = held
+            self._held[sample.event] = (bucket, seen + 1, sample if sample.total_bytes > largest.total_bytes else largest)
         return out
 
     def flush(self) -> list[MemorySample]:
@@ -47,6 +47,6 @@ class LightSeries:
         return out
 
     @staticmethod
-    def _covering(held: tuple[int, int, int, MemorySample]) -> MemorySample:
-        _, _, seen, sample = held
+    def _covering(held: tuple[int, int, MemorySample]) -> MemorySample:
+        _, seen, sample = held
         return dataclasses.replace(sample, steps_covered=seen)
