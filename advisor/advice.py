@@ -237,13 +237,13 @@ class AdviceLoop:
 
     def _ready(self, state: Any) -> bool:
         """Whether to choose the remedy now. Before the first block-timed light step after the
-        deep ones (step 4 by default) the baseline step time is step 0's (warm-up) and the
+        deep ones (step 5 by default) the baseline step time is step 0's (warm-up) and the
         recompute cost the deep steps' scaled module times; that step measures both. So when the
         step asked for (``--apply-at-step K``; none: as soon as ready) comes after it, wait for
         advice made with it, or for the last boundary that still meets the step asked for. With
         a K after it, wait for advice made with step K-2, the last the job sends before it holds
         for the decision: every light step up to there is in the baseline and the block times
-        (advice made with step 4 alone made a slow step 4 the baseline, +8 ms on a 50 ms GPT
+        (advice made with one light step alone made a slow one the baseline, +8 ms on a 50 ms GPT
         step). An earlier step asked for is chosen from the first advice (for ``auto``, the first
         made with a deep step, even when that comes too late for the step asked for)."""
         deep = self._deep_steps()

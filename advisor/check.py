@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from advisor.recommend.rules._figures import FP32_DTYPES, MATMUL_OPS
+from advisor.records.samples import ordinary_steps
 
 REPORT_SCHEMA = "advisor.report/1"
 DIFF_SCHEMA = "advisor.diff/1"
@@ -90,12 +91,11 @@ class _Checks:
     # -- helpers -------------------------------------------------------------------
 
     def light_steps(self, rank: int, first: int | None = None, last: int | None = None) -> list[Mapping[str, Any]]:
-        """A rank's ordinary steps (not step 0, not deep), else its steps after step 0, else all:
-        the steps every "step time" figure is the median of."""
+        """A rank's ordinary steps (``ordinary_steps``: not step 0, not deep, not right after a deep
+        one, with its fallbacks): the steps every "step time" figure is the median of."""
         mine = [s for s in self.steps_by_rank.get(rank, [])
                 if (first is None or s.get("index", 0) >= first) and (last is None or s.get("index", 0) <= last)]
-        return ([s for s in mine if s.get("index", 0) > 0 and not s.get("deep")]
-                or [s for s in mine if s.get("index", 0) > 0] or mine)
+        return ordinary_steps(mine, index=lambda s: s.get("index", 0), deep=lambda s: bool(s.get("deep")))
 
     def light_median(self, rank: int, **window: Any) -> float | None:
         times = [t for s in self.light_steps(rank, **window) if (t := _num(s.get("time_s"))) is not None]
@@ -111,7 +111,7 @@ class _Checks:
             return
         if not _close(got, want, abs_tol=1e-9):
             self.breach(path, f"a step time is the median of rank {rank}'s ordinary steps (not step 0, "
-                        "not deep-sampled), and this one is not", **{path: got, "median of the steps": want})
+                        "not deep-sampled, not right after a deep one), and this one is not", **{path: got, "median of the steps": want})
 
     # -- areas ---------------------------------------------------------------------
 
@@ -414,8 +414,8 @@ class _Checks:
             if rank is None or _num(regime.get("step_time_s")) is None:
                 continue
             first, last = regime.get("first_step"), regime.get("last_step")
-            mine = [s for s in self.steps_by_rank.get(rank, [])
-                    if first <= s.get("index", -1) <= last and s.get("index", 0) > 0 and not s.get("deep")]
+            mine = [s for s in self.light_steps(rank, first=first, last=last)
+                    if s.get("index", 0) > 0 and not s.get("deep")]
             times = [float(s["time_s"]) for s in mine]
             got = float(regime["step_time_s"])
             if times and self.complete and not _close(got, statistics.median(times)):

@@ -15,6 +15,7 @@ from typing import Any
 from advisor.advice import session_budget
 from advisor.job import job_section
 from advisor.records.events import warnings_of
+from advisor.records.samples import ordinary_steps
 from advisor.sections import build_sections
 from advisor.state import SessionState
 
@@ -66,7 +67,7 @@ def summary_section(state: SessionState) -> dict[str, Any]:
         out = totals.summary()
         total = sum(t.count for t in state.step_totals.values())
     else:  # a state built without totals (tests, older callers): the list is all there is
-        steady = [s for s in samples if s.index > 0 and not s.deep] or [s for s in samples if s.index > 0] or samples
+        steady = ordinary_steps(samples)
         out = {"steps": 0}
         if steady:
             times = [s.time_s for s in steady]

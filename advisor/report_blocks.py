@@ -77,7 +77,7 @@ def phases_block(report: dict[str, Any]) -> Table | None:
         rows.append(("mean", *(fmt_seconds(fraction[k] * mean) for k in names)))
     caption = None
     if mean is not None:
-        caption = (f"steady steps (not step 0, not deep-sampled): the phases add up to the mean step "
+        caption = (f"steady steps (not step 0, not deep-sampled, not right after a deep one): the phases add up to the mean step "
                    f"{fmt_seconds(mean)}; the median step is {fmt_seconds(summary.get('median_step_s'))}")
     return Table(title="where a step's time goes (steady state)", caption=caption,
                  columns=(Column(name="", label=True), *(Column(name=k, numeric=True) for k in names)),

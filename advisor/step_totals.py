@@ -15,9 +15,21 @@ from typing import Any
 
 from advisor.records.samples import PHASES
 
-# Which steps the steady-state figures use: after the warm-up step 0, and not deep-sampled
-# (deep probes slow a step down); the fallbacks are for runs too short to have such steps.
-_STEADY, _DEEP, _WARMUP = 0, 1, 2
+# Which steps the steady-state figures use: after the warm-up step 0, not deep-sampled (deep probes
+# slow a step down) and not right after a deep one (it pays for their teardown; as
+# ``advisor.records.samples.ordinary_steps``); the fallbacks are for runs too short to have such steps.
+_STEADY, _DEEP, _WARMUP, _SETTLING = 0, 1, 2, 3
+CATEGORIES = {"steady": _STEADY, "deep": _DEEP, "warmup": _WARMUP, "settling": _SETTLING}
+
+
+def category(index: int, deep: bool, previous: tuple[int, bool] | None) -> str:
+    """A step's category from its index, whether it was deep, and the (index, deep) of the step
+    of its rank before it."""
+    if index == 0:
+        return "warmup"
+    if deep:
+        return "deep"
+    return "settling" if previous is not None and previous == (index - 1, True) else "steady"
 
 
 class StepTotals:
@@ -28,23 +40,25 @@ class StepTotals:
         self.count = 0
         self.last_index = -1
         self.last_loss: float | None = None
-        self._times = (array("d"), array("d"), array("d"))
-        self._phases: tuple[dict[str, float], ...] = ({}, {}, {})
+        self._times = (array("d"), array("d"), array("d"), array("d"))
+        self._phases: tuple[dict[str, float], ...] = ({}, {}, {}, {})
+        self._previous: tuple[int, bool] | None = None
 
     def add(self, index: int, time_s: float, deep: bool, loss: float | None, phases: dict[str, float]) -> None:
-        category = _WARMUP if index == 0 else _DEEP if deep else _STEADY
+        kind = CATEGORIES[category(index, deep, self._previous)]
+        self._previous = (index, deep)
         with self._lock:
             self.count += 1
             self.last_index = index
             self.last_loss = loss
-            self._times[category].append(time_s)
-            sums = self._phases[category]
+            self._times[kind].append(time_s)
+            sums = self._phases[kind]
             for key in PHASES:
                 sums[key] = sums.get(key, 0.0) + float(phases.get(key, 0.0) or 0.0)
 
     def add_many(self, category: str, times: Any, phase_sums: dict[str, float]) -> None:
-        """Fold steps summed elsewhere (``category``: "steady", "deep" or "warmup")."""
-        index = {"steady": _STEADY, "deep": _DEEP, "warmup": _WARMUP}[category]
+        """Fold steps summed elsewhere (``category``: a key of ``CATEGORIES``)."""
+        index = CATEGORIES[category]
         with self._lock:
             before = len(self._times[index])
             self._times[index].extend(times)
@@ -53,14 +67,17 @@ class StepTotals:
             for key in PHASES:
                 sums[key] = sums.get(key, 0.0) + float(phase_sums.get(key) or 0.0)
 
-    def set_last(self, index: int, loss: float | None) -> None:
+    def set_last(self, index: int, loss: float | None, deep: bool | None = None) -> None:
         with self._lock:
             self.last_index, self.last_loss = index, loss
+            if deep is not None:
+                self._previous = (index, deep)
 
     def summary(self) -> dict[str, Any]:
         """The report's summary figures over every step (the old per-list rules, same keys)."""
         with self._lock:
-            for chosen in ((_STEADY,), (_STEADY, _DEEP), (_STEADY, _DEEP, _WARMUP)):
+            for chosen in ((_STEADY,), (_STEADY, _SETTLING), (_STEADY, _SETTLING, _DEEP),
+                           (_STEADY, _SETTLING, _DEEP, _WARMUP)):
                 times = [t for c in chosen for t in self._times[c]]
                 if times:
                     break

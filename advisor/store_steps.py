@@ -27,7 +27,7 @@ from typing import Any
 
 from advisor.records.samples import PHASES, Record
 from advisor.state import MAX_LIVE_STEPS
-from advisor.step_totals import StepTotals
+from advisor.step_totals import CATEGORIES, StepTotals, category
 
 TRIM_SLACK = 500  # a rank's full records are trimmed back to MAX_LIVE_STEPS once this many over
 
@@ -124,9 +124,10 @@ def sum_series(conn: sqlite3.Connection) -> tuple[dict[int, StepTotals], int]:
 def fold_steps(rows: Any) -> tuple[StepTotals, int]:
     """``StepTotals`` of rows (index, time_s, loss, deep, *PHASES), and how many rows there were;
     a row with a field of the wrong type is not counted (as ``advisor.intake`` would refuse it)."""
-    times: dict[str, array] = {"steady": array("d"), "deep": array("d"), "warmup": array("d")}
+    times: dict[str, array] = {name: array("d") for name in CATEGORIES}
     sums: dict[str, list[float]] = {c: [0.0] * len(PHASES) for c in times}
     last: tuple[int, Any] | None = None
+    previous: tuple[int, bool] | None = None
     seen = 0
     for index, time_s, loss, deep, *phases in rows:
         seen += 1
@@ -134,15 +135,16 @@ def fold_steps(rows: Any) -> tuple[StepTotals, int]:
                 or (loss is not None and type(loss) not in _NUMBER)
                 or any(v is not None and (type(v) not in _NUMBER or not math.isfinite(v)) for v in phases)):
             continue
-        category = "warmup" if index == 0 else "deep" if deep else "steady"
-        times[category].append(time_s)
-        row = sums[category]
+        kind = category(index, bool(deep), previous)
+        previous = (index, bool(deep))
+        times[kind].append(time_s)
+        row = sums[kind]
         for k, v in enumerate(phases):
             row[k] += v or 0.0
         last = (index, loss)
     totals = StepTotals()
-    for category, values in times.items():
-        totals.add_many(category, values, dict(zip(PHASES, sums[category])))
+    for name, values in times.items():
+        totals.add_many(name, values, dict(zip(PHASES, sums[name])))
     if last is not None:
-        totals.set_last(*last)
+        totals.set_last(*last, deep=previous[1] if previous is not None else None)
     return totals, seen

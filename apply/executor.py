@@ -84,7 +84,7 @@ from advisor.records.advice import Recommendation
 from advisor.records.commands import ApplyCommand, Command, RevertCommand
 from advisor.records.events import WarningEvent
 from advisor.records.payload import Payload
-from advisor.records.results import ApplyResult, ApplyStarted, Measurement, RevertResult
+from advisor.records.results import ApplyResult, ApplyStarted, Measurement, RevertResult, rebase_step_time
 from advisor.records.samples import StepSample
 from advisor.records.settings import TIME_MARGIN
 from advisor.records.units import fmt_bytes, fmt_seconds
@@ -92,6 +92,10 @@ from advisor.records.units import fmt_bytes, fmt_seconds
 logger = logging.getLogger("advisor.apply")
 
 DEFAULT_MEASURE_STEPS = 3
+# An apply's window takes light steps until their mean is known to SPREAD_SEM of itself (standard
+# error over mean), at most LIGHT_CAP times the steps asked for (``_window_done``).
+SPREAD_SEM = 0.03
+LIGHT_CAP = 4
 DEFAULT_TIME_MARGIN = TIME_MARGIN  # AgentSettings.apply_time_margin: tolerated slowdown beyond the reference
 HISTORY = 64
 
@@ -120,9 +124,8 @@ def decide(
     - With nothing measured on either side, keep: there is no evidence against it.
     """
     peak = after.peak_memory_bytes
-    reference = predicted.step_time_s if predicted.step_time_s is not None else before.step_time_s
-    if predicted.step_time_s and baseline_step_time_s and before.step_time_s:
-        reference = before.step_time_s * predicted.step_time_s / baseline_step_time_s
+    reference = (rebase_step_time(before.step_time_s, predicted.step_time_s, baseline_step_time_s)
+                 or (predicted.step_time_s if predicted.step_time_s is not None else before.step_time_s))
     limit = reference * (1.0 + margin) if reference is not None else None
     time_ok = after.step_time_s is None or limit is None or after.step_time_s <= limit
     why = _Why(before=before, after=after, predicted=predicted, limit=limit, margin=margin,
@@ -290,13 +293,33 @@ def _light_needed(measure_steps: int, period: int) -> int:
     return -(-measure_steps // period) * period
 
 
-def _window_done(after: list[StepSample], measure_steps: int, budget_bytes: int | None,
-                 *, fixed: bool = False, period: int = 1) -> bool:
-    """Warm-up and ``measure_steps`` deep steps, then ``measure_steps`` light ones rounded up to
-    whole periods of ``period`` steps (or the bound), not counting a light step right after a deep
-    one (``_after_deep_left_out``): the bound has room for that one.
+def _steady_enough(light: list[StepSample], period: int = 1) -> bool:
+    """Whether the mean of ``light``'s times is known to ``SPREAD_SEM`` of itself: the standard
+    error of its whole periods' means (a loader's workers' turn is one period: its steps differ
+    by design) over their mean; a single period is taken as it is."""
+    times = [s.time_s for s in light]
+    means = [statistics.fmean(times[i:i + period]) for i in range(0, len(times) - period + 1, period)]
+    if len(means) < 2:
+        return True  # one period asked for: no spread to read (``measure_steps`` 1)
+    mean = statistics.fmean(means)
+    return mean > 0 and statistics.stdev(means) / len(means) ** 0.5 <= SPREAD_SEM * mean
 
-    ``fixed`` (several ranks): always the bound, so the window ends at the same step on every rank.
+
+def _window_done(after: list[StepSample], measure_steps: int, budget_bytes: int | None,
+                 *, fixed: bool = False, period: int = 1, minimum: bool = False) -> bool:
+    """Warm-up and ``measure_steps`` deep steps, then ``measure_steps`` light ones rounded up to
+    whole periods of ``period`` steps, not counting a light step right after a deep one
+    (``_after_deep_left_out``); more light steps, whole periods at a time, while their mean is not
+    yet known to ``SPREAD_SEM`` of itself (``_steady_enough``), up to ``LIGHT_CAP`` times as many.
+    A job of 6-16 ms steps on 2 cores moved by 20-30% from one step to the next (mingpt_adder:
+    18.8, 14.5, 14.4 ms after its apply, 14.1-14.3 ms from then on): three steps judged it 15%
+    slower than it ran. With no light step at all (a run that deep-samples every step), the
+    window ends at the bound it always had.
+
+    ``fixed`` (several ranks): always the bound ``2 + measure_steps +`` the light steps needed, so
+    the window ends at the same step on every rank (no rank can wait on another's spread).
+    ``minimum``: whether the window has what it needs for a verdict, extended or not (the job
+    ended while it waited for a steadier mean: it is decided on what it has).
     """
     light_needed = _light_needed(measure_steps, period)
     bound = 2 + measure_steps + light_needed
@@ -306,8 +329,16 @@ def _window_done(after: list[StepSample], measure_steps: int, budget_bytes: int 
         return False
     if budget_bytes is not None and any((s.peak_memory_bytes or 0) > budget_bytes for s in after):
         return True  # over budget: the step time cannot change the verdict
-    light = len(_after_deep_left_out(after, [s for s in after[1:] if not s.deep]))
-    return light >= light_needed or len(after) >= bound
+    light = _after_deep_left_out(after, [s for s in after[1:] if not s.deep])
+    if not light:
+        return len(after) >= bound
+    if len(light) < light_needed:
+        return len(after) >= bound + light_needed * (LIGHT_CAP - 1)
+    if minimum:
+        return True
+    if len(light) % period:
+        return False
+    return _steady_enough(light, period) or len(light) >= light_needed * LIGHT_CAP
 
 
 def _period(handle: Any) -> int:
@@ -465,8 +496,14 @@ class Executor:
 
     def close(self) -> None:
         """Training ended: report what is being measured with the steps seen (nothing is reverted)."""
-        if self._active is not None:
-            self._decide(self._active, complete=False)
+        active = self._active
+        if active is not None:
+            # A single-rank window that has its light steps and was waiting for a steadier mean
+            # is decided on them (several ranks cannot vote at exit: theirs is fixed anyway).
+            complete = not self._multi_rank() and not active.from_plan and _window_done(
+                active.after, active.measure_steps, self.ctx.settings.memory_budget_bytes,
+                period=active.period, minimum=True)
+            self._decide(active, complete=complete)
         if self._to_revert is not None:  # decided, but no boundary left to revert at: it stayed in force
             active, self._to_revert = self._to_revert, None
             self._emit_results(active, status="interrupted",
@@ -587,6 +624,7 @@ class Executor:
         result = ApplyResult(
             remedy=request.remedy, recommendation_id=request.recommendation_id, params=dict(request.params),
             rank=self.ctx.rank, at_step=step, predicted=request.predicted, before=before, status="kept",
+            baseline_step_time_s=request.baseline_step_time_s,
         )
         handle: registry.RemedyHandle | None = None
         error: Exception | None = None

@@ -15,7 +15,7 @@ from typing import Iterable, Mapping, Sequence
 
 from advisor.records.events import CollectiveSeq, payloads
 from advisor.records.intervals import merge_intervals
-from advisor.records.samples import Event
+from advisor.records.samples import Event, ordinary_steps
 
 # ---------------------------------------------------------------- matching across ranks
 
@@ -203,7 +203,7 @@ def step_comm(collectives: Sequence, steps: Mapping[int, Sequence]) -> list[dict
 @dataclass(frozen=True, kw_only=True)
 class RankComm:
     """One rank's communication per step, every figure the median over the same ordinary steps
-    (not step 0, not deep-sampled; ``ordinary_steps``): the report's ``comm`` rows and the
+    (not step 0, not deep-sampled, not right after a deep one; ``ordinary_steps``): the report's ``comm`` rows and the
     communication diagnosis both read these, so they cannot disagree. ``exposed_share`` is the
     median exposed time over the median step time; medians keep the per-step order, so exposed
     <= communication holds for them as it does for each step. Seconds."""
@@ -218,13 +218,6 @@ class RankComm:
     def to_dict(self) -> dict[str, float | int]:
         return {"rank": self.rank, "step_time_s": self.step_time_s, "comm_s": self.comm_s,
                 "exposed_s": self.exposed_s, "exposed_share": self.exposed_share}
-
-
-def ordinary_steps(samples: Sequence) -> list:
-    """The steps a "step time" is the median of: not step 0 (warm-up), not deep-sampled (the
-    probes slow it); else every step after step 0; else every step."""
-    return ([s for s in samples if s.index > 0 and not s.deep] or [s for s in samples if s.index > 0]
-            or list(samples))
 
 
 def rank_comm(collectives: Sequence, samples: Sequence, rank: int) -> RankComm | None:

@@ -31,6 +31,7 @@ from advisor.records.samples import (
     OptimizerInfo,
     RunInfo,
     StepSample,
+    ordinary_steps,
     rank_of_interest,
 )
 
@@ -300,7 +301,7 @@ def profile_from_records(
         stats, unreached = extrapolate(stats, first[0].modules, oom.module)
     rows = tuple(ModuleProfile.of(s) for s in sorted(stats, key=lambda s: (-s.activation_bytes, s.name)))
     own = _own_steps(steps)
-    light = _ordinary(own)
+    light = ordinary_steps(own)
     phases = {key: value for key in PHASES if (value := _median([s.phases.get(key) for s in light])) is not None}
     device = _device(runs, events)
     run_device = _run_device(runs)
@@ -348,12 +349,6 @@ def _own_steps(steps: Sequence[StepSample]) -> list[StepSample]:
     """The steps of the lowest rank that has any (the baseline's)."""
     low = min((s.rank for s in steps), default=0)
     return [s for s in steps if s.rank == low]
-
-
-def _ordinary(steps: Sequence[StepSample]) -> list[StepSample]:
-    """The baseline's steps: not deep-sampled, and not the warm-up step 0 (allocator, thread pools
-    and lazy init make it several times slower) unless nothing else exists yet."""
-    return ([s for s in steps if not s.deep and s.index > 0] or [s for s in steps if not s.deep] or list(steps))
 
 
 def _device(runs: Sequence[RunInfo], events: Sequence[Event]) -> DeviceSpec:
@@ -450,16 +445,34 @@ def _host_link(device: DeviceSpec) -> float | None:
 def light_forward(steps: Sequence[StepSample], key: str) -> dict[str, float]:
     """Each module's median seconds in the steps' per-module map ``key`` (``module_forward_s``, or
     ``module_recompute_s``) over the light steps that timed it (step 0 left out while a later step
-    timed it: its first calls pay one-off costs)."""
+    timed it: its first calls pay one-off costs), each timed step's figure taken at the speed of an
+    ordinary one (``_at_ordinary_speed``)."""
     timed = [s for s in steps if not s.deep and getattr(s, key)]
     timed = [s for s in timed if s.index > 0] or timed
+    forward = _median([s.phases.get("forward_s") for s in ordinary_steps(steps)])
     names = sorted({name for s in timed for name in getattr(s, key)})
     out = {}
     for name in names:
-        value = _median([getattr(s, key).get(name) for s in timed])
+        value = _median([_at_ordinary_speed(s, getattr(s, key).get(name), forward) for s in timed])
         if value is not None:
             out[name] = value
     return out
+
+
+def _at_ordinary_speed(step: StepSample, seconds: Any, forward: float | None) -> Any:
+    """A module's host-timed seconds on ``step`` scaled by the ordinary steps' median forward
+    phase over ``step``'s own: one timed step in five is a handful of steps, and on a loaded or
+    warming machine its whole forward ran 1.3-3x an ordinary one (hf_clm's forward sped up 35%
+    between steps 4 and 9; the zoo's FSDP2 step after deep ones 3x): the block's time scaled with
+    it and priced a checkpoint's recompute that much over what it cost. The scale keeps each
+    block's share of its step's forward. CUDA times (``device_time_s``: timing events on the
+    stream) and steps without a forward phase are taken as they are; the host's forward phase
+    there counts launches."""
+    own = step.phases.get("forward_s")
+    if (forward is None or step.device_time_s is not None or not isinstance(seconds, (int, float))
+            or not isinstance(own, (int, float)) or own <= 0):
+        return seconds
+    return seconds * forward / own
 
 
 def _time_scale(modules: Sequence[ModuleProfile], steps: Sequence[StepSample], light_forward: float | None) -> float:

@@ -179,19 +179,19 @@ def test_headless_refuses_live_opt_in_without_allow_inexact() -> None:
 
 
 @pytest.mark.parametrize(("at_step", "advised_through", "chosen_after"),
-                         [(None, 99, 4), (6, 99, 4), (5, 99, 1), (3, 99, 1), (None, 3, None), (8, 3, 6),
+                         [(None, 99, 5), (6, 99, 1), (5, 99, 1), (3, 99, 1), (None, 3, None), (8, 3, 6),
                           (8, 99, 6), (7, 99, 5)])
 def test_an_apply_waits_for_the_light_step_after_the_deep_ones_unless_that_misses_the_step(
         at_step, advised_through, chosen_after):
-    """Steps 1-3 deep, step 4 the first light one after them (it times the blocks the
-    predictions read): the apply is chosen once advice made with step 4 is in, or at the last
-    step that still meets ``--apply-at-step`` (the command must leave before step at_step - 1
-    ends). Advice made before step 4 (``advised_through`` 3: the refresh for step 4 has not run)
-    does not count as ready, though step 4 itself has arrived. A later step asked for waits for
-    advice made with step at_step - 2, the last sent before the job holds for the decision: the
-    baseline is every light step up to there, not step 4 alone. A step asked for that step 4
-    cannot inform (before 6) is chosen from the first advice, as it always was. With no step asked
-    for, ``auto`` waits for advice made with step 4 however late it comes: advice before it has no
+    """Steps 1-3 deep, step 5 the first light one that follows a light one (it times the blocks
+    the predictions read; step 4 pays for the deep steps' teardown): the apply is chosen once
+    advice made with step 5 is in, or at the last step that still meets ``--apply-at-step`` (the
+    command must leave before step at_step - 1 ends). Advice made before it (``advised_through``
+    3) does not count as ready, though the step itself has arrived. A later step asked for waits
+    for advice made with step at_step - 2, the last sent before the job holds for the decision:
+    the baseline is every light step up to there, not step 5 alone. A step asked for that step 5
+    cannot inform (before 7) is chosen from the first advice, as it always was. With no step asked
+    for, ``auto`` waits for advice made with step 5 however late it comes: advice before it has no
     step-time baseline to choose by (``advised_through`` 3: never chosen here)."""
     from types import SimpleNamespace
 

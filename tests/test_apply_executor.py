@@ -383,6 +383,37 @@ def test_a_remedy_with_a_step_period_is_timed_over_whole_periods() -> None:
         registry.unregister("paired")
 
 
+@pytest.mark.parametrize(("tail", "timed"), [((0.0141, 0.0143, 0.0142), 3), ((0.0188, 0.0145, 0.0144), 11)])
+def test_a_window_takes_light_steps_until_their_mean_is_steady(tail, timed) -> None:
+    """mingpt_adder on 2 cores after its apply: 18.8, 14.5, 14.4 ms, then 14.1-14.3 ms for good.
+    Three steps judged the remedy 12% slower than it ran; the window goes on, whole steps at a
+    time, until the standard error of its mean is within 3% of it (nine here), and a window
+    whose first three agree stops at three. The result is rebased onto the before window: the
+    prediction's change on the job's speed at the apply."""
+    _, _, ctx, ex = setup()
+    rec = wire("c", "paired_ckpt", step_time_s=0.0138, baseline_step_time_s=0.0107)
+
+    class Handle:
+        def revert(self) -> None:
+            pass
+
+    registry.register("paired_ckpt", lambda model, **_: Handle())
+    try:
+        ex.submit({"type": "apply", "recommendation": rec, "at_step": 6, "measure_steps": 3})
+        # after the apply: deep 6-9, step 10 right after them, then the light steps
+        times = list(tail) + [0.0142, 0.0141, 0.0143, 0.0142, 0.0141, 0.0143, 0.0142, 0.0141, 0.0143]
+        drive_synthetic(ctx, ex, 30, lambda i, deep: 0.05 if deep else (
+            0.011 if i < 6 else 0.02 if i == 10 else times[i - 11] if i - 11 < len(times) else 0.0142))
+        [result] = events(ctx, "apply_result")
+    finally:
+        registry.unregister("paired_ckpt")
+    after = result.data["measured"]["after"]
+    assert after["time_steps"] == list(range(11, 11 + timed))
+    assert result.data["predicted"]["baseline_step_time_s"] == 0.0107
+    assert result.data["predicted"]["rebased_step_time_s"] == pytest.approx(0.011 * 0.0138 / 0.0107)
+    assert after["step_time_s"] == pytest.approx(result.data["predicted"]["rebased_step_time_s"], rel=0.1)
+
+
 @pytest.mark.parametrize(("holding", "earliest"), [(False, 6), (True, 5), ("ahead", 5)])
 def test_a_decision_that_comes_while_the_ranks_are_held_lands_at_the_step_asked_for(monkeypatch, holding, earliest):
     """Ranks of one node post the earliest boundary they can apply at, two ahead (another rank may

@@ -196,6 +196,14 @@ def test_deep_steps_and_disabled_sampling_carry_nothing() -> None:
     assert all(not s.module_forward_s for s in steps)  # step 4 was deep: no light timing
 
 
+def test_a_due_timing_right_after_deep_steps_moves_to_the_next_light_step() -> None:
+    """The step after deep ones pays for their teardown (1.3-3x an ordinary step on 2 cores):
+    blocks timed there priced a checkpoint's recompute up to 3x what it cost. Step 4 is due
+    but follows the deep steps 1-3, so step 5 times; step 9, after light steps, times as due."""
+    steps = _run({"light_timing_every": 5, "deep_steps": (1, 2, 3)}, 11, Net())
+    assert [s.index for s in steps if s.module_forward_s] == [5, 9]
+
+
 def test_intake_accepts_the_field_and_rejects_a_negative_time() -> None:
     good = parse_record("step", {"index": 4, "time_s": 0.1, "module_forward_s": {"blocks.0": 0.01}})
     assert good.module_forward_s == {"blocks.0": 0.01}
@@ -313,9 +321,11 @@ def test_cuda_times_the_kernels_not_the_launches() -> None:
 def test_the_first_timed_light_step_follows_the_deep_ones() -> None:
     from advisor.records.schedule import first_timed_light_step, light_timing_due
 
-    assert first_timed_light_step([1, 2, 3]) == 4  # the default: what an apply at step 6 can read
+    # the default: step 4 is due but follows the deep steps; step 5 times (what an apply at step 7 reads)
+    assert first_timed_light_step([1, 2, 3]) == 5
     assert first_timed_light_step([4]) == 9  # a deep step 4 is not timed: the next one is
     assert first_timed_light_step([1]) == 4 and first_timed_light_step([]) is None
+    assert first_timed_light_step([1, 2, 3, 5]) == 7  # owed past a later deep step and the one after it
     assert first_timed_light_step([1, 2, 3], every=0) is None
     assert [k for k in range(12) if light_timing_due(k)] == [4, 9]
 

@@ -49,6 +49,33 @@ def test_a_module_forward_timed_on_ordinary_steps_replaces_the_scaled_one() -> N
     assert rows["blocks.0"]["light_recompute_s"] == pytest.approx(0.016)
     assert rows["blocks.1"]["light_recompute_s"] is None
 
+def test_a_block_timed_on_a_slow_step_is_taken_at_an_ordinary_steps_speed() -> None:
+    """hf_clm in the zoo: blocks timed on steps whose whole forward ran 1.3-3x an ordinary one
+    (the machine loaded, the job still warming) priced a checkpoint's recompute that much too
+    high. A timed step's figures are scaled by the ordinary steps' median forward over its own:
+    the block keeps its share of the forward. The report's row and the recommender's profile read
+    the same figure."""
+    from advisor.recommend.profile import profile_from_records
+
+    live = LiveState()
+    steps = []
+    # step 6's forward ran 3x the ordinary 0.1 s: its block's 0.06 s is 0.02 s at ordinary speed
+    for index, fwd, timed in ((0, 1.0, None), (5, 0.1, 0.02), (6, 0.3, 0.06), (7, 0.1, None), (8, 0.1, None)):
+        sample = StepSample(index=index, time_s=2 * fwd, phases={"forward_s": fwd, "backward_s": fwd},
+                            module_forward_s={"blocks.0": timed} if timed else {},
+                            module_recompute_s={"blocks.0": timed * 0.8} if timed else {})
+        live.add(sample)
+        steps.append(sample)
+    module = ModuleStat(step=1, name="blocks.0", type="Block", depth=2, activation_bytes=10, forward_s=0.2,
+                        backward_s=0.1)
+    live.add(module)
+    row = next(m for m in build_memory_section(live.snapshot(), budget_bytes=None)["modules"] if m["name"] == "blocks.0")
+    assert row["light_forward_s"] == pytest.approx(0.02) and row["light_recompute_s"] == pytest.approx(0.016)
+    profile = profile_from_records(steps=steps, modules=[module])
+    assert profile.light_forward_s == {"blocks.0": pytest.approx(0.02)}
+    assert profile.light_recompute_s == {"blocks.0": pytest.approx(0.016)}
+
+
 def test_a_wait_never_exceeds_its_call_nor_its_step() -> None:
     live = LiveState()
     for index in range(2):
@@ -71,6 +98,10 @@ def test_the_baseline_step_time_excludes_the_warm_up_step() -> None:
     steps = [StepSample(index=0, rank=0, time_s=1.73, deep=False),
              StepSample(index=1, rank=0, time_s=0.5, deep=True),
              StepSample(index=2, rank=0, time_s=0.08, deep=False),
-             StepSample(index=3, rank=0, time_s=0.09, deep=False)]
-    assert profile_from_records(steps=steps).step_time_s == pytest.approx(0.085)
-    assert profile_from_records(steps=steps[:2]).step_time_s == pytest.approx(1.73)  # nothing else yet
+             StepSample(index=3, rank=0, time_s=0.09, deep=False),
+             StepSample(index=4, rank=0, time_s=0.07, deep=False)]
+    # steps 3 and 4: step 2 follows the deep step 1 (it pays for the probes' teardown)
+    assert profile_from_records(steps=steps).step_time_s == pytest.approx(0.08)
+    assert profile_from_records(steps=steps[:3]).step_time_s == pytest.approx(0.08)  # the only light one
+    # nothing light after step 0 yet: the profiled step, as the report's base (``ordinary_steps``)
+    assert profile_from_records(steps=steps[:2]).step_time_s == pytest.approx(0.5)

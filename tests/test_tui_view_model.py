@@ -64,14 +64,14 @@ def test_events_name_warnings_disabled_probes_applies_ooms_and_exits() -> None:
 def test_recorded_ddp_model_per_rank() -> None:
     state = load_state("ddp")
     zero, one = build_view_model(state, rank=0), build_view_model(state, rank=1)
-    assert zero.world_size == 2 and zero.slowest_rank == 0
+    assert zero.world_size == 2 and zero.slowest_rank == 1
     advised = build_view_model(state, readvise=True)  # a finished session with no saved advice gets it too
     assert zero.diagnosis == advised.diagnosis
     assert advised.diagnosis.bottleneck == "communication"
     # those that fit the budget first (tests/test_recommend_recorded.py: the same advice)
     assert [r.id for r in advised.recommendations] == ["grad-accumulation", "grad-compression", "ddp-bucket"]
     assert zero.memory["peak_bytes"] == one.memory["peak_bytes"] == 11287104
-    assert round(zero.compute["mfu"], 4) == 0.0608 and zero.ops[0]["name"] == "aten.addcdiv_"
+    assert round(zero.compute["mfu"], 4) == 0.0615 and zero.ops[0]["name"] == "aten.sqrt"
     assert {row["rank"] for row in zero.collectives} == {0, 1}
     assert zero.straggler["rank"] == 0
     assert round(zero.peak_flops / zero.memory_bandwidth, 1) == 11.7  # the ridge, FLOP/byte

@@ -346,11 +346,18 @@ def _check_kept(entry: dict[str, Any]) -> Check:
     for key, tolerance, unit in (("peak_memory_bytes", PEAK_TOLERANCE, "peak"),
                                  ("step_time_s", STEP_TIME_TOLERANCE, "step time")):
         p, m = predicted.get(key), after.get(key)
+        if key == "step_time_s" and predicted.get("rebased_step_time_s"):
+            # The predicted change on the job's speed at the apply (the before window), the
+            # reference the executor judges by: the job's own speed moves between the advice's
+            # steps and the apply (warming up, the other rank's process on the same cores).
+            p, unit = predicted["rebased_step_time_s"], "step time (rebased)"
         if not p or m is None:
             problems.append(f"{unit}: not measured" if p else f"{unit}: no prediction")
             continue
         error = (m - p) / p
         figures.append(f"{unit} {error:+.0%}" + (f" ({after.get('step_kind')} steps)" if key == "step_time_s" else ""))
+        if key == "step_time_s" and predicted.get("step_time_s") and p != predicted["step_time_s"]:
+            figures[-1] += f", {(m - predicted['step_time_s']) / predicted['step_time_s']:+.0%} on the advice's base"
         if abs(error) > tolerance:
             problems.append(f"{unit} {error:+.0%} off (bound {tolerance:.0%}"
                             + (f", timed on {after.get('step_kind')} steps)" if key == "step_time_s" else ")"))

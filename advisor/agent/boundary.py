@@ -63,6 +63,7 @@ class Boundaries:
         self._versions: int | None = None  # parameter versions after the last backward
         self._update_seen = False  # a no-optimizer loop updates through version-visible ops
         self.timer = BlockTimer(counting=lambda: clock.phase != "eval")
+        self._last_deep = False  # the step closed last was deep: the next light one is not block-timed
         self._probed = False  # the step just closed was a deep step whose probes ran
         # CUDA: a timing event where the open step began (after the advisor's own boundary work),
         # paired with one at its end: the step's time on the device's timeline (device_time_s).
@@ -180,6 +181,7 @@ class Boundaries:
         start_event, self._start_event = self._start_event, None
         step_events = (start_event, self._device_mark()) if on_device and start_event is not None else None
         deep = self._deep.active
+        self._last_deep = deep
         deep_probes = self._deep.stop(step)
         self._probed = bool(deep_probes)  # a deep step that ran probes: many records to send
         extra: dict[str, Any] = {}
@@ -230,7 +232,7 @@ class Boundaries:
         started = deep and self._deep.start(step)
         if step == 1 or started:
             self._check_remedies(step)
-        if deep and not started and self._deep.light_timing_due(step):
+        if deep and not started and self._deep.light_timing_due(step, after_deep=self._last_deep):
             blocks = self._objects.numbered_modules()
             if blocks:
                 self.timer.start(blocks, self._module_events.subscribe, device=self._objects.device)

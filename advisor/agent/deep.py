@@ -37,7 +37,7 @@ from advisor.agent.probeset import ProbeSet
 from advisor.apply.compiled import compiled_model, dynamo_graphs
 from advisor.probes.probe import Probe
 from advisor.records.samples import StepSample
-from advisor.records.schedule import light_timing_due, periodic_deep_due
+from advisor.records.schedule import light_timing_now, periodic_deep_due
 from advisor.records.settings import AgentSettings
 
 
@@ -53,6 +53,7 @@ class DeepSchedule:
         # One light step in this many (steps every-1, 2*every-1, ...) times its numbered modules'
         # forward (advisor/agent/block_timer.py): the recompute cost of checkpointing them. 0: never.
         self.light_timing_every = settings.light_timing_every
+        self._timing_owed = False  # a due block timing fell on a step right after a deep one
         # A deep step slower than this many light steps (and than min_s) ends deep sampling.
         self.max_slowdown, self.min_s = settings.deep_max_slowdown, settings.deep_min_s
         self._extra = 0  # steps requested without probe names
@@ -79,10 +80,15 @@ class DeepSchedule:
             return True
         return periodic_deep_due(step, self.every)
 
-    def light_timing_due(self, step: int) -> bool:
-        """Whether light step ``step`` times its numbered modules' forward (the first is step
-        every-1: after the default deep steps 1-3, before an apply at step 5)."""
-        return light_timing_due(step, self.light_timing_every)
+    def light_timing_due(self, step: int, *, after_deep: bool = False) -> bool:
+        """Whether light step ``step`` times its numbered modules' forward: due at step every-1
+        and each ``every`` after, or the first light step after that follows a light one
+        (``after_deep``: the step before was deep; step 5 after the default deep steps 1-3)."""
+        if self.light_timing_every <= 0:
+            return False
+        timed, self._timing_owed = light_timing_now(step, owed=self._timing_owed, after_deep=after_deep,
+                                                    every=self.light_timing_every)
+        return timed
 
     def request_deep(self, steps: int, probes: Iterable[str] | None = None) -> None:
         """Deep-sample the next ``steps`` steps; with ``probes``, for those probes alone."""

@@ -23,6 +23,14 @@ Status = Literal["kept", "reverted", "failed", "interrupted"]
 STATUSES: tuple[str, ...] = ("kept", "reverted", "failed", "interrupted")
 
 
+def rebase_step_time(before_s: float | None, predicted_s: float | None, baseline_s: float | None) -> float | None:
+    """``predicted_s``, made against a step of ``baseline_s``, rebased onto a measured step of
+    ``before_s``: before x predicted / baseline; None unless all three are positive."""
+    if not (before_s and predicted_s and baseline_s) or min(before_s, predicted_s, baseline_s) <= 0:
+        return None
+    return before_s * predicted_s / baseline_s
+
+
 @dataclass(frozen=True, kw_only=True)
 class Measurement:
     """Peak memory and step time over a window of steps (None where not measured).
@@ -72,6 +80,16 @@ class ApplyResult(Payload):
     status: Status
     error: str | None = None  # "ExcType: message" when status is "failed"
     reason: str = ""  # why kept / reverted, in one sentence
+    # The step time ``predicted`` was made against (the recommendation's baseline), seconds.
+    baseline_step_time_s: float | None = None
+
+    @property
+    def rebased_step_time_s(self) -> float | None:
+        """The prediction's change rebased onto the before window: ``before`` x predicted /
+        baseline, the reference the keep/revert limit reads (``apply.executor.decide``). The job's
+        own speed moves between the steps a prediction is made on and the apply (a job still
+        warming up, another process on the cores); the remedy's predicted change does not."""
+        return rebase_step_time(self.before.step_time_s, self.predicted.step_time_s, self.baseline_step_time_s)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -90,6 +108,8 @@ class ApplyResult(Payload):
             "predicted": {
                 "peak_memory_bytes": self.predicted.peak_memory_bytes,
                 "step_time_s": to_json(self.predicted.step_time_s),
+                "baseline_step_time_s": to_json(self.baseline_step_time_s),
+                "rebased_step_time_s": to_json(self.rebased_step_time_s),
             },
             "measured": {"before": self.before.to_dict(), "after": self.after.to_dict()},
             "status": self.status,
@@ -107,6 +127,9 @@ class ApplyResult(Payload):
         for key in ("before", "after"):
             if measured and measured.get(key) is not None:
                 flat[key] = measured[key]
+        predicted = data.get("predicted")
+        if isinstance(predicted, Mapping) and predicted.get("baseline_step_time_s") is not None:
+            flat["baseline_step_time_s"] = predicted["baseline_step_time_s"]
         return decode(cls, flat)
 
     def as_history(self) -> dict[str, Any]:

@@ -12,7 +12,8 @@ are seconds (``float``), sizes are bytes (``int``), wall-clock stamps are
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterable, Mapping
+from operator import attrgetter
+from typing import Any, Callable, ClassVar, Iterable, Mapping
 
 from advisor.records.jsonable import Record
 
@@ -130,6 +131,21 @@ class StepSample(Record):
     # then times its ops on two steps of its own (beside the memory tracker, its counts and times
     # would include the tracker's dispatch-mode Python): such steps have no memory figures.
     deep_probes: list[str] = field(default_factory=list)
+
+
+def ordinary_steps(samples: Iterable[Any], *, index: Callable[[Any], int] = attrgetter("index"),
+                   deep: Callable[[Any], bool] = attrgetter("deep")) -> list[Any]:
+    """The steps every "ordinary step" statistic reads (one rank's ``StepSample``s, or with
+    ``index`` and ``deep`` accessors anything else: the checker's report steps): light (deep ones
+    run the probes), not the warm-up step 0, and not a light step right after a deep one (it pays
+    for the deep probes' teardown while the controller takes in their records: 1.3-3x an ordinary
+    step on 2 cores). Each filter is dropped, last first, when it would leave nothing: then light
+    ones after step 0, any after step 0 (the deep ones: the profiled steps), all."""
+    samples = list(samples)
+    deep_at = {index(s) for s in samples if deep(s)}
+    later = [s for s in samples if not deep(s) and index(s) > 0]
+    return ([s for s in later if index(s) - 1 not in deep_at] or later
+            or [s for s in samples if index(s) > 0] or samples)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,7 +12,8 @@ from statistics import median
 from typing import Any
 
 from advisor.blocks import Block, Column, Table
-from advisor.recommend.comm import ordinary_steps, rank_comm, straggler, wait_by_record
+from advisor.recommend.comm import rank_comm, straggler, wait_by_record
+from advisor.records.samples import ordinary_steps
 from advisor.records.bandwidth import algbw, busbw
 from advisor.records.comm_cache import bench_busbw, load_cache
 from advisor.records.units import fmt_bytes, fmt_rate, fmt_seconds
@@ -139,7 +140,7 @@ def comm_blocks(
     if comm and collectives:  # without any collective the table would be all zeros
         out.append(Table(
             title="Communication per step",
-            caption="medians over each rank's ordinary steps (not step 0, not deep-sampled); comm: time with a "
+            caption="medians over each rank's ordinary steps (not step 0, not deep-sampled, not right after a deep one); comm: time with a "
                     "collective in flight",
             columns=tuple(Column(name=c, numeric=True)
                           for c in ("rank", "step time", "comm", "exposed", "exposed share")),

@@ -13,7 +13,8 @@ from collections import defaultdict
 from typing import Any, Mapping
 
 from advisor.blocks import Block, Column, Lines, Span, Table
-from advisor.recommend.comm import ordinary_steps, rank_comm
+from advisor.recommend.comm import rank_comm
+from advisor.records.samples import ordinary_steps
 from advisor.recommend.roofline import OpFigures, dtype_key, op_verdict, step_summary
 from advisor.records.samples import OpStat
 from advisor.records.units import MISSING, fmt_rate, fmt_seconds

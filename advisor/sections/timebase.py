@@ -12,13 +12,14 @@ from __future__ import annotations
 import statistics
 
 from advisor.recommend.profile import light_forward
-from advisor.records.samples import StepSample
+from advisor.records.samples import StepSample, ordinary_steps
 from advisor.state import SessionState
 
 
 def light_samples(state: SessionState) -> list[StepSample]:
-    """Rank 0's ordinary steps: not deep-sampled and not the warm-up step 0."""
-    return [s for s in state.rank0_steps() if not s.deep and s.index > 0 and s.time_s > 0]
+    """Rank 0's ordinary steps (``ordinary_steps``) that are light, after step 0 and of positive
+    time: none when the rank has no such step (its fallbacks are the profiled steps)."""
+    return [s for s in ordinary_steps(state.rank0_steps()) if not s.deep and s.index > 0 and s.time_s > 0]
 
 
 def light_step_time(state: SessionState) -> float | None:
@@ -37,7 +38,7 @@ def light_module_times(state: SessionState, key: str = "module_forward_s") -> di
     """Median seconds of each module timed on ordinary steps (sampled one light step in N), by
     qualified name: the forward (``module_forward_s``), or with ``key="module_recompute_s"`` what
     a checkpoint of it runs again, up to its last saved tensor. The figures the cost models read."""
-    return light_forward([s for s in light_samples(state) if getattr(s, key)], key)
+    return light_forward(state.rank0_steps(), key)
 
 
 def scale(light_s: float | None, profiled_s: float | None) -> float:

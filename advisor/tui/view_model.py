@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from advisor.advice import advise_state, recorded_budget
-from advisor.records.samples import Event, StepSample
+from advisor.records.samples import Event, StepSample, ordinary_steps
 from advisor.records.advice import Diagnosis, Recommendation
 from advisor.records.results import ApplyHistory, ApplyResult
 from advisor.regime import in_force, regime_start
@@ -124,10 +124,6 @@ def rank_state(state: SessionState, rank: int) -> SessionState:
     return out
 
 
-def _steady(samples: list[StepSample]) -> list[StepSample]:
-    return [s for s in samples if s.index > 0 and not s.deep] or [s for s in samples if s.index > 0] or samples
-
-
 def rank_rows(state: SessionState, comm: list[dict[str, Any]], since: int | None = None) -> list[RankRow]:
     """One row per rank. ``since``: the step the job as it is now started at (a remedy changed it):
     the median step time and the peak are of the steps from there, when any was measured."""
@@ -138,7 +134,7 @@ def rank_rows(state: SessionState, comm: list[dict[str, Any]], since: int | None
     for rank in ranks:
         samples = state.steps.get(rank, [])
         now = [s for s in samples if s.index >= first] or samples
-        steady = _steady(now)
+        steady = ordinary_steps(now)
         peaks = [s.peak_memory_bytes for s in now if s.peak_memory_bytes is not None]
         if not peaks:
             memory = [m.total_bytes for m in state.memory if m.rank == rank]
