@@ -35,8 +35,9 @@ Calibration from the measured step (``chain_from_profile``):
     fixed = measured peak - activation bytes at the peak   (model states, temporaries, inputs, other)
     other = max(0, activation at peak - sum of candidate a_i)   (embedding, head, loss: not candidates)
 so peak({}) = max(measured peak, fixed + sum a_i): never below what was measured.
-Recompute time: sum_{i in S} recompute_s_i: what PyTorch's checkpoint runs again of each block,
-timed on light steps where the agent sampled it (from the call's start to its last saved tensor:
+Recompute time: sum_{i in S} recompute_s_i: what a checkpoint of each block adds, measured on a
+copy of one block of its type between steps where the agent tried one (``recompute_seconds``),
+else what PyTorch's checkpoint runs again of it, timed on light steps where the agent sampled it (from the call's start to its last saved tensor:
 the recomputation stops there), else the block's light-step forward, else the deep step's time
 scaled to an ordinary step (``recompute_seconds``).
 """
@@ -245,13 +246,39 @@ def forward_seconds(profile: Profile, module: ModuleProfile) -> float:
 
 
 def recompute_seconds(profile: Profile, module: ModuleProfile) -> float:
-    """Seconds a checkpoint of ``module`` adds to an ordinary step: the light steps' span from
-    its call's start to its last saved tensor (PyTorch's checkpoint stops recomputing there: a
-    GPT block's last matmul is not run again), else its whole forward (``forward_seconds``)."""
+    """Seconds a checkpoint of ``module`` adds to an ordinary step: where a module of its type was
+    checkpointed on a copy between steps (``Profile.checkpoint_ratio``), that trial's added time
+    over its plain forward times this module's own forward (``forward_seconds``): the recompute
+    and the checkpoint's own machinery, which on a small block costs as much again (the zoo's
+    GPT-2 block: 3x its forward where one forward was priced). Else the light steps' span from its
+    call's start to its last saved tensor (PyTorch's checkpoint stops recomputing there: a GPT
+    block's last matmul is not run again), else its whole forward."""
+    added = profile.checkpoint_added.get(module.type) if module.type else None
+    tried = profile.module(added[0]) if added is not None else None
+    if added is not None and tried is not None and forward_seconds(profile, tried) > 0:
+        # The trial's seconds, in proportion to this module's forward over the one tried: a
+        # timed step's forward holds the timer's hooks (hf_clm's GPT-2 block 1.2 ms there, 0.77
+        # in the trial), a share both have, so the proportion is clean where the forward is not.
+        return added[1] * forward_seconds(profile, module) / forward_seconds(profile, tried)
+    ratio = profile.checkpoint_ratio.get(module.type) if module.type else None
+    if ratio is not None:
+        return ratio * forward_seconds(profile, module)
     span = profile.light_recompute_s.get(module.name)
     if span is not None:
         return span
     return forward_seconds(profile, module)
+
+
+def added_step_time(profile: Profile, compute_s: float) -> float:
+    """What ``compute_s`` more of the training thread's work adds to an ordinary step: all of it,
+    less the data wait it can fill when a loader's workers produce the batches meanwhile (the
+    median ``data_s`` of ordinary steps). minGPT's adder with two workers waited 1.6-4 ms a step
+    for data; checkpointing added 3.6 ms of backward and the step grew 0.5 ms, the wait having
+    shrunk by the rest: priced in full it was predicted 2.3 ms slower than it ran. A loader in the
+    main process (no workers) does its work in that wait: nothing to fill."""
+    workers = any(loader.num_workers > 0 for loader in profile.loaders)
+    slack = (profile.phases.get("data_s") or 0.0) if workers else 0.0
+    return max(0.0, compute_s - slack)
 
 
 def live_activation_total(profile: Profile) -> int:

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from advisor.recommend.comm import RankComm, rank_comm
 from advisor.recommend.unreached import extrapolate
-from advisor.records.events import (CheckpointSave, DataLoaderSettings, DeviceSpec, Oom, PipelineStages, RemedyChecks,
+from advisor.records.events import (CheckpointSave, CheckpointTrial, DataLoaderSettings, DeviceSpec, Oom, PipelineStages, RemedyChecks,
                                      payloads)
 from advisor.records.samples import (
     MEMORY_CATEGORIES,
@@ -159,6 +159,11 @@ class Profile:
     # Each rank's latest answers of the remedies' checks in the training process (``remedy_checks``
     # events): what a remedy cannot do to this job. Empty for a session recorded before them.
     remedy_checks: tuple[RemedyChecks, ...] = ()
+    # Module type -> what checkpointing one of that type added, over its plain forward, measured on
+    # a copy between steps (``CheckpointTrial``, the lowest rank's latest); recompute_seconds reads it.
+    checkpoint_ratio: dict[str, float] = field(default_factory=dict)
+    # The same trials' module tried and the seconds checkpointing added to it, by type.
+    checkpoint_added: dict[str, tuple[str, float]] = field(default_factory=dict)
 
     def refusal(self, remedy: str, params: Mapping[str, Any]) -> str | None:
         """Why ``remedy`` with ``params`` cannot apply to this job on some rank, or None."""
@@ -342,6 +347,8 @@ def profile_from_records(
         loaders=_loaders(events),
         checkpoint_saves=tuple(s.at_rank(e) for e, s in payloads(events, CheckpointSave)),
         remedy_checks=tuple({e.rank: c for e, c in payloads(events, RemedyChecks)}.values()),
+        checkpoint_ratio=_checkpoint_trials(events, "ratios"),
+        checkpoint_added=_checkpoint_trials(events, "added"),
     )
 
 
@@ -403,6 +410,20 @@ def _loaders(events: Sequence[Event]) -> tuple[DataLoaderSettings, ...]:
     low = min(e.rank for e, _ in found)
     latest = {loader.index: loader for e, loader in found if e.rank == low}
     return tuple(latest[i] for i in sorted(latest))
+
+
+def _checkpoint_trials(events: Sequence[Event], figure: str) -> dict[str, Any]:
+    """The lowest rank's checkpoint trials' ``figure`` (``CheckpointTrial.ratios`` or ``added``),
+    later ones over earlier ones, by module type."""
+    found = payloads(events, CheckpointTrial)
+    if not found:
+        return {}
+    low = min(e.rank for e, _ in found)
+    out: dict[str, Any] = {}
+    for e, trial in found:
+        if e.rank == low:
+            out.update(getattr(trial, figure)())
+    return out
 
 
 def _first_rank(models: Sequence[ModelInfo]) -> list[ModelInfo]:

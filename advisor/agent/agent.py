@@ -30,10 +30,11 @@ A top-level forward under ``no_grad`` outside the training forward is ``eval``: 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -91,7 +92,8 @@ class Agent:
         self.probes.context = self.context
         self.boundaries = Boundaries(clock=clock, objects=self.objects, probes=self.probes, deep=self.deep,
                                      outbox=outbox, module_events=self.module_events, work=self._boundary_work,
-                                     closed=self._step_closed)
+                                     closed=self._step_closed, quiet=self._quiet,
+                                     trial_wanted=lambda: settings.memory_budget_bytes is not None)
         self.executor: Executor | None = None  # created at the first command (or plan)
         self.max_steps = settings.max_steps
         # The device's ceilings are measured once, for the compute probe's roofline.
@@ -213,6 +215,21 @@ class Agent:
     def _fallback_boundary(self, event: str) -> None:
         if not self._opt_depth and not self.clock.in_backward():
             self.boundaries.fallback(event)
+
+    @contextlib.contextmanager
+    def _quiet(self) -> Iterator[None]:
+        """The agent's own forward and backward between steps (a checkpoint trial's copy): its
+        hooks see nothing, and every probe with a ``quiet`` context steps aside."""
+        was, self.disabled = self.disabled, True
+        try:
+            with contextlib.ExitStack() as stack:
+                for probe in self.probes:
+                    quiet = getattr(probe, "quiet", None)
+                    if callable(quiet):
+                        stack.enter_context(quiet(self.context))
+                yield
+        finally:
+            self.disabled = was
 
     # -- hook callbacks --------------------------------------------------------------
     def forward_pre(self, module: torch.nn.Module) -> None:

@@ -24,6 +24,7 @@ import time
 from typing import Any, Callable
 
 from advisor.agent.block_timer import BlockTimer, DeviceTimes, timing_event
+from advisor.agent.checkpoint_trial import CheckpointTrials
 from advisor.agent.clock import PHASE_KEYS, Snapshot, StepClock
 from advisor.agent.deep import DeepSchedule
 from advisor.agent.objects import ScriptObjects
@@ -50,11 +51,15 @@ class Boundaries:
 
     def __init__(self, *, clock: StepClock, objects: ScriptObjects, probes: ProbeSet, deep: DeepSchedule,
                  outbox: Outbox, module_events: ModuleEvents, work: Callable[[int], bool],
-                 closed: Callable[[StepSample], None]) -> None:
+                 closed: Callable[[StepSample], None], quiet: Callable[[], Any] | None = None,
+                 trial_wanted: Callable[[], bool] = lambda: False) -> None:
         self._clock, self._objects, self._probes, self._deep = clock, objects, probes, deep
         self._outbox, self._module_events = outbox, module_events
         self._work = work  # the agent's work at the boundary starting a step; False: training stops here
         self._closed = closed  # each step's sample, as it closes
+        self._quiet = quiet  # the agent's hooks off and the probes aside, for its own work between steps
+        self._trial_wanted = trial_wanted  # whether checkpointing may be offered: its cost is measured
+        self.trials = CheckpointTrials()
         self.kind: str | None = None  # "optimizer", "update", "zero_grad", "forward", "data", "exit"
         self.optimizer_mode = False  # some optimizer stepped: steps end at optimizer steps
         self._period = OptimizerPeriod()
@@ -123,6 +128,7 @@ class Boundaries:
         its saved-tensor hooks must not outlive the agent on autograd's stack."""
         if self.timer.active:
             self.timer.stop()
+        self.trials.stop()
 
     # -- closing steps -------------------------------------------------------------------
     def _set_kind(self, kind: str) -> None:
@@ -188,6 +194,10 @@ class Boundaries:
         for figures in self._probes.call_all("on_step_end", step):
             extra.update(figures or {})
         module_times = self.timer.stop() if self.timer.active else ({}, {})
+        if self._quiet is not None:
+            trials = self.trials.finish(self._quiet, self._objects.device)
+            if trials:
+                self._outbox.event("checkpoint_trial", {"modules": trials}, step=step)
         module_forward_s, module_recompute_s = ({}, {}) if isinstance(module_times, DeviceTimes) else module_times
         eval_s = clock.acc.get("eval", 0.0)
         sample = StepSample(
@@ -236,4 +246,6 @@ class Boundaries:
             blocks = self._objects.numbered_modules()
             if blocks:
                 self.timer.start(blocks, self._module_events.subscribe, device=self._objects.device)
+                if self._quiet is not None and self._trial_wanted():
+                    self.trials.start(blocks)
         self._outbox.flush(sync=False)

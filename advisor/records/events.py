@@ -218,6 +218,38 @@ class RemedyChecks(Payload):
 
 
 @dataclass(frozen=True, kw_only=True)
+class CheckpointTrial(Payload):
+    """What checkpointing one module of each type cost, measured on a copy of it between steps
+    (advisor/agent/checkpoint_trial.py): {type name: {"module", "forward_s", "plain_s",
+    "checkpoint_s", "ratio", "reps"}}; ``ratio`` = (checkpointed - plain forward and backward) /
+    plain forward."""
+
+    NAME: ClassVar[str] = "checkpoint_trial"
+    modules: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def added(self) -> dict[str, tuple[str, float]]:
+        """type name -> (the module tried, seconds checkpointing added to its forward and
+        backward), for the entries whose figures are finite numbers."""
+        out = {}
+        for kind, f in self.modules.items():
+            if not isinstance(f, Mapping) or not isinstance(f.get("module"), str):
+                continue
+            ck, plain = f.get("checkpoint_s"), f.get("plain_s")
+            if all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf") for v in (ck, plain)):
+                out[kind] = (f["module"], max(0.0, float(ck) - float(plain)))
+        return out
+
+    def ratios(self) -> dict[str, float]:
+        """type name -> ratio, for the entries whose ratio is a finite number >= 0."""
+        out = {}
+        for kind, figures in self.modules.items():
+            ratio = figures.get("ratio") if isinstance(figures, Mapping) else None
+            if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and 0 <= ratio < float("inf"):
+                out[kind] = float(ratio)
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
 class Job(Payload):
     """The token rank 0 drew for this run of a multi-node job (``advisor/agent/relay.py``)."""
 

@@ -14,10 +14,11 @@ step costs (every op goes through Python; several times a plain step, see
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import traceback
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -189,6 +190,23 @@ class MemoryProbe(Probe):
                 tracker.pause()
             else:
                 self._stop_tracking()
+
+    @contextlib.contextmanager
+    def quiet(self, ctx: AgentContext) -> Iterator[None]:
+        """The agent's own work between steps (``advisor/agent/checkpoint_trial.py``) is not the
+        job's: the tracker steps aside (an enforced budget would count the trial's copy), and on
+        CUDA the peak is reset after it (the next step's peak is its own)."""
+        tracker = self.tracker
+        paused = tracker is not None and tracker.active and not tracker.paused
+        if paused:
+            tracker.pause()  # type: ignore[union-attr]
+        try:
+            yield
+        finally:
+            if paused:
+                tracker.resume()  # type: ignore[union-attr]
+            if self.cuda:
+                torch.cuda.reset_peak_memory_stats(_cuda_index(ctx))
 
     def on_step_end(self, ctx: AgentContext, step: int) -> dict[str, Any]:
         out: dict[str, Any] = {}

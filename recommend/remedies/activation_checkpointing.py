@@ -14,6 +14,7 @@ from advisor.recommend.finding import Finding, Proposal, gib, largest_category
 from advisor.recommend.memory_model import (
     COST_MODEL,
     Chain,
+    added_step_time,
     chain_from_profile,
     chain_timeline,
     measured_peak,
@@ -132,7 +133,7 @@ def propose(profile: Profile, finding: Finding) -> Proposal:
         return Proposal()  # the job already fits this budget: checkpointing nothing is no recommendation
     target = int(HEADROOM * budget)
     baseline_time = profile.step_time_s
-    predicted_time = None if baseline_time is None else baseline_time + plan.overhead_s
+    predicted_time = None if baseline_time is None else baseline_time + added_step_time(profile, plan.overhead_s)
     coverage = profile.module_activation_total / max(1, profile.activation_at_peak)
     confidence = "high" if plan.method == "dp" and plan.exact and coverage >= 0.5 else "medium"
     if profile.oom or not profile.modules:
@@ -142,7 +143,10 @@ def propose(profile: Profile, finding: Finding) -> Proposal:
         f"measured peak {gib(measured_peak(profile))} against a budget of {gib(budget)} (target {gib(target)})",
         f"checkpointing {len(plan.modules)} of {units.n} {'blocks' if plan.method == 'dp' else 'modules'} "
         f"keeps their inputs instead of {gib(sum(units.blocks[i].activation_bytes for i in plan.indices))} of activations",
-        f"recompute adds {fmt_seconds(plan.overhead_s)} per step (one more forward of each checkpointed module)",
+        f"recompute adds {fmt_seconds(plan.overhead_s)} per step (one more forward of each checkpointed module)"
+        + (f", {fmt_seconds(predicted_time - baseline_time)} of it beyond the data wait the loader's workers leave"
+           if predicted_time is not None and baseline_time is not None
+           and predicted_time - baseline_time < plan.overhead_s - 1e-9 else ""),
         f"model activations attributed to modules cover {min(coverage, 1.0):.0%} of those at the peak",
     ]
     if plan.peak_bytes > target:
