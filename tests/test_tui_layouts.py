@@ -92,7 +92,7 @@ def test_the_memory_chart_is_of_the_traced_step_in_ms_with_a_legend_under_it() -
         return screen_text(app)
 
     _, _, text = _open((120, 40), scenario)
-    assert "memory by category, step 1 (traced by the memory probe, rank 0): peak 10.8 MiB" in text
+    assert "memory by category, step 1 (traced by the memory probe, rank 1): peak 10.8 MiB" in text
     assert "ms from the start of step 1" in text and "MiB" in text
     lines = text.splitlines()
     legend = next(i for i, line in enumerate(lines) if "■ parameter" in line)

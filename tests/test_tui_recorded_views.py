@@ -28,8 +28,9 @@ def rows(app: AdvisorApp, table_id: str) -> list[list[str]]:
 def test_ddp_overview_memory_compute_comm_show_the_slowest_rank() -> None:
     async def scenario(app: AdvisorApp, pilot: Pilot[str], messages: list) -> None:
         overview = app.query_one(OverviewView).plain
-        assert "Bottleneck: communication: exposed communication takes 31% of the step" in overview
-        assert "ranks 2 (showing rank 0, the slowest)" in overview  # 14.80 ms median against 14.75 ms
+        assert "Bottleneck: communication: exposed communication takes 35% of the step" in overview
+        # medians of the ordinary steps (not right after a deep one): 14.70 ms against 14.65 ms
+        assert "ranks 2 (showing rank 1, the slowest)" in overview
         assert app.query_one("#phases-chart", Chart).plotted  # 120x40: room for the plot
         await pilot.press("2")
         assert app.query_one(TabbedContent).active == "memory"
@@ -42,15 +43,15 @@ def test_ddp_overview_memory_compute_comm_show_the_slowest_rank() -> None:
         assert app.query_one(MemoryView).sort_key == "input_bytes"
         await pilot.press("3")
         compute = app.query_one(ComputeView).summary_plain
-        assert "MFU 6.1%" in compute and "memory-bound share 36%" in compute and "ridge 11.7 FLOP/B" in compute
+        assert "MFU 6.1%" in compute and "memory-bound share 25%" in compute and "ridge 11.7 FLOP/B" in compute
         top = rows(app, "ops-table")[0]
-        assert top[0] == "aten.addcdiv_" and top[3] == "memory" and top[4] == "85%" and top[6] == "optimizer"
+        assert top[0] == "aten.sqrt" and top[3] == "memory" and top[6] == "optimizer"
         await pilot.press("4")
         comm = app.query_one(CommView).summary_plain
         assert "straggler rank 0:   the others wait 12.9 ms per step for it" in comm
         # medians of each rank's ordinary steps, as the report's comm section and the diagnosis
-        assert "rank 1:   step 14.8 ms   comm 10.7 ms   exposed 9.15 ms (62%)" in comm
-        assert rows(app, "collectives-table")[0][:5] == ["all_reduce", "59", "61.5 MiB", "339 ms", "212 ms"]
+        assert "rank 1:   step 14.7 ms   comm 10.3 ms   exposed 8.94 ms (61%)" in comm
+        assert rows(app, "collectives-table")[0][:5] == ["all_reduce", "59", "61.5 MiB", "585 ms", "454 ms"]
 
     open_recorded("ddp", scenario)
 
@@ -59,17 +60,17 @@ def test_selecting_a_rank_switches_every_view() -> None:
     async def scenario(app: AdvisorApp, pilot: Pilot[str], messages: list) -> None:
         await pilot.press("5")
         ranks = rows(app, "ranks-table")
-        assert [r[0] for r in ranks] == ["0", "1"] and ranks[0][6] == "slowest, shown"
-        await pilot.press("down", "enter")
-        await until(pilot, lambda: app.model is not None and app.model.rank == 1)
-        await settle(app, pilot)
-        assert [m.rank for m in messages if isinstance(m, RankSwitched)] == [1]
-        assert rows(app, "ranks-table")[1][6] == "shown"
-        assert "showing rank 1)" in app.query_one(OverviewView).plain
-        assert rows(app, "collectives-table")[0][:2] == ["all_reduce", "59"]
-        assert "rank 1 shown" in app.sub_title
-        await pilot.press("left_square_bracket")  # back to rank 0 from anywhere
+        assert [r[0] for r in ranks] == ["0", "1"] and ranks[1][6] == "slowest, shown"
+        await pilot.press("up", "enter")  # rank 0's row
         await until(pilot, lambda: app.model is not None and app.model.rank == 0)
+        await settle(app, pilot)
+        assert [m.rank for m in messages if isinstance(m, RankSwitched)] == [0]
+        assert rows(app, "ranks-table")[0][6] == "shown"
+        assert "showing rank 0)" in app.query_one(OverviewView).plain
+        assert rows(app, "collectives-table")[0][:2] == ["all_reduce", "59"]
+        assert "rank 0 shown" in app.sub_title
+        await pilot.press("right_square_bracket")  # on to rank 1 from anywhere
+        await until(pilot, lambda: app.model is not None and app.model.rank == 1)
 
     open_recorded("ddp", scenario)
 
