@@ -51,6 +51,23 @@ from advisor.records.samples import MEMORY_CATEGORIES, Event, MemorySample
 LIGHT_REFRESH_STEPS = 100  # re-read parameter and optimizer-state sizes this often on light steps
 
 
+def _quiet(probe: MemoryProbe, ctx: AgentContext) -> Iterator[None]:
+    """``MemoryProbe.quiet``: the agent's own work between steps (``advisor/agent/checkpoint_trial.py``)
+    is not the job's: the tracker steps aside (an enforced budget would count the trial's copy), and
+    on CUDA the peak is reset after it (the next step's peak is its own)."""
+    tracker = probe.tracker
+    paused = tracker is not None and tracker.active and not tracker.paused
+    if paused:
+        tracker.pause()  # type: ignore[union-attr]
+    try:
+        yield
+    finally:
+        if paused:
+            tracker.resume()  # type: ignore[union-attr]
+        if probe.cuda:
+            torch.cuda.reset_peak_memory_stats(_cuda_index(ctx))
+
+
 class MemoryProbe(Probe):
     """Memory by category and by module, the budget, and the OOM flight recorder."""
 
@@ -191,7 +208,7 @@ class MemoryProbe(Probe):
             else:
                 self._stop_tracking()
 
-    quiet = contextlib.contextmanager(lambda self, ctx: _quiet(self, ctx))
+    quiet = contextlib.contextmanager(_quiet)
 
     def on_step_end(self, ctx: AgentContext, step: int) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -481,20 +498,3 @@ def _cuda_index(ctx: AgentContext) -> int:
     if device.type == "cuda" and device.index is not None:
         return device.index
     return torch.cuda.current_device()
-
-
-def _quiet(probe: MemoryProbe, ctx: AgentContext) -> Iterator[None]:
-    """``MemoryProbe.quiet``: the agent's own work between steps (``advisor/agent/checkpoint_trial.py``)
-    is not the job's: the tracker steps aside (an enforced budget would count the trial's copy), and
-    on CUDA the peak is reset after it (the next step's peak is its own)."""
-    tracker = probe.tracker
-    paused = tracker is not None and tracker.active and not tracker.paused
-    if paused:
-        tracker.pause()  # type: ignore[union-attr]
-    try:
-        yield
-    finally:
-        if paused:
-            tracker.resume()  # type: ignore[union-attr]
-        if probe.cuda:
-            torch.cuda.reset_peak_memory_stats(_cuda_index(ctx))
