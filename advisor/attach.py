@@ -172,8 +172,7 @@ def run_attach(ns: argparse.Namespace, settings: AgentSettings) -> int:
                 returncode = _follow_tui(session, advice, ns, stop, finished)
             code, reason = finished["result"] if "result" in finished else session.finish(returncode, note=stop.note())
         control.close()  # the job has ended: nothing to apply to any more
-        advice.finish()
-        return _report(session, ns, code, reason)
+        return _report(session, ns, code, reason)  # advised there, once, on every record
     finally:
         if control is not None:
             control.close()
@@ -248,8 +247,8 @@ def _show_output(session: Session) -> None:
 def _report(session: Session, ns: argparse.Namespace, code: int, reason: str) -> int:
     """The final report. Never on stdout, which belongs to the script: on stderr, or in
     ``--report FILE`` (``--format``) and ``--json FILE`` for scripts."""
-    state = _advised(session.live.snapshot(), ns.memory_budget)
-    report = build_report(state, budget_bytes=ns.memory_budget)
+    state, advice = _advised(session.live.snapshot(), ns.memory_budget)
+    report = build_report(state, budget_bytes=ns.memory_budget, advice=advice)
     session.save_analysis(diagnosis=report.get("diagnosis"), recommendations=report.get("recommendations"))
     log_report(report, getattr(ns, "log_to", None) or [])
     if ns.json:
@@ -299,15 +298,18 @@ def _why_not_applied(state: Any, request: str) -> str:
     return "the job ended before the step it was asked for, or it was refused (see the warnings above)"
 
 
-def _advised(state: Any, budget_bytes: int | None) -> Any:
-    """``state`` with its advice made from itself: a rank's last records can come in after the
+def _advised(state: Any, budget_bytes: int | None) -> tuple[Any, tuple[Any, list[Any]] | None]:
+    """``state`` with its advice made from itself, and that advice (None when it failed) for the
+    report to serialise rather than make again: a rank's last records can come in after the
     advice loop's last refresh (its readers wait 5 s at most, a loaded 2-rank job's took longer), and
     the report then read a diagnosis peak of 8.47 MB beside a memory section's 8.52 MB."""
     try:
         diagnosis, recs = advise_state(state, budget_bytes=budget_bytes)
-    except Exception:  # noqa: BLE001 - the advice loop's last advice stands
-        return state
-    return dataclasses.replace(state, diagnosis=diagnosis, recommendations=recs) if diagnosis is not None else state
+    except Exception:  # noqa: BLE001 - the advice loop's last advice stands; the report says why
+        return state, None
+    if diagnosis is None:
+        return state, (diagnosis, recs)
+    return dataclasses.replace(state, diagnosis=diagnosis, recommendations=recs), (diagnosis, recs)
 
 
 def _applied(state: Any, request: str) -> bool:

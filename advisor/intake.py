@@ -64,8 +64,10 @@ def parse_record(kind: Any, data: Any) -> Record:
             continue
         value = data[name]
         problem = _checker(hint)(value)
-        if problem is None:
-            problem = _ranks(value) if name in _RANK_LISTS else _range(name, value)
+        if problem is None and name in _RANK_LISTS:
+            problem = _ranks(value)
+        elif problem is None and (type(value) is int or type(value) is float):  # only numbers have a range
+            problem = _range(name, value)
         if problem is None and name in _SECONDS_MAPS:
             problem = next((f"[{k[:40]!r}] {v} is negative" for k, v in value.items() if v < 0), None)
         if problem is not None:
@@ -110,8 +112,26 @@ def _checker(hint: Any) -> Callable[[Any], str | None]:
                 return None if math.isfinite(value) else f"{value} is not a finite number"
             return None if value is None and nullable else _check(value, hint, 0)
         return check_float
-    if hint is str:
-        return lambda value: None if type(value) is str else _check(value, hint, 0)
+    if hint is str or hint == str | None:
+        nullable = hint is not str
+        return lambda value: None if type(value) is str or (value is None and nullable) else _check(value, hint, 0)
+    if hint is bool:
+        return lambda value: None if type(value) is bool else _check(value, hint, 0)
+    if hint == dict[str, int]:
+        def check_int_map(value: Any) -> str | None:
+            # A deep step's memory samples carry one each (25,000 at 5001 modules).
+            if type(value) is dict and all(type(v) is int and _INT_MIN <= v <= _INT_MAX for v in value.values()):
+                return None
+            return _check(value, hint, 0)
+        return check_int_map
+    if hint == list[list[int]]:
+        def check_shapes(value: Any) -> str | None:
+            # Ops' input shapes (30,000 op records at 5001 modules).
+            if type(value) is list and all(type(s) is list and all(type(d) is int and _INT_MIN <= d <= _INT_MAX
+                                                                    for d in s) for s in value):
+                return None
+            return _check(value, hint, 0)
+        return check_shapes
     if hint == dict[str, float]:
         def check_float_map(value: Any) -> str | None:
             if type(value) is dict and all(type(v) is float and math.isfinite(v) for v in value.values()):

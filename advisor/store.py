@@ -217,20 +217,49 @@ class SessionStore:
             if meta:
                 self._conn.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
                                        [(k, json.dumps(v)) for k, v in meta.items()])
+            rows = []
             for record, origin in records:
                 if origin is not None and origin[0] is not None:
                     received[origin[0]] = max(origin[1], received.get(origin[0], 0))
                     vouched = True
                 try:
-                    _insert(self._conn, record, self._steps)
+                    if record.KIND == "step":
+                        _insert(self._conn, record, self._steps)
+                    else:
+                        rows.append(_row(record))
                 except _RECORD_ERRORS as exc:
-                    self.failed += 1  # one unstorable record must not stop the writer
-                    self.last_failure = f"{type(exc).__name__}: {exc}"[:300]
+                    self._failed_record(exc)
+            self._insert_rows(rows)
             self._steps.trim(self._conn)
             if vouched:  # in the same transaction as the records it vouches for
                 self._conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
                                    (RECEIVED_SEQ, json.dumps(received)))
         self._received = received  # only once committed: a rolled-back batch vouches for nothing
+
+    def _insert_rows(self, rows: list[tuple[Any, ...]]) -> None:
+        """The records' rows in one statement (a deep step's 60,000 at 5001 modules), or one by
+        one when one of them cannot be stored, which is then left out."""
+        if not rows:
+            return
+        if not self._conn.in_transaction:  # a savepoint outside one would commit on its own release
+            self._conn.execute("BEGIN")
+        self._conn.execute("SAVEPOINT record_rows")  # the rows before a failed one are undone with it
+        try:
+            self._conn.executemany(_INSERT_RECORD, rows)
+            return
+        except _RECORD_ERRORS:
+            self._conn.execute("ROLLBACK TO record_rows")
+        finally:
+            self._conn.execute("RELEASE record_rows")
+        for row in rows:
+            try:
+                self._conn.execute(_INSERT_RECORD, row)
+            except _RECORD_ERRORS as exc:
+                self._failed_record(exc)
+
+    def _failed_record(self, exc: BaseException) -> None:
+        self.failed += 1  # one unstorable record must not stop the writer
+        self.last_failure = f"{type(exc).__name__}: {exc}"[:300]
 
     def _fail(self, exc: BaseException, records: list[tuple[Record, Any]], meta: dict[str, Any]) -> None:
         """The first failed write: free the reserve, record the failure, say it, degrade."""
@@ -322,17 +351,22 @@ def _free_bytes(folder: Path) -> int:
     return info.f_bavail * info.f_frsize
 
 
+_INSERT_RECORD = "INSERT INTO records(received, kind, rank, step, data) VALUES (?, ?, ?, ?, ?)"
+
+
+def _row(record: Record) -> tuple[Any, ...]:
+    """A record's row in the records table (the old layout's steps too)."""
+    data = record.to_dict()
+    step = data.get("index") if record.KIND == "step" else data.get("step")
+    return (time.time(), record.KIND, data.get("rank"), step, json.dumps(data))
+
+
 def _insert(conn: sqlite3.Connection, record: Record, steps: StepWriter | None = None) -> None:
     """One record's row; a step goes to the step tables (``steps``; None: the old layout's row)."""
     if steps is not None and record.KIND == "step":
         steps.insert(conn, record)
         return
-    data = record.to_dict()
-    step = data.get("index") if record.KIND == "step" else data.get("step")
-    conn.execute(
-        "INSERT INTO records(received, kind, rank, step, data) VALUES (?, ?, ?, ?, ?)",
-        (time.time(), record.KIND, data.get("rank"), step, json.dumps(data)),
-    )
+    conn.execute(_INSERT_RECORD, _row(record))
 
 
 def spill_files(db_path: Path) -> list[Path]:

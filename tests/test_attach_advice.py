@@ -27,7 +27,8 @@ def test_a_memory_sample_after_the_last_refresh_is_in_the_reports_diagnosis() ->
     state = live.snapshot()
     peak = {e.what: e.value for e in state.diagnosis.evidence}["peak memory"]
     assert peak == 900  # what the report used to show beside a 950 B memory section
-    report = build_report(_advised(state, budget), budget_bytes=budget)
+    advised, advice = _advised(state, budget)
+    report = build_report(advised, budget_bytes=budget, advice=advice)
     evidence = {e["what"]: e["value"] for e in report["diagnosis"]["evidence"]}
     assert evidence["peak memory"] == report["memory"]["peak_bytes"] == 950
     assert_consistent(report)

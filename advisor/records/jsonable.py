@@ -36,10 +36,11 @@ def to_json(value: Any) -> Any:
     kind = type(value)
     if kind in _PLAIN:
         return value
+    # Plain items as they are, without a call each (a memory sample's categories, an op's shapes).
     if kind is dict:
-        return {k if type(k) is str else str(k): to_json(v) for k, v in value.items()}
+        return {k if type(k) is str else str(k): v if type(v) in _PLAIN else to_json(v) for k, v in value.items()}
     if kind is list or kind is tuple:
-        return [to_json(v) for v in value]
+        return [v if type(v) in _PLAIN else to_json(v) for v in value]
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, Mapping):
@@ -74,7 +75,15 @@ class Record:
     KIND: ClassVar[str]
 
     def to_dict(self) -> dict[str, Any]:
-        return {name: to_json(getattr(self, name)) for name in _field_names(type(self))}
+        # Plain values as they are, without a call each: a deep step of a model of thousands of
+        # modules emits tens of thousands of records on the training thread.
+        values = self.__dict__
+        out = {}
+        for name in _field_names(type(self)):
+            value = values[name]
+            kind = type(value)
+            out[name] = value if kind in _PLAIN or (kind is float and math.isfinite(value)) else to_json(value)
+        return out
 
     @classmethod
     def from_dict(cls: type[R], data: Mapping[str, Any]) -> R:

@@ -45,9 +45,14 @@ def _comm(state: SessionState, report: dict[str, Any], budget: int | None) -> di
             "straggler": build_straggler_section(state), "comm_links": build_links_section(state)}
 
 
-def _advice(state: SessionState, report: dict[str, Any], budget: int | None) -> dict[str, Any]:
-    # The same call the live advice loop makes, on the same records: the report only serialises it.
-    diagnosis, recommendations = advise_state(state, budget_bytes=budget)
+Advice = tuple[Any, list[Any]]  # (Diagnosis | None, [Recommendation]) as ``advise_state`` returns them
+
+
+def _advice(state: SessionState, report: dict[str, Any], budget: int | None, advice: Advice | None = None
+            ) -> dict[str, Any]:
+    # The same call the live advice loop makes, on the same records: the report only serialises it
+    # (``advice``: that call's answer, made by the caller on this state already).
+    diagnosis, recommendations = advice if advice is not None else advise_state(state, budget_bytes=budget)
     calibration = [errors.to_dict() for errors in model_errors(state.applied, state.steps).values()]
     return {"diagnosis": None if diagnosis is None else diagnosis.to_dict(),
             "recommendations": [r.to_dict() for r in recommendations],
@@ -64,10 +69,14 @@ SECTIONS: list[tuple[str, Callable[[SessionState, dict[str, Any], int | None], d
 ]
 
 
-def build_sections(state: SessionState, report: dict[str, Any], *, budget_bytes: int | None) -> dict[str, Any]:
+def build_sections(state: SessionState, report: dict[str, Any], *, budget_bytes: int | None,
+                   advice: Advice | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, build in SECTIONS:
         try:
+            if build is _advice and advice is not None:
+                out.update(_advice(state, report | out, budget_bytes, advice))
+                continue
             out.update(build(state, report | out, budget_bytes))
         except Exception as exc:  # noqa: BLE001 - reported, never fatal
             report["warnings"].append(f"report section {name} failed: {type(exc).__name__}: {exc}")

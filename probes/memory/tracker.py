@@ -11,6 +11,7 @@ budget on CPU.
 
 from __future__ import annotations
 
+import functools
 import time
 import weakref
 from dataclasses import dataclass
@@ -42,7 +43,10 @@ class _Entry:
         self.module = module
         self.op = op
         self.category = "other"
-        self.finalizer: weakref.finalize | None = None
+        # A weak reference whose callback is the storage's death (``StorageTracker._dead``); dropping
+        # it detaches. Not ``weakref.finalize``: 5.3 us against 0.35 us each, for every storage a
+        # deep step creates (50,000 at 5001 modules).
+        self.finalizer: weakref.ref | None = None
         self.seq = seq  # when it was registered (``StorageTracker.seq``); -1: alive before tracking
 
 
@@ -179,8 +183,7 @@ class StorageTracker(TorchDispatchMode):
         self.paused = False
         self._hooks = None
         for entry in self.entries.values():
-            if entry.finalizer is not None:
-                entry.finalizer.detach()
+            entry.finalizer = None
         self.entries.clear()
         self.roles.clear()
         self._role_cache = {}
@@ -250,7 +253,9 @@ class StorageTracker(TorchDispatchMode):
 
     def device_total(self) -> int:
         """Tracked bytes a device budget counts: all but the offload remedies' host copies."""
-        return self.total - sum(self.totals[c] for c in DEVICE_EXEMPT)
+        totals = self.totals  # called two or three times per op: no generator
+        return self.total - (totals[DEVICE_EXEMPT[0]] if len(DEVICE_EXEMPT) == 1
+                             else sum(totals[c] for c in DEVICE_EXEMPT))
 
     def top_modules(self, limit: int = 5) -> list[dict[str, Any]]:
         """Live bytes by the module whose op created them, largest first."""
@@ -286,8 +291,7 @@ class StorageTracker(TorchDispatchMode):
         self.seq += 1
         entry = _Entry(nbytes, origin, step, self.current_module(), op, seq)
         entry.category = self._category(key, entry)
-        entry.finalizer = weakref.finalize(storage, self._freed, key, self.generation)
-        entry.finalizer.atexit = False
+        entry.finalizer = weakref.ref(storage, functools.partial(self._dead, key, self.generation))
         self.entries[key] = entry
         self.totals[entry.category] += nbytes
         self.total += nbytes
@@ -312,6 +316,9 @@ class StorageTracker(TorchDispatchMode):
             self.totals[category] += entry.nbytes
             entry.category = category
 
+    def _dead(self, key: int, generation: int, _ref: weakref.ref) -> None:
+        self._freed(key, generation)
+
     def _freed(self, key: int, generation: int) -> None:
         if generation != self.generation:
             return
@@ -327,8 +334,7 @@ class StorageTracker(TorchDispatchMode):
         storage = storage_of(tensor)
         entry = self.entries.get(storage._cdata) if storage is not None else None
         if entry is not None:
-            if entry.finalizer is not None:
-                entry.finalizer.detach()
+            entry.finalizer = None
             self._freed(storage._cdata, self.generation)  # type: ignore[union-attr]
 
     def _resized_back(self, tensor: torch.Tensor) -> None:
