@@ -146,11 +146,20 @@ class ChannelServer:
             if message is None:
                 return
             seq = message.get("seq")
-            if not isinstance(seq, int) or isinstance(seq, bool) or seq <= last_seq:
+            batch = message.get("batch")
+            count = len(batch) if type(batch) is list else 1  # a batch's messages are numbered up to its seq
+            if not isinstance(seq, int) or isinstance(seq, bool) or seq - count + 1 <= last_seq or count == 0:
                 self._reject(f"frame out of sequence ({str(seq)[:20]} after {last_seq}): a replay, dropped")
                 continue
             last_seq = seq
-            self._dispatch(message, (peer.conn_id, seq))
+            if type(batch) is not list:
+                self._dispatch(message, (peer.conn_id, seq))
+                continue
+            for number, item in enumerate(batch, start=seq - count + 1):
+                if type(item) is dict:
+                    self._dispatch(item, (peer.conn_id, number))
+                else:
+                    self._reject("malformed record dropped: a batch item is not an object")
 
     def _dispatch(self, message: dict[str, Any], origin: tuple[str | None, int]) -> None:
         try:

@@ -252,3 +252,54 @@ def test_a_step_whose_loss_is_nan_passes_the_controllers_edge() -> None:
     step = StepSample(index=3, time_s=0.1, loss=math.nan, losses=[math.nan, 1.5])
     decoded = parse_record("step", step.to_dict())
     assert decoded.index == 3 and decoded.loss is None and decoded.losses == [None, 1.5]
+
+
+def test_a_rounds_records_go_out_as_one_frame_and_an_unencodable_one_alone_is_dropped():
+    received, server, channel = _connected()
+    try:
+        frames = channel.frames
+        bad = {"kind": "step", "data": {"index": 99, "time_s": float("nan")}}  # JSON cannot hold NaN
+        for i in range(30):
+            channel.emit({"kind": "step", "data": StepSample(index=i, time_s=0.1).to_dict()})
+            if i == 10:
+                channel.emit(bad)
+        assert channel.drain(5)
+        deadline = time.monotonic() + 5
+        while len(received) < 30 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [r.index for r in received] == list(range(30))
+        assert channel.dropped == 1
+        assert channel.sent == 30
+        clean = channel.frames
+        for i in range(30, 60):
+            channel.emit({"kind": "step", "data": StepSample(index=i, time_s=0.1).to_dict()})
+        assert channel.drain(5)
+        assert channel.frames - clean <= 2  # a round's records in one frame (at most two rounds)
+        assert clean - frames >= 30  # the round with the bad record went one frame per record
+    finally:
+        channel.close(1)
+        server.close()
+
+
+def test_a_batch_frame_numbers_its_records_and_a_replayed_or_overlapping_batch_is_refused():
+    secret = new_secret()
+    received = []
+    server = ChannelServer(secret, lambda record, origin: received.append((record.index, origin[1])),
+                           with_origin=True)
+    try:
+        steps = [{"kind": "step", "data": StepSample(index=i, time_s=0.1).to_dict()} for i in range(5)]
+        first = encode({"seq": 3, "batch": steps[:3]}, secret)
+        with socket.socket(socket.AF_UNIX) as agent:
+            agent.connect(server.path)
+            hello(agent, secret)
+            agent.sendall(first + first)  # the second is a replay
+            agent.sendall(encode({"seq": 4, "batch": steps[3:5]}, secret))  # numbers 3-4: overlaps 3, refused
+            agent.sendall(encode({"seq": 6, "batch": [steps[3], "not a record", steps[4]]}, secret))
+            deadline = time.monotonic() + 5
+            while (len(received) < 5 or server.rejected < 3) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        server.wait_readers(5)
+        assert received == [(0, 1), (1, 2), (2, 3), (3, 4), (4, 6)]
+        assert server.rejected == 3
+    finally:
+        server.close()

@@ -8,7 +8,9 @@ another thread reads commands. Why not wake the sender on every record: its enco
 training thread's next GIL release (inside the optimizer step, the autograd engine, the
 next batch's ops), so every step paid a thread hand-off at a random place: measured on
 2 cores, 0.5-9 ms inside ``Optimizer.step`` on a 7 ms step (issue 15's trace-vs-attach
-gap). Batched, the hand-off happens at most 20 times a second whatever the step rate,
+gap). Batched, the hand-off happens at most 20 times a second whatever the step rate, each
+round's records going out as one signed frame (``{"seq": LAST, "batch": [...]}``, up to
+``BATCH_MESSAGES`` records, numbered up to LAST) with one ``json.dumps`` and one HMAC,
 and a SIGKILLed training process still loses no more than the last 50 ms of records. When the controller is gone (never reachable, or the socket broke),
 the sender appends the remaining records as JSON lines to a spill file in the
 session folder, readable by its owner only, which ``advisor report`` merges
@@ -43,6 +45,7 @@ CONNECT_TIMEOUT_S = 5.0  # one attempt's handshake
 RETRY_S = 20.0
 RETRY_FIRST_S, RETRY_MAX_S = 0.05, 1.0
 SEND_INTERVAL_S = 0.05  # a SIGKILLed training process loses at most this much of its records
+BATCH_MESSAGES = 2048  # records per frame at most (a deep step's records: about 1 MB a frame)
 DRAIN_TIMEOUT_S = 2.0  # the longest a deep step's boundary waits for its records to be sent
 RECENT_S = 5.0  # sent frames kept to spill again if the controller dies before storing them
 RECENT_MAX = 4096
@@ -89,6 +92,7 @@ class AgentChannel:
         self.dropped = 0
         self.sent = 0
         self.writes = 0  # socket writes: one per batch, however many records it carries
+        self.frames = 0  # signed frames sent: one per BATCH_MESSAGES records of a batch
         self.spilled = 0
         self.connected = False
         self._sender = threading.Thread(target=self._send_loop, name="advisor-agent-send", daemon=True)
@@ -204,18 +208,14 @@ class AgentChannel:
             return
         if self.connected and self._sock is not None:
             frames, numbered = [], []
-            for message in batch:
-                seq = self._seq + len(frames) + 1
-                try:
-                    frames.append(encode({**message, "seq": seq}, self._secret))
-                    numbered.append((seq, message))
-                except WireError:
-                    self.dropped += 1
+            for start in range(0, len(batch), BATCH_MESSAGES):
+                self._frame(batch[start:start + BATCH_MESSAGES], frames, numbered)
             try:
                 self._sock.sendall(b"".join(frames))
                 self.writes += 1
-                self._seq += len(frames)
-                self.sent += len(frames)
+                self.frames += len(frames)
+                self._seq += len(numbered)
+                self.sent += len(numbered)
                 self._remember(numbered)
                 return
             except OSError:
@@ -223,6 +223,29 @@ class AgentChannel:
         self._spill_recent()  # gone (a failed write, or the reader saw it close): first what it may not have stored
         for message in batch:
             self._write_spill(message)
+
+    def _frame(self, chunk: list[dict[str, Any]], frames: list[bytes],
+               numbered: list[tuple[int, dict[str, Any]]]) -> None:
+        """``chunk``'s messages as one signed frame, ``{"seq": LAST, "batch": [...]}`` (message i is
+        number LAST - len + 1 + i), appended to ``frames``; one frame each, as before, when the batch
+        cannot be encoded (a value JSON cannot hold, or over the frame limit), dropping only the
+        messages that cannot. One ``json.dumps`` and one HMAC for a round's records, not one per
+        record: a deep step's 60,000 records (5001 modules) cost the sender 0.27 s one by one."""
+        first = self._seq + len(numbered) + 1
+        if len(chunk) > 1:
+            try:
+                frames.append(encode({"seq": first + len(chunk) - 1, "batch": chunk}, self._secret))
+                numbered.extend(zip(range(first, first + len(chunk)), chunk))
+                return
+            except (WireError, ValueError, TypeError):
+                pass
+        for message in chunk:
+            seq = self._seq + len(numbered) + 1
+            try:
+                frames.append(encode({**message, "seq": seq}, self._secret))
+                numbered.append((seq, message))
+            except (WireError, ValueError, TypeError):
+                self.dropped += 1
 
     def _remember(self, numbered: list[tuple[int, dict[str, Any]]]) -> None:
         now = time.monotonic()

@@ -10,7 +10,9 @@ A connection starts with a handshake: the controller sends a signed challenge
 its rank. Until then frames are limited to ``HELLO_MAX`` bytes, so nothing large
 is buffered for a peer that does not hold the secret. Every later frame, both
 ways, carries a ``seq`` number that must grow: a captured frame replayed on the
-same connection is refused, and on another connection it fails the handshake. Nothing is
+same connection is refused, and on another connection it fails the handshake. An agent's
+frame may carry a batch of records (``{"seq": LAST, "batch": [...]}``): they are numbered up to
+LAST, and the first of them must come after the last number seen. Nothing is
 ever unpickled. Standard library only: the controller imports this module
 without torch.
 """
