@@ -41,6 +41,7 @@ class FakeContext:
         self.step_start = time.perf_counter()
         self.emitted: list[Record] = []
         self.deep_requests: list[int] = []
+        self.deep_released: list[tuple[str, ...]] = []
         self.backward = False
         # The executor's side: tests set these as the agent would have them.
         self.recent_steps: list[StepSample] = []
@@ -74,6 +75,9 @@ class FakeContext:
 
     def deep_next(self) -> bool:
         return False
+
+    def release_deep(self, probes) -> None:
+        self.deep_released.append(tuple(probes))
 
     def of_kind(self, kind: str) -> list[Record]:
         return [r for r in self.emitted if r.KIND == kind]

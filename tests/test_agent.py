@@ -289,6 +289,21 @@ def test_the_compute_probe_times_its_ops_on_a_step_of_its_own():
     assert signature(ops, 3) == signature(alone_ops, 2) and signature(ops, 3)
 
 
+def test_a_step_too_large_to_profile_gives_back_the_step_booked_to_time_it(monkeypatch):
+    """Beyond the profiler's bound the compute probe times its ops where it counted them; the step
+    booked for its timing then sampled nothing, and was still a deep step (a model of 5001
+    modules): it is a light one, and the shared probes do not take it back."""
+    from advisor.probes.compute import ComputeProbe
+
+    monkeypatch.setitem(ComputeProbe.__init__.__kwdefaults__, "max_profiled_ops", 10)
+    steps, ops, _ = _run_probes(["memory", "compute", "comm"], [1, 2, 3], 7)
+    assert [s.deep_probes for s in steps] == [[], ["memory", "comm"], ["compute"], [], [], [], []]
+    assert [s.deep for s in steps] == [False, True, True, False, False, False, False]
+    assert ops and {o.step for o in ops} == {2} and all(o.inline for o in ops)
+    later, _, _ = _run_probes(["memory", "compute"], [1, 2, 3, 6, 7, 8], 10)  # a second run of deep steps
+    assert [s.deep_probes for s in later][5:9] == [[], ["memory"], ["compute"], []]
+
+
 def test_the_memory_tracker_pauses_between_consecutive_deep_steps(monkeypatch):
     """Consecutive deep steps keep one tracker (paused at the boundary between them): a new one
     scanned every live Python object again (about 1.5 light GPT steps per deep step on CPU)."""

@@ -74,6 +74,9 @@ class AgentView:
     def deep_next(self) -> bool:
         return self._deep.deep_next()
 
+    def release_deep(self, probes: Iterable[str]) -> None:
+        self._deep.release(probes)
+
     # -- Emitter
     def emit(self, record: Record) -> None:
         self._outbox.emit(record)

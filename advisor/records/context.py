@@ -72,6 +72,10 @@ class DeepRequests(Protocol):
         """Whether the step after the one in progress is deep-sampled for the shared probes, as
         known now (a probe's ``stop_deep`` may keep its set-up for it)."""
 
+    def release_deep(self, probes: "Iterable[str]") -> None:
+        """The steps still booked for ``probes`` alone are not needed (the compute probe timed its
+        ops where it counted them): they are light steps."""
+
 
 class Emitter(Protocol):
     """Reporting to the controller (``advisor.agent.outbox.Outbox``)."""
