@@ -40,7 +40,12 @@ from torch.utils._pytree import tree_flatten
 
 from advisor.fit.draws import Draws, draws
 from advisor.fit.patches import Patches
-from advisor.fit.workspaces import WORKSPACE_OUTPUT, with_real_workspace
+from advisor.fit.workspaces import (
+    OUTPUT_STORAGE_PROBED,
+    WORKSPACE_OUTPUT,
+    with_real_output_storage,
+    with_real_workspace,
+)
 
 HOST: None = None  # the place of a host tensor; a device tensor's place is its device index
 
@@ -129,6 +134,8 @@ class FitTensorMode(FakeTensorMode):
             return self._on_unrunnable(func, failed, args)
         if self.target is None and func in WORKSPACE_OUTPUT and not kwargs:
             out = with_real_workspace(func, args, out)
+        if self.target is None and func in OUTPUT_STORAGE_PROBED and outer:
+            out = with_real_output_storage(func, args, kwargs, out)
         if named is not None:
             self.place_all(out, named)
         elif self.target is not None:
