@@ -63,17 +63,27 @@ def real_workspace_bytes(func: Any, args: tuple) -> int | None:
 
 
 def _probe(func: Any, args: tuple) -> int | None:
+    def workspace_bytes(out: Any) -> int:
+        workspace = out[WORKSPACE_OUTPUT[func]]
+        return 0 if workspace is None else workspace.numel() * workspace.element_size()
+
+    # None: a build without oneDNN, say: the meta's workspace stands
+    return _on_real_zeros(func, args, {}, workspace_bytes)
+
+
+def _on_real_zeros(func: Any, args: tuple, kwargs: Any, measure: Any) -> int | None:
+    """``measure(out)`` of ``func`` run for real, outside the fake mode, on zeros shaped as ``args``'
+    tensors; None when that would allocate more than ``MAX_PROBE_BYTES`` or the kernel fails."""
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     if sum(t.numel() * t.element_size() for t in tensors) > MAX_PROBE_BYTES:
         return None
     with unset_fake_temporarily():
         real = [torch.zeros(a.shape, dtype=a.dtype) if isinstance(a, torch.Tensor) else a for a in args]
         try:
-            out = func(*real)
-        except RuntimeError:  # a build without oneDNN, say: the meta's workspace stands
+            out = func(*real, **kwargs)
+        except RuntimeError:
             return None
-        workspace = out[WORKSPACE_OUTPUT[func]]
-        return 0 if workspace is None else workspace.numel() * workspace.element_size()
+        return measure(out)
 
 
 def with_real_output_storage(func: Any, args: Any, kwargs: Any, out: Any) -> Any:
@@ -93,13 +103,5 @@ def with_real_output_storage(func: Any, args: Any, kwargs: Any, out: Any) -> Any
 
 
 def _probe_output(func: Any, args: tuple, kwargs: Any) -> int | None:
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    if sum(t.numel() * t.element_size() for t in tensors) > MAX_PROBE_BYTES:
-        return None
-    with unset_fake_temporarily():
-        real = [torch.zeros(a.shape, dtype=a.dtype) if isinstance(a, torch.Tensor) else a for a in args]
-        try:
-            out = func(*real, **kwargs)
-        except RuntimeError:
-            return None
-        return out.untyped_storage().nbytes() if isinstance(out, torch.Tensor) else None
+    return _on_real_zeros(func, args, kwargs,
+                          lambda out: out.untyped_storage().nbytes() if isinstance(out, torch.Tensor) else None)
