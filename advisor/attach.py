@@ -307,9 +307,8 @@ def _advised(state: Any, budget_bytes: int | None) -> tuple[Any, tuple[Any, list
         diagnosis, recs = advise_state(state, budget_bytes=budget_bytes)
     except Exception:  # noqa: BLE001 - the advice loop's last advice stands; the report says why
         return state, None
-    if diagnosis is None:
-        return state, (diagnosis, recs)
-    return dataclasses.replace(state, diagnosis=diagnosis, recommendations=recs), (diagnosis, recs)
+    advised = state if diagnosis is None else dataclasses.replace(state, diagnosis=diagnosis, recommendations=recs)
+    return advised, (diagnosis, recs)
 
 
 def _applied(state: Any, request: str) -> bool:

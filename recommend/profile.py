@@ -11,7 +11,6 @@ be re-advised.
 
 from __future__ import annotations
 
-import operator
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
@@ -32,6 +31,7 @@ from advisor.records.samples import (
     OptimizerInfo,
     RunInfo,
     StepSample,
+    max_by_category,
     ordinary_steps,
     rank_of_interest,
 )
@@ -289,8 +289,7 @@ def profile_from_records(
     rank = rank_of_interest({s.rank for s in memory} | {m.rank for m in modules})
     samples = [s for s in memory if s.rank == rank]
     peak = max(samples, key=lambda s: s.total_bytes, default=None)
-    held = [s.categories for s in samples]  # one map per op of a deep step: 25,000 at 5001 modules
-    categories_max = {c: max(map(operator.methodcaller("get", c, 0), held), default=0) for c in MEMORY_CATEGORIES}
+    categories_max = max_by_category(samples)
     at_peak = {c: int(peak.categories.get(c, 0)) for c in MEMORY_CATEGORIES} if peak is not None else {}
     peak_bytes = peak.total_bytes if peak is not None else 0
     missing = missing_model_states(categories_max, completed_step=bool(steps),

@@ -237,14 +237,14 @@ class AgentChannel:
                 frames.append(encode({"seq": first + len(chunk) - 1, "batch": chunk}, self._secret))
                 numbered.extend(zip(range(first, first + len(chunk)), chunk))
                 return
-            except (WireError, ValueError, TypeError):
+            except (ValueError, TypeError):  # WireError is a ValueError
                 pass
         for message in chunk:
             seq = self._seq + len(numbered) + 1
             try:
                 frames.append(encode({**message, "seq": seq}, self._secret))
                 numbered.append((seq, message))
-            except (WireError, ValueError, TypeError):
+            except (ValueError, TypeError):  # WireError is a ValueError
                 self.dropped += 1
 
     def _remember(self, numbered: list[tuple[int, dict[str, Any]]]) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 from advisor.blocks import Block, Cell, Column, Facts, Lines, Table
 from advisor.records.events import ModuleActivations, payloads
 from advisor.records.results import ApplyResult
-from advisor.records.samples import MEMORY_CATEGORIES, MemorySample, ModuleStat, rank_of_interest
+from advisor.records.samples import MEMORY_CATEGORIES, MemorySample, ModuleStat, max_by_category, rank_of_interest
 from advisor.records.units import MISSING, fmt_bytes, fmt_seconds
 from advisor.rich_text import to_rich
 from advisor.sections.timebase import light_module_times, light_phase_time, light_step_time, scale
@@ -55,7 +55,7 @@ def build_memory_section(state: SessionState, *, budget_bytes: int | None) -> di
     samples = [s for s in state.memory if s.rank == rank]
     points = _ordered(samples, state)
     peak = max(samples, key=lambda s: s.total_bytes, default=None)
-    categories_max = {c: max((s.categories.get(c, 0) for s in samples), default=0) for c in MEMORY_CATEGORIES}
+    categories_max = max_by_category(samples)
     categories_at_peak = (
         {c: int(peak.categories.get(c, 0)) for c in MEMORY_CATEGORIES} if peak is not None else {}
     )

@@ -121,8 +121,7 @@ class _Subclass(_Unkeyable):
 
 
 _SEQUENCES = (list, tuple, torch.Size)
-_SCALAR_TYPES = frozenset((int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format,
-                           torch.layout))
+_SCALAR_TYPES = frozenset(_SCALARS)  # for the exact-type test first
 
 
 def _frozen(value: Any, ids: dict[int, int]) -> Any:
