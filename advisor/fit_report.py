@@ -84,6 +84,8 @@ def build_fit_report(state: SessionState, *, fit: FitSettings, budget_bytes: int
                 "stopped_at": event.get("stopped_at"), "stopped_by": event.get("stopped_by"),
                 "placeholder_reads": event.get("placeholders") or [],
                 "early_reads": event.get("early_reads") or [],
+                "estimated_shapes": event.get("estimated_shapes") or [],
+                "solver_reads": event.get("solver_reads") or [],
                 "writes_folder": event.get("writes_folder"), "writes_redirected": event.get("writes") or [],
                 "writes_created": event.get("created") or [],
                 "random_draws": event.get("draws"),
@@ -221,6 +223,15 @@ def render_fit_report(report: dict[str, Any]) -> str:
     for read in run.get("placeholder_reads") or []:
         lines.append(f"  {read['file']}:{read['line']} read a value {read['count']} time(s): answered with a placeholder "
                      f"(fake tensors have no values): {read['code']}")
+    for shaped in run.get("estimated_shapes") or []:
+        what = "a count read" if shaped["op"] == "read" else f"{shaped['op']}'s output"
+        lines.append(f"  {shaped['file']}:{shaped['line']}: {what} sized from the nonzero count its mask implies "
+                     f"({shaped['rows']} rows over {shaped['count']} call(s); exact for the total a top-k router "
+                     f"sends, balanced routing for each expert's share): {shaped['code']}")
+    for solver in run.get("solver_reads") or []:
+        lines.append(f"  {solver['solver']} read a value {solver['count']} time(s) in its own tests: answered as if it "
+                     "ran to its limits (max_iter iterations a step, every correction pair kept): its state is the "
+                     "most it holds after these steps; a run that converges sooner holds less")
     written = run.get("writes_redirected") or []
     if written:
         lines.append(f"  the script wrote {len(written)} file(s) ({_named(written)}): written under "

@@ -70,6 +70,9 @@ class FitRun:
             "steps": self.agent.step, "steps_wanted": FIT_STEPS, "stopped_at": log.stopped_at,
             "stopped_by": log.stopped_by,
             "placeholders": _reads(log.placeholders), "early_reads": _reads(log.early),
+            "solver_reads": [{"solver": name, "count": n} for name, n in sorted(self.reads.solvers.counts.items())],
+            "estimated_shapes": [{"file": f, "line": line, "code": code, "op": op, "count": n, "rows": rows}
+                                 for (f, line, code, op), (n, rows) in sorted(self.world.mode.sparsity.sized.items())],
             "communicators": communicators,
             "writes_folder": str(self.shadow.root), "writes": self.shadow.redirected(),
             "created": self.shadow.created(),

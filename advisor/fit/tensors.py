@@ -40,6 +40,7 @@ from torch.utils._pytree import tree_flatten
 
 from advisor.fit.draws import Draws, draws
 from advisor.fit.patches import Patches
+from advisor.fit.sparsity import Sparsity
 from advisor.fit.workspaces import (
     OUTPUT_STORAGE_PROBED,
     WORKSPACE_OUTPUT,
@@ -72,6 +73,7 @@ class FitTensorMode(FakeTensorMode):
         self._places: dict[int, int | None] = {}  # storage key -> device index, or HOST
         self.depth = 0  # > 0 while FakeTensorMode's own code runs an op (it must see the CPU)
         self.draws = Draws()  # random ops replayed on the host's generator (advisor.fit.draws)
+        self.sparsity = Sparsity()  # nonzero counts: the shapes of value-shaped ops (advisor.fit.sparsity)
 
     # -- places ---------------------------------------------------------------------------
     def place_of(self, tensor: torch.Tensor) -> int | None:
@@ -131,7 +133,10 @@ class FitTensorMode(FakeTensorMode):
         finally:
             self.depth -= 1
         if failed is not None:
-            return self._on_unrunnable(func, failed, args)
+            sized = self.sparsity.shaped(func, args)
+            if sized is None:
+                return self._on_unrunnable(func, failed, args)
+            out = self._empty(types, *sized)
         if self.target is None and func in WORKSPACE_OUTPUT and not kwargs:
             out = with_real_workspace(func, args, out)
         if self.target is None and func in OUTPUT_STORAGE_PROBED and outer:
@@ -142,7 +147,17 @@ class FitTensorMode(FakeTensorMode):
             self._place_outputs(args, kwargs, out)
         if outer and draws(func) and named is None and self._on_host(out):
             self.draws.replay(func, args, kwargs, out)
+        self.sparsity.after(func, args, kwargs, out)
         return out
+
+    def _empty(self, types: Any, shape: tuple[int, ...], dtype: torch.dtype) -> Any:
+        """A fake tensor of ``shape``: the output of a value-shaped op that ``Sparsity`` sized."""
+        self.depth += 1
+        try:
+            return super().dispatch(torch.ops.aten.empty.memory_format, types, (list(shape),),
+                                    {"dtype": dtype, "device": torch.device("cpu")})
+        finally:
+            self.depth -= 1
 
     def _on_host(self, out: Any) -> bool:
         """Whether the op's outputs are where a real run draws from the host's generator."""

@@ -57,6 +57,7 @@ class FitWorld:
         self.reads = reads
         target = settings.device
         self.mode = FitTensorMode(target="cuda" if target is not None else None, on_unrunnable=reads.unrunnable)
+        reads.counted = self.mode.sparsity.values
         self.calls = DeviceCalls(self.mode, index=0)
         self._tracked = tracked
         self._patches = Patches()
