@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 
 from advisor.records.events import payload
 from advisor.records.jsonable import INT_MAX as _INT_MAX, INT_MIN as _INT_MIN, type_problem as _check
-from advisor.records.samples import RECORD_TYPES, Record
+from advisor.records.samples import RECORD_TYPES, TABLE_KINDS, TABLE_ROWS, TABLE_SHARED, Record, RecordTable
 
 # Numeric fields that may be negative; every other count, size, time and index is >= 0.
 _SIGNED = {"loss"}
@@ -56,6 +56,8 @@ def parse_record(kind: Any, data: Any) -> Record:
     if not isinstance(data, Mapping):
         raise RecordError(f"{kind} record is a {type(data).__name__}, not an object")
     cls = RECORD_TYPES[kind]
+    if cls is RecordTable:
+        return _parse_table(data)
     values: dict[str, Any] = {}
     for name, hint, required in _fields(cls):
         if name not in data:
@@ -80,6 +82,60 @@ def parse_record(kind: Any, data: Any) -> Record:
     if kind == "event":
         _check_event(record)  # type: ignore[arg-type]
     return record
+
+
+def _parse_table(data: Mapping[str, Any]) -> RecordTable:
+    """A table of records (advisor/records/table.py), each column checked at once against its
+    field's type as ``parse_record`` checks one record's: a table with one bad value is dropped."""
+    rank, step, of, rows, columns = (data.get(k) for k in ("rank", "step", "of", "rows", "columns"))
+    if type(rank) is not int or type(step) is not int or not 0 <= rank <= _INT_MAX or not _INT_MIN <= step <= _INT_MAX:
+        raise RecordError("table.rank/step: not integers in range")
+    if of not in TABLE_KINDS:
+        raise RecordError(f"table.of: {str(of)[:40]!r} is not a kind a table holds ({', '.join(TABLE_KINDS)})")
+    if type(rows) is not int or not 0 <= rows <= TABLE_ROWS:
+        raise RecordError(f"table.rows: not an integer from 0 to {TABLE_ROWS}")
+    if type(columns) is not dict:
+        raise RecordError("table.columns is not an object")
+    fields = {name: (hint, required) for name, hint, required in _fields(TABLE_KINDS[of])}
+    for name, (hint, required) in fields.items():
+        if name in TABLE_SHARED:
+            continue
+        if name not in columns:
+            if required:
+                raise RecordError(f"table of {of}: no column {name!r}")
+            continue
+        values = columns[name]
+        if type(values) is not list or len(values) != rows:
+            raise RecordError(f"table of {of}.{name}: not a list of {rows} values")
+        problem = _column_problem(name, hint, values)
+        if problem is not None:
+            raise RecordError(f"table of {of}.{name}: {problem}")
+    unknown = [name for name in columns if name not in fields or name in TABLE_SHARED]
+    kept = {name: values for name, values in columns.items() if name not in unknown}  # a newer agent's: ignored
+    return RecordTable(rank=rank, step=step, of=of, rows=rows, columns=kept)
+
+
+def _column_problem(name: str, hint: Any, values: list[Any]) -> str | None:
+    """What is wrong with a column of ``name`` (type ``hint``), or None. Integers and floats are
+    checked in bulk; other types value by value as ``parse_record`` checks one."""
+    if not values:
+        return None
+    if hint is int and all(type(v) is int for v in values):
+        if not (_INT_MIN <= min(values) and max(values) <= _INT_MAX):
+            return "integer out of the 64-bit range"
+        return _range(name, min(values))  # the ranges are lower bounds
+    if hint is float and all(type(v) is float for v in values):
+        return _range(name, min(values)) if all(map(math.isfinite, values)) else "a value is not a finite number"
+    check = _checker(hint)
+    for index, value in enumerate(values):
+        problem = check(value)
+        if problem is None and (type(value) is int or type(value) is float):
+            problem = _range(name, value)
+        if problem is None and name in _SECONDS_MAPS:
+            problem = next((f"[{k[:40]!r}] {v} is negative" for k, v in value.items() if v < 0), None)
+        if problem is not None:
+            return f"row {index}: {problem}"
+    return None
 
 
 def admit(record: Record) -> Record:

@@ -24,6 +24,7 @@ from advisor.records.samples import (
     OpStat,
     OptimizerInfo,
     Record,
+    RecordTable,
     RunInfo,
     StepSample,
 )
@@ -143,6 +144,10 @@ def _shallow_lists(state: SessionState) -> SessionState:
 
 
 def _fold(state: SessionState, record: Record) -> None:
+    if isinstance(record, RecordTable):  # a deep step's samples or ops as columns: the records they stand for
+        for row in record.records():
+            _fold(state, row)
+        return
     if isinstance(record, StepSample):
         samples = state.steps.setdefault(record.rank, [])
         samples.append(record)

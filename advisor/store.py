@@ -34,7 +34,7 @@ from advisor.exits import decide_exit
 from advisor.intake import RecordError, parse_record
 from advisor.priority import lower_priority
 from advisor.records.advice import Diagnosis, Recommendation
-from advisor.records.samples import PHASES, Event, Record
+from advisor.records.samples import PHASES, Event, Record, RecordTable
 from advisor.regime import interrupted_applies
 from advisor.session_meta import check_meta
 from advisor.state import MAX_LIVE_STEPS, LiveState, SessionState
@@ -503,6 +503,14 @@ class RecordReader:
         self.totals: dict[int, StepTotals] = {}
 
     def __iter__(self) -> Iterator[Record]:
+        """Every record stored, a table's rows as the records they stand for (advisor/records/table.py)."""
+        for record in self._stored():
+            if isinstance(record, RecordTable):
+                yield from record.records()
+            else:
+                yield record
+
+    def _stored(self) -> Iterator[Record]:
         conn = _open_read(self.db_path)
         stored: dict[str, int] = {}
         try:

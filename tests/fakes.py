@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from advisor.apply.target import Target
-from advisor.records.samples import Record, StepSample
+from advisor.records.samples import Record, RecordTable, StepSample
 from advisor.records.settings import AgentSettings
 
 
@@ -40,6 +40,7 @@ class FakeContext:
         self.phase = "data"
         self.step_start = time.perf_counter()
         self.emitted: list[Record] = []
+        self.tables: list[RecordTable] = []  # the tables emitted (their rows are in ``emitted``)
         self.deep_requests: list[int] = []
         self.deep_released: list[tuple[str, ...]] = []
         self.backward = False
@@ -68,7 +69,11 @@ class FakeContext:
         return self.backward or torch._C._current_graph_task_id() != -1
 
     def emit(self, record: Record) -> None:
-        self.emitted.append(record)
+        if isinstance(record, RecordTable):  # as the controller folds it: the records it stands for
+            self.emitted.extend(record.records())
+            self.tables.append(record)
+        else:
+            self.emitted.append(record)
 
     def request_deep(self, steps: int, probes=None) -> None:
         self.deep_requests.append(steps)
@@ -92,3 +97,14 @@ class FakeContext:
 
     def device_step_times(self) -> dict[int, float]:
         return {}
+
+
+class Emitted(list):
+    """A list an agent emits into (``Agent(emit=emitted.append)``) that holds a table's rows as the
+    records they stand for, as the controller folds them (advisor/records/table.py)."""
+
+    def append(self, record: Record) -> None:
+        if isinstance(record, RecordTable):
+            self.extend(record.records())
+        else:
+            super().append(record)

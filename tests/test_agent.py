@@ -11,12 +11,13 @@ from advisor.agent.hooks import install
 from advisor.apply.target import unwrap
 from advisor.records.samples import ModelInfo, OptimizerInfo, StepSample
 from advisor.records.settings import AgentSettings
+from fakes import Emitted
 
 
 @pytest.fixture
 def agent_run():
     """Yield (agent, emitted) with global hooks installed; removed afterwards."""
-    emitted = []
+    emitted = Emitted()
     agent = Agent(emit=emitted.append, settings=AgentSettings(deep_steps=()))
     hooks = install(agent)
     try:
@@ -143,7 +144,7 @@ def test_checkpoint_recompute_does_not_count_as_forward(agent_run):
 
 
 def test_max_steps_stops_cleanly():
-    emitted = []
+    emitted = Emitted()
     agent = Agent(emit=emitted.append, settings=AgentSettings(max_steps=2, deep_steps=()))
     hooks = install(agent)
     try:
@@ -192,7 +193,7 @@ def test_deep_probe_teardown_is_not_the_next_steps_data_wait():
         def stop_deep(self, ctx, step):
             time.sleep(0.2)
 
-    emitted = []
+    emitted = Emitted()
     _train_linear(Agent(emit=emitted.append, settings=AgentSettings(deep_steps=(1,)), probes=[SlowTeardown()]), 4)
     steps = _steps(emitted)
     assert [s.deep for s in steps] == [False, True, False, False]
@@ -249,7 +250,7 @@ def _run_probes(names, deep_steps, steps, model_factory=None):
     settings = AgentSettings(probes=tuple(names), deep_steps=tuple(deep_steps), deep_every=0)
     probes, warnings = build_probes(settings)
     assert not warnings
-    emitted = []
+    emitted = Emitted()
     agent = Agent(emit=emitted.append, settings=settings, probes=probes)
     hooks = install(agent)
     try:

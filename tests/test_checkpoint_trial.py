@@ -18,6 +18,7 @@ from advisor.recommend.memory_model import added_step_time, recompute_seconds
 from advisor.records.events import CheckpointTrial, DataLoaderSettings
 from advisor.records.samples import Event, StepSample
 from advisor.records.settings import AgentSettings
+from fakes import Emitted
 
 
 class Chatty(torch.nn.Module):
@@ -87,7 +88,7 @@ def test_a_block_with_nothing_to_differentiate_gives_no_figure() -> None:
 
 
 def _train(settings: AgentSettings | None, steps: int = 8) -> tuple[list[float], list]:
-    emitted: list = []
+    emitted = Emitted()
     torch.manual_seed(1)
     net = Net()
     opt = torch.optim.SGD(net.parameters(), lr=0.01)

@@ -19,6 +19,7 @@ from advisor.agent.agent import Agent
 from advisor.agent.hooks import install
 from advisor.records.samples import ModelInfo
 from advisor.records.settings import AgentSettings
+from fakes import Emitted
 
 
 def _train_compiled(steps: int = 4) -> tuple[int, int, list[float]]:
@@ -44,7 +45,7 @@ def _train_compiled(steps: int = 4) -> tuple[int, int, list[float]]:
 
 def test_compiled_model_has_no_more_graph_breaks_or_recompiles_under_the_agent():
     bare = _train_compiled()
-    emitted: list = []
+    emitted = Emitted()
     agent = Agent(emit=emitted.append, settings=AgentSettings(deep_steps=()))
     hooks = install(agent)
     try:
@@ -79,7 +80,7 @@ def test_a_compiled_model_is_not_deep_sampled_through_dispatch_modes(how: str, d
     from advisor.records.samples import Event, StepSample
 
     torch._dynamo.reset()
-    emitted: list = []
+    emitted = Emitted()
     agent = Agent(emit=emitted.append, probes=[MemoryProbe(scan_gc=False), ComputeProbe()],
                   settings=AgentSettings(deep_steps=(1, 2, 3), deep_every=0, deep_compiled=deep_compiled))
     hooks = install(agent)

@@ -18,6 +18,7 @@ from advisor.recommend.memory_model import chain_from_profile, recompute_seconds
 from advisor.recommend.profile import ModuleProfile, Profile
 from advisor.records.samples import StepSample
 from advisor.records.settings import AgentSettings
+from fakes import Emitted
 
 
 class Block(torch.nn.Module):
@@ -53,7 +54,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _run(config: dict, steps: int, model: torch.nn.Module, *, calls: int = 1) -> list[StepSample]:
-    emitted: list = []
+    emitted = Emitted()
     agent = Agent(emit=emitted.append, settings=AgentSettings(**{"deep_steps": (), **config}))
     hooks = install(agent)
     try:
@@ -187,7 +188,7 @@ def test_a_modules_own_pre_hook_is_in_its_forward_not_in_its_recompute(monkeypat
 
 
 def test_deep_steps_and_disabled_sampling_carry_nothing() -> None:
-    emitted: list = []
+    emitted = Emitted()
     agent = Agent(emit=emitted.append, settings=AgentSettings(deep_steps=(4,), light_timing_every=5))
     assert agent.deep.light_timing_due(4) and not agent.deep.light_timing_due(5)
     off = Agent(emit=emitted.append, settings=AgentSettings(light_timing_every=0))
@@ -293,7 +294,7 @@ def test_cuda_times_the_kernels_not_the_launches() -> None:
             return self.blocks[1](self.blocks[0](x))
 
     model = Net().cuda()
-    emitted: list = []
+    emitted = Emitted()
     agent = Agent(emit=emitted.append, settings=AgentSettings(deep_steps=(), light_timing_every=2))
     hooks = install(agent)
     try:

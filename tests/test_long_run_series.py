@@ -7,6 +7,7 @@ from advisor.records.samples import MemorySample
 from advisor.records.schedule import light_sample_bucket, periodic_deep_due
 from advisor.report import build_report
 from advisor.state import LiveState
+from fakes import Emitted
 
 
 def test_periodic_deep_steps_back_off_after_ten_at_each_period():
@@ -76,7 +77,7 @@ def test_the_memory_probe_folds_its_light_samples_and_sends_the_last_bucket_at_c
     probes, _ = build_probes(settings)
     [memory] = probes
     memory._series = LightSeries(full=2)
-    emitted = []
+    emitted = Emitted()
     agent = Agent(emit=emitted.append, settings=settings, probes=probes)
     hooks = install(agent)
     try:

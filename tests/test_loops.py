@@ -22,6 +22,7 @@ from advisor.agent.hooks import install
 from advisor.probes.probe import Probe
 from advisor.records.samples import Event, ModelInfo, OptimizerInfo, StepSample
 from advisor.records.settings import AgentSettings
+from fakes import Emitted
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
@@ -47,7 +48,7 @@ class Run:
 def run_script(name: str, *argv: str, probes: list[Probe] | None = None, **config) -> Run:
     """Run tests/scripts/NAME as ``python NAME ARGV`` would, with the agent's hooks installed."""
     path = str(SCRIPTS / name)
-    emitted: list = []
+    emitted = Emitted()
     agent = Agent(emit=emitted.append, settings=AgentSettings(deep_steps=(), **config), probes=probes or [])
     hooks = install(agent)
     saved_argv, out = sys.argv, io.StringIO()
@@ -144,7 +145,7 @@ def test_eval_pass_inside_the_step_is_eval_time_and_final_test_pass_runs():
 
 
 def test_optimizer_built_but_never_stepped_and_a_replaced_optimizer():
-    emitted: list = []
+    emitted = Emitted()
     agent = Agent(emit=emitted.append, settings=AgentSettings(deep_steps=()))
     hooks = install(agent)
     try:
@@ -173,7 +174,7 @@ def test_optimizer_built_but_never_stepped_and_a_replaced_optimizer():
 
 
 def test_reloaded_copies_and_loss_modules_are_not_models():
-    emitted: list = []
+    emitted = Emitted()
     agent = Agent(emit=emitted.append, settings=AgentSettings(deep_steps=()))
     hooks = install(agent)
     try:
@@ -216,7 +217,7 @@ class _SlowDeep(Probe):
 
 
 def test_a_deep_step_far_slower_than_light_steps_ends_deep_sampling():
-    emitted: list = []
+    emitted = Emitted()
     agent = Agent(emit=emitted.append, probes=[_SlowDeep()],
                   settings=AgentSettings(deep_steps=(2, 3, 4), deep_max_slowdown=2.0, deep_min_s=0.05))
     hooks = install(agent)
@@ -263,7 +264,7 @@ def test_a_ctrl_c_swallowed_in_a_finalizer_is_raised_at_the_next_hook():
 
 def test_a_run_that_fails_before_its_first_optimizer_step_records_no_step():
     """An OOM in step 0's backward: the optimizer never stepped, so no step ended."""
-    emitted: list = []
+    emitted = Emitted()
     agent = Agent(emit=emitted.append, settings=AgentSettings(deep_steps=()))
     hooks = install(agent)
     try:

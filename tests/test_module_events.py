@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from fakes import FakeContext
+from fakes import Emitted, FakeContext
 from torch.nn.modules import module as module_hooks
 
 from advisor.probes.compute import ComputeProbe
@@ -82,7 +82,7 @@ def test_the_real_agent_serves_every_probe_from_its_one_hook_pair() -> None:
     counts: list[tuple[int, int]] = []
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    records: list = []
+    records = Emitted()
     settings = AgentSettings(probes=("memory", "compute"), deep_steps=(1,))
     probes, warnings = build_probes(settings)
     assert not warnings

@@ -18,6 +18,7 @@ from advisor.agent.probe_registry import build_probes
 from advisor.recommend.peak_model import ChainMemory, BlockMemory, chain_memory, module_figures, simulated_peak, solve
 from advisor.records.samples import MemorySample, ModuleStat
 from advisor.records.settings import AgentSettings
+from fakes import Emitted
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,7 +63,7 @@ def _run(checkpointed: tuple[int, ...], layers: int = 4, offloaded: tuple[int, .
 
 def _deep_step_records(train_step) -> tuple[list[MemorySample], list[ModuleStat]]:
     """Three calls of ``train_step`` under the agent's memory probe; step 1's records (deep)."""
-    records: list = []
+    records = Emitted()
     settings = AgentSettings(probes=("memory",), deep_steps=(1,))
     probes, warnings = build_probes(settings)
     assert not warnings

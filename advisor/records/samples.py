@@ -286,6 +286,33 @@ def rank_of_interest(ranks: Iterable[int]) -> int | None:
     return 0 if 0 in found else min(found)
 
 
+TABLE_ROWS = 2048  # rows per table: a memory sample's row is about 300 bytes of JSON, a frame holds 16 MiB
+# The kinds a table may hold, by their KIND (the row's own ``rank`` and ``step`` are the table's).
+TABLE_KINDS: dict[str, type[Record]] = {cls.KIND: cls for cls in (MemorySample, OpStat)}
+TABLE_SHARED = ("rank", "step")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecordTable(Record):
+    """``rows`` records of kind ``of`` (a key of TABLE_KINDS) of one rank and step, as columns: a
+    deep step's memory samples and op signatures (advisor/records/table.py says why)."""
+
+    KIND: ClassVar[str] = "table"
+    rank: int = 0
+    step: int
+    of: str
+    rows: int
+    columns: dict[str, list[Any]] = field(default_factory=dict)  # field name -> a value per row
+
+    def records(self) -> list[Record]:
+        """The records the table stands for, in order (a field without a column takes its default)."""
+        cls = TABLE_KINDS[self.of]
+        names = list(self.columns)
+        shared = {"rank": self.rank, "step": self.step}
+        return [cls(**shared, **dict(zip(names, values))) for values in zip(*self.columns.values())] \
+            if names else [cls(**shared) for _ in range(self.rows)]
+
+
 RECORD_TYPES: dict[str, type[Record]] = {
     cls.KIND: cls
     for cls in (
@@ -299,6 +326,7 @@ RECORD_TYPES: dict[str, type[Record]] = {
         CollectiveStat,
         ExitInfo,
         Event,
+        RecordTable,
     )
 }
 

@@ -31,6 +31,7 @@ from advisor.probes.compute.timing import join_times, start_profiler, stop_profi
 from advisor.probes.device.spec import detect_device_spec
 from advisor.probes.probe import AgentContext, Probe
 from advisor.records.samples import Event, OpStat
+from advisor.records.table import TableBuilder
 
 _PHASES = {"forward": "forward", "backward": "backward", "optimizer": "optimizer"}
 # Beyond this many counted ops a CPU step's ops are timed inside the counting mode instead of on a
@@ -49,6 +50,11 @@ def op_phase(ctx: AgentContext) -> str:
 def aggregate(calls: list[OpCall], times: list[float | None], *, rank: int, step: int,
               inline: bool = False) -> list[OpStat]:
     """One OpStat per (name, module, phase, shapes, dtype), totals over the step."""
+    return [OpStat(rank=rank, step=step, **row) for row in signature_rows(calls, times, inline=inline)]
+
+
+def signature_rows(calls: list[OpCall], times: list[float | None], *, inline: bool = False) -> list[dict[str, Any]]:
+    """``aggregate``'s records as their fields (but rank and step), for a table of them."""
     groups: dict[tuple, list[Any]] = defaultdict(lambda: [0, 0, 0, 0.0])
     for call, t in zip(calls, times):
         key = (call.name, call.module, call.phase, call.input_shapes, call.dtype)
@@ -64,8 +70,8 @@ def aggregate(calls: list[OpCall], times: list[float | None], *, rank: int, step
         if shapes not in as_lists:
             as_lists[shapes] = [list(s) for s in shapes]
     return [
-        OpStat(rank=rank, step=step, name=name, module=module, phase=phase, input_shapes=as_lists[shapes],
-               dtype=dtype, count=count, flops=flops, bytes=nbytes, time_s=time_s, inline=inline)
+        dict(name=name, module=module, phase=phase, input_shapes=as_lists[shapes], dtype=dtype, count=count,
+             flops=flops, bytes=nbytes, time_s=time_s, inline=inline)
         for (name, module, phase, shapes, dtype), (count, flops, nbytes, time_s) in groups.items()
     ]
 
@@ -175,8 +181,12 @@ class ComputeProbe(Probe):
 
     def _emit(self, ctx: AgentContext, calls: list[OpCall], times: list[float | None], step: int,
               inline: bool = False) -> None:
-        for record in aggregate(calls, times, rank=ctx.rank, step=step, inline=inline):
-            ctx.emit(record)
+        # As columns (advisor/records/table.py): 30,000 signatures at 5001 modules.
+        rows = TableBuilder(OpStat)
+        for row in signature_rows(calls, times, inline=inline):
+            rows.add(ctx.rank, step, **row)
+        for table in rows.take():
+            ctx.emit(table)
 
     def _send_spec(self, ctx: AgentContext) -> None:
         self._spec_sent = True

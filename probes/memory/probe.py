@@ -47,6 +47,7 @@ from advisor.probes.memory.tracker import BudgetExceeded, StorageTracker
 from advisor.probes.probe import AgentContext, Probe
 from advisor.records import host_memory
 from advisor.records.samples import MEMORY_CATEGORIES, Event, MemorySample
+from advisor.records.table import TableBuilder
 
 LIGHT_REFRESH_STEPS = 100  # re-read parameter and optimizer-state sizes this often on light steps
 
@@ -105,6 +106,7 @@ class MemoryProbe(Probe):
         self._grad_total: int | None = None
         self._deep_peak: tuple[int, int] | None = None  # (step, tracked peak) of the last deep step
         self._series = LightSeries()  # light samples downsampled as the run grows
+        self._rows = TableBuilder(MemorySample)  # a deep step's samples, as columns
 
     # -- Probe hooks -----------------------------------------------------------------------
     def attach(self, ctx: AgentContext) -> None:
@@ -183,6 +185,7 @@ class MemoryProbe(Probe):
         if tracker is None or attributor is None:
             return
         tracker.refresh_roles(ctx.models(), ctx.optimizers())
+        self._flush_rows(ctx)  # the step's samples before its end's (``deep`` is off: sent as it is)
         self._emit_tracked(ctx, "step_end", None, step=step, force=True)
         for stat in attributor.stats(step=step, rank=ctx.rank):
             ctx.emit(stat)
@@ -268,6 +271,7 @@ class MemoryProbe(Probe):
             pass
 
     def detach(self, ctx: AgentContext) -> None:
+        self._flush_rows(ctx)
         for sample in self._series.flush():
             ctx.emit(sample)
         for handle in self._handles:
@@ -285,6 +289,7 @@ class MemoryProbe(Probe):
             return
         step = ctx.step
         self._emit_tracked(ctx, "oom", None, step=step, force=True)
+        self._flush_rows(ctx)
         for stat in attributor.stats(step=step, rank=ctx.rank):
             ctx.emit(stat)
         ctx.emit(Event(rank=ctx.rank, step=step, name="module_activations",
@@ -364,20 +369,28 @@ class MemoryProbe(Probe):
         if self.cuda:
             counters = allocator_counters(_cuda_index(ctx))
             allocated, reserved = counters["allocated_bytes"], counters["reserved_bytes"]
-        ctx.emit(
-            MemorySample(
-                rank=ctx.rank,
-                step=ctx.step if step is None else step,
-                time=time.perf_counter() - ctx.step_start,
-                event=event,
-                module=module,
-                categories=dict(tracker.totals),
-                total_bytes=tracker.device_total(),  # host copies of offload remedies are not device bytes
-                op_bytes=op_bytes,
-                allocated_bytes=allocated,
-                reserved_bytes=reserved,
-            )
+        values = dict(
+            time=time.perf_counter() - ctx.step_start,
+            event=event,
+            module=module,
+            categories=dict(tracker.totals),
+            total_bytes=tracker.device_total(),  # host copies of offload remedies are not device bytes
+            op_bytes=op_bytes,
+            allocated_bytes=allocated,
+            reserved_bytes=reserved,
         )
+        step = ctx.step if step is None else step
+        if not self.deep:
+            ctx.emit(MemorySample(rank=ctx.rank, step=step, **values))
+            return
+        # A deep step's samples (25,000 at 5001 modules) go as columns (advisor/records/table.py).
+        self._rows.add(ctx.rank, step, device_used_bytes=None, steps_covered=1, **values)
+        for table in self._rows.take(close=False):
+            ctx.emit(table)
+
+    def _flush_rows(self, ctx: AgentContext) -> None:
+        for table in self._rows.take():
+            ctx.emit(table)
 
     def _light_categories(self, ctx: AgentContext) -> dict[str, int]:
         """Parameter and optimizer-state bytes (re-read every ``LIGHT_REFRESH_STEPS``) and
