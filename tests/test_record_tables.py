@@ -15,7 +15,7 @@ from advisor.intake import RecordError, parse_record
 from advisor.paths import DB_NAME, new_session_dir
 from advisor.probes.compute.probe import ComputeProbe
 from advisor.probes.memory.probe import MemoryProbe
-from advisor.records.samples import TABLE_ROWS, MemorySample, OpStat, RecordTable
+from advisor.records.samples import TABLE_ROWS, MemorySample, ModuleStat, OpStat, RecordTable
 from advisor.records.table import TableBuilder
 from advisor.state import LiveState
 from advisor.store import SessionStore, load_state
@@ -125,6 +125,8 @@ def test_the_probes_send_a_deep_steps_samples_and_ops_as_tables() -> None:
     # every sample of the step but its end's (sent once the rows are, as it is) came in a table
     assert tabled == len(memory) - 1 > 20 and memory[-1].event == "step_end"
     assert [s.time for s in memory] == sorted(s.time for s in memory)
+    modules = [r for r in ctx.emitted if isinstance(r, ModuleStat)]
+    assert {m.name for m in modules} >= {"0", "3"} and sum(t.rows for t in ctx.tables if t.of == "module") == len(modules)
     ctx = _deep_step(ComputeProbe(), model)
     ops = [r for r in ctx.emitted if isinstance(r, OpStat)]
     assert ops and sum(t.rows for t in ctx.tables if t.of == "op") == len(ops)

@@ -288,14 +288,14 @@ def rank_of_interest(ranks: Iterable[int]) -> int | None:
 
 TABLE_ROWS = 2048  # rows per table: a memory sample's row is about 300 bytes of JSON, a frame holds 16 MiB
 # The kinds a table may hold, by their KIND (the row's own ``rank`` and ``step`` are the table's).
-TABLE_KINDS: dict[str, type[Record]] = {cls.KIND: cls for cls in (MemorySample, OpStat)}
+TABLE_KINDS: dict[str, type[Record]] = {cls.KIND: cls for cls in (MemorySample, OpStat, ModuleStat)}
 TABLE_SHARED = ("rank", "step")
 
 
 @dataclass(frozen=True, kw_only=True)
 class RecordTable(Record):
     """``rows`` records of kind ``of`` (a key of TABLE_KINDS) of one rank and step, as columns: a
-    deep step's memory samples and op signatures (advisor/records/table.py says why)."""
+    deep step's memory samples, op signatures and modules (advisor/records/table.py says why)."""
 
     KIND: ClassVar[str] = "table"
     rank: int = 0

@@ -25,6 +25,7 @@ class TableBuilder:
     def __init__(self, of: type[Record]) -> None:
         self.of = of.KIND
         self._names = tuple(n for n in _field_names(of) if n not in TABLE_SHARED)
+        self.names = self._names  # the fields each row gives
         self._columns: dict[str, list[Any]] = {n: [] for n in self._names}
         self._done: list[RecordTable] = []
         self._open: tuple[int, int] | None = None  # (rank, step) of the open table
@@ -55,3 +56,14 @@ class TableBuilder:
             rank, step = self._open
             self._done.append(RecordTable(rank=rank, step=step, of=self.of, rows=rows, columns=self._columns))
             self._columns = {n: [] for n in self._names}
+
+
+def tabled(records: list[Record]) -> list[RecordTable]:
+    """``records`` (of one kind in TABLE_KINDS) as tables, in order."""
+    if not records:
+        return []
+    rows = TableBuilder(type(records[0]))
+    for record in records:
+        values = record.__dict__
+        rows.add(values["rank"], values["step"], **{name: values[name] for name in rows.names})
+    return rows.take()

@@ -47,7 +47,7 @@ from advisor.probes.memory.tracker import BudgetExceeded, StorageTracker
 from advisor.probes.probe import AgentContext, Probe
 from advisor.records import host_memory
 from advisor.records.samples import MEMORY_CATEGORIES, Event, MemorySample
-from advisor.records.table import TableBuilder
+from advisor.records.table import TableBuilder, tabled
 
 LIGHT_REFRESH_STEPS = 100  # re-read parameter and optimizer-state sizes this often on light steps
 
@@ -187,8 +187,8 @@ class MemoryProbe(Probe):
         tracker.refresh_roles(ctx.models(), ctx.optimizers())
         self._flush_rows(ctx)  # the step's samples before its end's (``deep`` is off: sent as it is)
         self._emit_tracked(ctx, "step_end", None, step=step, force=True)
-        for stat in attributor.stats(step=step, rank=ctx.rank):
-            ctx.emit(stat)
+        for table in tabled(attributor.stats(step=step, rank=ctx.rank)):  # 5001 modules: as columns
+            ctx.emit(table)
         ctx.emit(
             Event(
                 rank=ctx.rank,
@@ -290,8 +290,8 @@ class MemoryProbe(Probe):
         step = ctx.step
         self._emit_tracked(ctx, "oom", None, step=step, force=True)
         self._flush_rows(ctx)
-        for stat in attributor.stats(step=step, rank=ctx.rank):
-            ctx.emit(stat)
+        for table in tabled(attributor.stats(step=step, rank=ctx.rank)):  # 5001 modules: as columns
+            ctx.emit(table)
         ctx.emit(Event(rank=ctx.rank, step=step, name="module_activations",
                        data={"inclusive_bytes": attributor.inclusive_activations(), "partial": True}))
 
