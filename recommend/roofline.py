@@ -11,6 +11,7 @@ step time / peak of the dominant dtype (the dtype carrying most FLOPs).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
@@ -22,6 +23,7 @@ _DTYPE_KEYS: dict[str, str] = {
 }
 
 
+@functools.lru_cache(maxsize=256)  # called per op signature (30,000 at 5001 modules), over a handful of names
 def dtype_key(dtype: str) -> str:
     """``"torch.bfloat16"`` or ``"bfloat16"`` -> ``"bf16"``; float8 types -> ``"fp8"``;
     integer and bool types -> ``"fp32"`` (their ops run on the general-purpose units)."""
