@@ -14,7 +14,7 @@ from torch import nn
 from advisor.intake import RecordError, parse_record
 from advisor.paths import DB_NAME, new_session_dir
 from advisor.probes.compute.probe import ComputeProbe
-from advisor.probes.memory.probe import MemoryProbe
+from advisor.probes.memory.probe import ROW_FIELDS, MemoryProbe
 from advisor.records.samples import TABLE_ROWS, MemorySample, ModuleStat, OpStat, RecordTable
 from advisor.records.table import TableBuilder
 from advisor.state import LiveState
@@ -117,6 +117,7 @@ def _deep_step(probe, model: nn.Module) -> FakeContext:
 
 
 def test_the_probes_send_a_deep_steps_samples_and_ops_as_tables() -> None:
+    assert TableBuilder(MemorySample).names == ROW_FIELDS  # the memory probe's rows are positional
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(16, 16) for _ in range(4)])
     ctx = _deep_step(MemoryProbe(scan_gc=False), model)

@@ -90,7 +90,7 @@ def test_ops_of_one_shape_share_its_list_form_and_serialise_as_lists() -> None:
     from advisor.probes.compute.probe import aggregate
 
     calls = count_ops(lambda: [torch.mm(torch.randn(4, 4), torch.randn(4, 4)) for _ in range(3)])
-    calls = [c.__class__(**{**c.__dict__, "module": str(i)}) for i, c in enumerate(calls)]
+    calls = [c._replace(module=str(i)) for i, c in enumerate(calls)]
     stats = [s for s in aggregate(calls, [0.0] * len(calls), rank=0, step=1) if s.name == "aten.mm"]
     assert len(stats) == 3 and stats[0].input_shapes == [[4, 4], [4, 4]]
     assert all(isinstance(s, OpStat) and s.to_dict()["input_shapes"] == [[4, 4], [4, 4]] for s in stats)

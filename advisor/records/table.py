@@ -27,6 +27,7 @@ class TableBuilder:
         self._names = tuple(n for n in _field_names(of) if n not in TABLE_SHARED)
         self.names = self._names  # the fields each row gives
         self._columns: dict[str, list[Any]] = {n: [] for n in self._names}
+        self._lists = list(self._columns.values())  # the columns in field order
         self._done: list[RecordTable] = []
         self._open: tuple[int, int] | None = None  # (rank, step) of the open table
 
@@ -43,6 +44,17 @@ class TableBuilder:
         if len(self) >= TABLE_ROWS:
             self._close()
 
+    def add_row(self, rank: int, step: int, values: tuple[Any, ...]) -> bool:
+        """``add`` with the values in field order (``names``); whether a table was closed."""
+        if self._open != (rank, step):
+            self._close()
+            self._open = (rank, step)
+        for column, value in zip(self._lists, values):
+            column.append(value)
+        if len(self) >= TABLE_ROWS:
+            self._close()
+        return bool(self._done)
+
     def take(self, *, close: bool = True) -> list[RecordTable]:
         """The tables made so far, the open one closed too unless ``close`` is False."""
         if close:
@@ -56,6 +68,7 @@ class TableBuilder:
             rank, step = self._open
             self._done.append(RecordTable(rank=rank, step=step, of=self.of, rows=rows, columns=self._columns))
             self._columns = {n: [] for n in self._names}
+            self._lists = list(self._columns.values())
 
 
 def tabled(records: list[Record]) -> list[RecordTable]:

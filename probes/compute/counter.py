@@ -9,8 +9,7 @@ backward. It costs tens of microseconds of Python per op, which is why
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -19,9 +18,9 @@ from torch.utils._pytree import tree_map
 from advisor.probes.compute import formulas
 
 
-@dataclass(frozen=True, kw_only=True)
-class OpCall:
-    """One op call as the counter saw it."""
+class OpCall(NamedTuple):
+    """One op call as the counter saw it. A named tuple: one is made per op of a counted step
+    (85,000 at 5001 modules), 0.3 us against a frozen dataclass's 1.3 us."""
 
     name: str  # aten overload packet, e.g. "aten.mm"
     module: str
@@ -85,8 +84,7 @@ class OpCounter(TorchDispatchMode):
                 self._memo[key] = known
         name, shapes, dtype, flops, nbytes = known
         module, phase = self._where()
-        self.calls.append(OpCall(name=name, module=module, phase=phase, input_shapes=shapes, dtype=dtype,
-                                 flops=flops, bytes=nbytes, inline_s=elapsed))
+        self.calls.append(OpCall(name, module, phase, shapes, dtype, flops, nbytes, elapsed))
         return out
 
 

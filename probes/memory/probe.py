@@ -369,24 +369,20 @@ class MemoryProbe(Probe):
         if self.cuda:
             counters = allocator_counters(_cuda_index(ctx))
             allocated, reserved = counters["allocated_bytes"], counters["reserved_bytes"]
-        values = dict(
-            time=time.perf_counter() - ctx.step_start,
-            event=event,
-            module=module,
-            categories=dict(tracker.totals),
-            total_bytes=tracker.device_total(),  # host copies of offload remedies are not device bytes
-            op_bytes=op_bytes,
-            allocated_bytes=allocated,
-            reserved_bytes=reserved,
-        )
+        now = time.perf_counter() - ctx.step_start
         step = ctx.step if step is None else step
+        total = tracker.device_total()  # host copies of offload remedies are not device bytes
         if not self.deep:
-            ctx.emit(MemorySample(rank=ctx.rank, step=step, **values))
+            ctx.emit(MemorySample(rank=ctx.rank, step=step, time=now, event=event, module=module,
+                                  categories=dict(tracker.totals), total_bytes=total, op_bytes=op_bytes,
+                                  allocated_bytes=allocated, reserved_bytes=reserved))
             return
-        # A deep step's samples (25,000 at 5001 modules) go as columns (advisor/records/table.py).
-        self._rows.add(ctx.rank, step, device_used_bytes=None, steps_covered=1, **values)
-        for table in self._rows.take(close=False):
-            ctx.emit(table)
+        # A deep step's samples (25,000 at 5001 modules) go as columns (advisor/records/table.py),
+        # in MemorySample's field order (ROW_FIELDS).
+        if self._rows.add_row(ctx.rank, step, (now, event, module, dict(tracker.totals), total, op_bytes,
+                                                allocated, reserved, None, 1)):
+            for table in self._rows.take(close=False):
+                ctx.emit(table)
 
     def _flush_rows(self, ctx: AgentContext) -> None:
         for table in self._rows.take():
@@ -492,6 +488,11 @@ def infer_untracked(categories: dict[str, int], allocated: int | None, phase: st
 def _deep_next(ctx: AgentContext) -> bool:
     deep_next = getattr(ctx, "deep_next", None)  # optional: a context may not schedule
     return bool(deep_next is not None and deep_next())
+
+
+# The fields of a deep step's sample rows, in the order ``_emit_tracked`` gives them.
+ROW_FIELDS = ("time", "event", "module", "categories", "total_bytes", "op_bytes", "allocated_bytes",
+              "reserved_bytes", "device_used_bytes", "steps_covered")
 
 
 def _parameters(ctx: AgentContext) -> list[torch.Tensor]:
