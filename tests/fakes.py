@@ -8,7 +8,7 @@ the agent's global hooks.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -108,3 +108,16 @@ class Emitted(list):
             self.extend(record.records())
         else:
             super().append(record)
+
+
+def saved_bytes(run: Callable[[], object]) -> int:
+    """The bytes of every storage autograd saves for backward while ``run()`` runs."""
+    saved: list[int] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t.untyped_storage().nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run()
+    return sum(saved)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from fakes import saved_bytes
 
 from advisor.fit.patches import Patches
 from advisor.fit.reads import Reads, install_array_reads
@@ -61,28 +62,16 @@ def _one_hot_router(experts, x, logits) -> torch.Tensor:
     return out
 
 
-def _saved_bytes(run) -> int:
-    saved = []
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        saved.append(t.untyped_storage().nbytes())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        run()
-    return sum(saved)
-
-
 @pytest.mark.parametrize("router", [_scatter_router, _one_hot_router])
 def test_a_top_k_router_saves_as_much_under_the_fit_as_for_real(fit, router) -> None:
     """Each expert's batch is routing's (an estimate: balanced), but their rows add up to tokens x k
     whatever the routing, and what an expert saves is linear in its rows: the total is exact."""
     mode, reads = fit
     experts = _experts()
-    real = _saved_bytes(lambda: router(experts, torch.randn(TOKENS, WIDTH), torch.randn(TOKENS, EXPERTS)))
+    real = saved_bytes(lambda: router(experts, torch.randn(TOKENS, WIDTH), torch.randn(TOKENS, EXPERTS)))
     with mode:
         fakes = _experts()
-        fitted = _saved_bytes(lambda: router(fakes, torch.empty(TOKENS, WIDTH), torch.empty(TOKENS, EXPERTS)))
+        fitted = saved_bytes(lambda: router(fakes, torch.empty(TOKENS, WIDTH), torch.empty(TOKENS, EXPERTS)))
     assert fitted == real > TOKENS * K * HIDDEN * 4
     sized = mode.sparsity.sized
     assert sized, "the value-shaped ops were sized and listed by line"
