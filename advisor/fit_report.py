@@ -207,9 +207,13 @@ def render_fit_report(report: dict[str, Any]) -> str:
         where, by = run.get("stopped_at") or {}, run["stopped_by"]
         what = {"shape": "its output shape depends on values",
                 "data": "it reads tensor data, which fake tensors do not have"}.get(by["kind"], "it has no fake implementation")
+        share = by.get("ran_share")
+        ran = (f"; it came after {share:.0%} of a step's ops (as many as step {by['step'] - 1} ran), so about "
+               f"{1 - share:.0%} of step {by['step']} is not counted") if isinstance(share, (int, float)) else \
+            ", the rest of the step is not counted"
         lines.append(f"stopped early, in step {by['step']}, at {where.get('file')}:{where.get('line')}: {by['op']} "
                      f"cannot run on fake tensors ({what}); the figures below are those of the "
-                     f"{run.get('steps')} step(s) before it, the rest of the step is not counted")
+                     f"{run.get('steps')} step(s) before it{ran}")
     elif run.get("stopped_at"):
         where = run["stopped_at"]
         lines.append(f"ran {run.get('steps')} optimizer step(s) on fake tensors; stopped at {where.get('file')}:"

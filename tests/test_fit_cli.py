@@ -237,6 +237,10 @@ def test_a_shape_read_after_a_step_stops_the_fit_cleanly_with_the_steps_before_i
     run = data["run"]
     assert run["stopped_by"]["kind"] == "shape" and run["stopped_by"]["step"] >= 1
     assert run["stopped_at"]["line"] == line
+    # The share of step 1 that ran before it: one comparison, against step 0's forward, backward
+    # and SGD; the report says how much of the step its figures leave out.
+    assert 0 < run["stopped_by"]["ran_share"] < 0.5
+    assert f"{1 - run['stopped_by']['ran_share']:.0%} of step 1 is not counted" in out
     # It stopped in step 1, the step the memory probe tracks: no verdict on a part of a step (the
     # zoo's llmc and lbfgs_sine said "fits" on peaks of a third and a fortieth of the measured).
     assert run["steps"] == 1

@@ -214,3 +214,11 @@ def test_an_op_on_dtensors_is_counted_on_this_ranks_shards() -> None:
             assert (call.bytes, call.flops) == (shard.bytes, shard.flops)
         finally:
             dist.destroy_process_group()
+
+
+def test_the_share_of_a_stopped_step_is_its_ops_over_the_whole_step_before() -> None:
+    from advisor.fit.run import ran_share
+
+    assert ran_share({0: 40, 1: 10}, 1) == 0.25
+    assert ran_share({0: 40, 1: 50}, 1) == 1.0  # never more than a whole step
+    assert ran_share({1: 10}, 1) is None and ran_share({0: 40}, 1) == 0.0

@@ -65,10 +65,13 @@ class FitRun:
         if stopped:
             log.stopped_at = raising_frame(tb)
             log.stopped_by = {"op": f"{type(exc).__name__}: {exc}"[:300], "kind": "data", "step": self.agent.step}
+        stopped_by = log.stopped_by
+        if stopped_by is not None and isinstance(stopped_by.get("step"), int) and stopped_by["step"] >= 1:
+            stopped_by = {**stopped_by, "ran_share": ran_share(self.world.mode.ops_by_step, stopped_by["step"])}
         data: dict[str, Any] = {
             "target": self.settings.target, "world_size": self.settings.world_size,
             "steps": self.agent.step, "steps_wanted": FIT_STEPS, "stopped_at": log.stopped_at,
-            "stopped_by": log.stopped_by,
+            "stopped_by": stopped_by,
             "placeholders": _reads(log.placeholders), "early_reads": _reads(log.early),
             "solver_reads": [{"solver": name, "count": n} for name, n in sorted(self.reads.solvers.counts.items())],
             "estimated_shapes": [{"file": f, "line": line, "code": code, "op": op, "count": n, "rows": rows}
@@ -86,6 +89,15 @@ class FitRun:
         if stopped:
             raise StopTraining(f"advisor fit: stopped early after {self.agent.step} step(s): the script raised "
                                f"{type(exc).__name__} reading data that fake tensors do not have") from None
+
+
+def ran_share(ops_by_step: dict[int, int], step: int) -> float | None:
+    """The ops of ``step`` that ran before the op that stopped it, over the ops of the whole step
+    before it (at most 1); None without that step. What of the stopped step the figures leave out."""
+    whole = ops_by_step.get(step - 1)
+    if not whole:
+        return None
+    return round(min(1.0, ops_by_step.get(step, 0) / whole), 4)
 
 
 def _kept_folders() -> tuple[Path, ...]:

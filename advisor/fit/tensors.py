@@ -74,6 +74,10 @@ class FitTensorMode(FakeTensorMode):
         self.depth = 0  # > 0 while FakeTensorMode's own code runs an op (it must see the CPU)
         self.draws = Draws()  # random ops replayed on the host's generator (advisor.fit.draws)
         self.sparsity = Sparsity()  # nonzero counts: the shapes of value-shaped ops (advisor.fit.sparsity)
+        # The script's ops per optimizer step (``step_of``: the steps done), for the share of a
+        # step that ran before an op stopped the fit (``FitRun``).
+        self.step_of: Callable[[], int] = lambda: 0
+        self.ops_by_step: dict[int, int] = {}
 
     # -- places ---------------------------------------------------------------------------
     def place_of(self, tensor: torch.Tensor) -> int | None:
@@ -118,6 +122,9 @@ class FitTensorMode(FakeTensorMode):
             named = device.index or 0
             kwargs = {**kwargs, "device": torch.device("cpu")}
         outer = self.depth == 0  # not an op FakeTensorMode runs inside another (a decomposition)
+        if outer:
+            step = self.step_of()
+            self.ops_by_step[step] = self.ops_by_step.get(step, 0) + 1
         if named is None and _all_real(args, kwargs):
             # Only real tensors in: the script's host data (made for real by ``advisor.fit.functions``
             # or a DataLoader), computed for real, as under python (FakeTensorMode would fake it).

@@ -58,6 +58,7 @@ class FitWorld:
         target = settings.device
         self.mode = FitTensorMode(target="cuda" if target is not None else None, on_unrunnable=reads.unrunnable)
         reads.counted = self.mode.sparsity.values
+        self.mode.step_of = reads.steps_done
         self.calls = DeviceCalls(self.mode, index=0)
         self._tracked = tracked
         self._patches = Patches()
