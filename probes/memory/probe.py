@@ -18,7 +18,7 @@ import contextlib
 import dataclasses
 import time
 import traceback
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 
@@ -185,10 +185,9 @@ class MemoryProbe(Probe):
         if tracker is None or attributor is None:
             return
         tracker.refresh_roles(ctx.models(), ctx.optimizers())
-        self._flush_rows(ctx)  # the step's samples before its end's (``deep`` is off: sent as it is)
+        _emit_all(ctx, self._rows.take())  # the step's samples before its end's (``deep`` is off: sent as it is)
         self._emit_tracked(ctx, "step_end", None, step=step, force=True)
-        for table in tabled(attributor.stats(step=step, rank=ctx.rank)):  # 5001 modules: as columns
-            ctx.emit(table)
+        _emit_all(ctx, tabled(attributor.stats(step=step, rank=ctx.rank)))  # 5001 modules: as columns
         ctx.emit(
             Event(
                 rank=ctx.rank,
@@ -271,7 +270,7 @@ class MemoryProbe(Probe):
             pass
 
     def detach(self, ctx: AgentContext) -> None:
-        self._flush_rows(ctx)
+        _emit_all(ctx, self._rows.take())
         for sample in self._series.flush():
             ctx.emit(sample)
         for handle in self._handles:
@@ -289,9 +288,8 @@ class MemoryProbe(Probe):
             return
         step = ctx.step
         self._emit_tracked(ctx, "oom", None, step=step, force=True)
-        self._flush_rows(ctx)
-        for table in tabled(attributor.stats(step=step, rank=ctx.rank)):  # 5001 modules: as columns
-            ctx.emit(table)
+        _emit_all(ctx, self._rows.take())
+        _emit_all(ctx, tabled(attributor.stats(step=step, rank=ctx.rank)))  # 5001 modules: as columns
         ctx.emit(Event(rank=ctx.rank, step=step, name="module_activations",
                        data={"inclusive_bytes": attributor.inclusive_activations(), "partial": True}))
 
@@ -381,12 +379,7 @@ class MemoryProbe(Probe):
         # in MemorySample's field order (ROW_FIELDS).
         if self._rows.add_row(ctx.rank, step, (now, event, module, dict(tracker.totals), total, op_bytes,
                                                 allocated, reserved, None, 1)):
-            for table in self._rows.take(close=False):
-                ctx.emit(table)
-
-    def _flush_rows(self, ctx: AgentContext) -> None:
-        for table in self._rows.take():
-            ctx.emit(table)
+            _emit_all(ctx, self._rows.take(close=False))
 
     def _light_categories(self, ctx: AgentContext) -> dict[str, int]:
         """Parameter and optimizer-state bytes (re-read every ``LIGHT_REFRESH_STEPS``) and
@@ -488,6 +481,11 @@ def infer_untracked(categories: dict[str, int], allocated: int | None, phase: st
 def _deep_next(ctx: AgentContext) -> bool:
     deep_next = getattr(ctx, "deep_next", None)  # optional: a context may not schedule
     return bool(deep_next is not None and deep_next())
+
+
+def _emit_all(ctx: AgentContext, records: Iterable[Any]) -> None:
+    for record in records:
+        ctx.emit(record)
 
 
 # The fields of a deep step's sample rows, in the order ``_emit_tracked`` gives them.
