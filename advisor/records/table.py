@@ -9,7 +9,9 @@ probe appends values to lists instead of building a record per op, the wire carr
 the controller checks each column at once (``advisor.intake``), stores one row, and folds the rows
 into its state as the records they stand for (``records()``), so every reader sees what it saw.
 
-``RecordTable`` is in ``advisor.records.samples`` with the other kinds; ``TableBuilder`` is the probe's side: ``add(**fields)`` per row, ``take(step)`` the tables made.
+``RecordTable`` is in ``advisor.records.samples`` with the other kinds. ``TableBuilder`` is the
+probes' side: ``add`` (or ``add_row``, positional) per row, ``take()`` the tables made;
+``tabled(records)`` makes tables of records already built.
 """
 
 from __future__ import annotations
