@@ -1,4 +1,4 @@
-"""Many records of one kind as one record of columns: a deep step's memory samples and op signatures.
+"""Many records of one kind as one record of columns: a deep step's memory samples, ops and modules.
 
 A deep step of a model of 5001 small modules made 25,000 memory samples and 30,000 op records;
 built, encoded, sent, checked, stored and folded one by one, they were most of what attaching
