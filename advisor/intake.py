@@ -65,13 +65,7 @@ def parse_record(kind: Any, data: Any) -> Record:
                 raise RecordError(f"{kind} record lacks {name!r}")
             continue
         value = data[name]
-        problem = _checker(hint)(value)
-        if problem is None and name in _RANK_LISTS:
-            problem = _ranks(value)
-        elif problem is None and (type(value) is int or type(value) is float):  # only numbers have a range
-            problem = _range(name, value)
-        if problem is None and name in _SECONDS_MAPS:
-            problem = next((f"[{k[:40]!r}] {v} is negative" for k, v in value.items() if v < 0), None)
+        problem = _value_problem(name, value, _checker(hint))
         if problem is not None:
             raise RecordError(f"{kind}.{name}: {problem}")
         values[name] = value
@@ -128,14 +122,23 @@ def _column_problem(name: str, hint: Any, values: list[Any]) -> str | None:
         return _range(name, min(values)) if all(map(math.isfinite, values)) else "a value is not a finite number"
     check = _checker(hint)
     for index, value in enumerate(values):
-        problem = check(value)
-        if problem is None and (type(value) is int or type(value) is float):
-            problem = _range(name, value)
-        if problem is None and name in _SECONDS_MAPS:
-            problem = next((f"[{k[:40]!r}] {v} is negative" for k, v in value.items() if v < 0), None)
+        problem = _value_problem(name, value, check)
         if problem is not None:
             return f"row {index}: {problem}"
     return None
+
+
+def _value_problem(name: str, value: Any, check: Callable[[Any], str | None]) -> str | None:
+    """What is wrong with ``value`` of field ``name`` (``check``: its type's checker), or None: a
+    record's field, or one row of a table's column."""
+    problem = check(value)
+    if problem is None and name in _RANK_LISTS:
+        problem = _ranks(value)
+    elif problem is None and (type(value) is int or type(value) is float):  # only numbers have a range
+        problem = _range(name, value)
+    if problem is None and name in _SECONDS_MAPS:
+        problem = next((f"[{k[:40]!r}] {v} is negative" for k, v in value.items() if v < 0), None)
+    return problem
 
 
 def admit(record: Record) -> Record:

@@ -50,6 +50,7 @@ def _packets(*names: str) -> frozenset[Any]:
 _ZEROS = _packets("zeros", "zeros_like", "new_zeros", "zero_", "zero")
 _FILLS = _packets("full", "full_like", "new_full", "fill_", "fill")  # zeros when the value is 0
 _SCATTERS = _packets("scatter", "scatter_", "scatter_add", "scatter_add_")
+_ASSIGNS = _packets("scatter", "scatter_")  # the scatters that write values, not add them
 # Each output element is a function of one input element that maps 0 to 0 and keeps 0/1 masks.
 _KEEPS_MASK = _packets(
     "view", "_unsafe_view", "reshape", "_reshape_alias", "permute", "transpose", "t", "unsqueeze", "squeeze",
@@ -157,8 +158,7 @@ def _scatter(sparsity: Sparsity, packet: Any, args: tuple[Any, ...], kwargs: dic
     if base is None or not isinstance(index, torch.Tensor):
         return None
     value = args[3] if len(args) > 3 else kwargs.get("value", kwargs.get("src"))
-    binary = base.binary and packet in _packets("scatter", "scatter_") and not isinstance(value, torch.Tensor) \
-        and value in (0, 1)
+    binary = base.binary and packet in _ASSIGNS and not isinstance(value, torch.Tensor) and value in (0, 1)
     return Count(min(out.numel(), base.nonzero + index.numel()), binary=binary)
 
 
@@ -202,8 +202,7 @@ def _product(sparsity: Sparsity, packet: Any, args: tuple[Any, ...], kwargs: dic
     shares = [_share(found, a, out) for found, a in counted if found is not None]
     if not shares:
         return None
-    tensors = [a for a in args[:2] if isinstance(a, torch.Tensor)]
-    binary = all((sparsity.count(a) or Count(0)).binary or a.dtype == torch.bool for a in tensors)
+    binary = all(found is not None and found.binary or a.dtype == torch.bool for found, a in counted)
     return Count(min(shares), binary=binary)
 
 
@@ -212,9 +211,8 @@ def _sum(sparsity: Sparsity, packet: Any, args: tuple[Any, ...], kwargs: dict[st
     found = sparsity.count(args[0])
     if found is None:
         return None
-    if not (found.binary or args[0].dtype == torch.bool or packet is aten.count_nonzero):
-        return Count(min(out.numel(), found.nonzero))
-    return Count(min(out.numel(), found.nonzero), total=found.nonzero)
+    mask = found.binary or args[0].dtype == torch.bool or packet is aten.count_nonzero
+    return Count(min(out.numel(), found.nonzero), total=found.nonzero if mask else None)
 
 
 def _arange(sparsity: Sparsity, packet: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: torch.Tensor,

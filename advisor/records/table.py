@@ -26,28 +26,24 @@ class TableBuilder:
 
     def __init__(self, of: type[Record]) -> None:
         self.of = of.KIND
-        self._names = tuple(n for n in _field_names(of) if n not in TABLE_SHARED)
-        self.names = self._names  # the fields each row gives
-        self._columns: dict[str, list[Any]] = {n: [] for n in self._names}
-        self._lists = list(self._columns.values())  # the columns in field order
+        self.names = tuple(n for n in _field_names(of) if n not in TABLE_SHARED)  # the fields each row gives
+        self._new()
         self._done: list[RecordTable] = []
         self._open: tuple[int, int] | None = None  # (rank, step) of the open table
 
+    def _new(self) -> None:
+        self._columns: dict[str, list[Any]] = {n: [] for n in self.names}
+        self._lists = list(self._columns.values())  # the columns in field order
+
     def __len__(self) -> int:
-        return len(self._columns[self._names[0]]) if self._names else 0
+        return len(self._lists[0]) if self._lists else 0
 
     def add(self, rank: int, step: int, **values: Any) -> None:
         """One row (every field but rank and step given); a full table is closed."""
-        if self._open != (rank, step):
-            self._close()
-            self._open = (rank, step)
-        for name in self._names:
-            self._columns[name].append(values[name])
-        if len(self) >= TABLE_ROWS:
-            self._close()
+        self.add_row(rank, step, tuple(values[name] for name in self.names))
 
     def add_row(self, rank: int, step: int, values: tuple[Any, ...]) -> bool:
-        """``add`` with the values in field order (``names``); whether a table was closed."""
+        """``add`` with the values in field order (``names``); whether a closed table waits."""
         if self._open != (rank, step):
             self._close()
             self._open = (rank, step)
@@ -69,8 +65,7 @@ class TableBuilder:
         if rows and self._open is not None:
             rank, step = self._open
             self._done.append(RecordTable(rank=rank, step=step, of=self.of, rows=rows, columns=self._columns))
-            self._columns = {n: [] for n in self._names}
-            self._lists = list(self._columns.values())
+            self._new()
 
 
 def tabled(records: list[Record]) -> list[RecordTable]:
@@ -80,5 +75,5 @@ def tabled(records: list[Record]) -> list[RecordTable]:
     rows = TableBuilder(type(records[0]))
     for record in records:
         values = record.__dict__
-        rows.add(values["rank"], values["step"], **{name: values[name] for name in rows.names})
+        rows.add_row(values["rank"], values["step"], tuple(values[name] for name in rows.names))
     return rows.take()
