@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import io
 import os
 import signal
@@ -12,16 +11,18 @@ import threading
 from typing import Any, Callable
 
 from advisor import tui  # its package defers textual until make_app is used (headless never loads it)
-from advisor.advice import AdviceLoop, advise_state
+from advisor.advice import AdviceLoop
 from advisor.control_server import ControlOps, ControlServer
 from advisor.live_source import SessionSource
 from advisor.progress import ProgressPrinter
 from advisor.records.settings import AgentSettings
 from advisor.render import emit_report, print_exit_summary
-from advisor.report import build_report, write_json, write_text
+from advisor.report import json_text, write_text
 from advisor.exits import signal_name
 from advisor.records.units import plain_text
 from advisor.controller import AttachOptions, Session, allowed_plan_env
+from advisor.early_report import EarlyReport
+from advisor.early_report import make as make_report
 from advisor.trackers import log_report
 from advisor.tui.results import RESULT_LEFT_RUNNING, RESULT_STOP_TRAINING
 
@@ -158,6 +159,7 @@ def run_attach(ns: argparse.Namespace, settings: AgentSettings) -> int:
     advice = AdviceLoop(session, budget_bytes=settings.memory_budget_bytes,
                         apply=ns.apply, apply_at_step=ns.apply_at_step)
     session.add_listener(advice.on_record)
+    early = EarlyReport(session, ns.memory_budget, with_json=bool(ns.json))
     session.launch()
     control: ControlServer | None = None
     try:
@@ -172,7 +174,7 @@ def run_attach(ns: argparse.Namespace, settings: AgentSettings) -> int:
                 returncode = _follow_tui(session, advice, ns, stop, finished)
             code, reason = finished["result"] if "result" in finished else session.finish(returncode, note=stop.note())
         control.close()  # the job has ended: nothing to apply to any more
-        return _report(session, ns, code, reason)  # advised there, once, on every record
+        return _report(session, ns, code, reason, early)  # advised there, once, on every record
     finally:
         if control is not None:
             control.close()
@@ -244,19 +246,20 @@ def _show_output(session: Session) -> None:
             print(f"  {line}", file=sys.stderr, flush=True)
 
 
-def _report(session: Session, ns: argparse.Namespace, code: int, reason: str) -> int:
+def _report(session: Session, ns: argparse.Namespace, code: int, reason: str, early: EarlyReport) -> int:
     """The final report. Never on stdout, which belongs to the script: on stderr, or in
-    ``--report FILE`` (``--format``) and ``--json FILE`` for scripts."""
-    state, advice = _advised(session.live.snapshot(), ns.memory_budget)
-    report = build_report(state, budget_bytes=ns.memory_budget, advice=advice)
+    ``--report FILE`` (``--format``) and ``--json FILE`` for scripts. Made while the training
+    process tore down when nothing has changed since (``advisor/early_report.py``)."""
+    made = early.take(code, reason) or make_report(session.live.snapshot(), ns.memory_budget, with_json=bool(ns.json))
+    state, report = made.state, made.report
     session.save_analysis(diagnosis=report.get("diagnosis"), recommendations=report.get("recommendations"))
     log_report(report, getattr(ns, "log_to", None) or [])
     if ns.json:
         try:
-            write_json(report, ns.json)
+            write_text(made.json or json_text(report), ns.json)
         except OSError as exc:  # checked before the job started, but folders can vanish meanwhile
             fallback = session.dir / "report.json"
-            write_json(report, str(fallback))
+            write_text(made.json or json_text(report), str(fallback))
             print(f"advisor: could not write {ns.json} ({exc.strerror or exc}); the report is in {fallback}",
                   file=sys.stderr, flush=True)
     fmt = getattr(ns, "format", "text")
@@ -296,19 +299,6 @@ def _why_not_applied(state: Any, request: str) -> str:
     if rec.apply_class == "restart" or not rec.live:
         return "restart remedies are applied with --plan (advisor plan SESSION, then advisor attach --plan FILE)"
     return "the job ended before the step it was asked for, or it was refused (see the warnings above)"
-
-
-def _advised(state: Any, budget_bytes: int | None) -> tuple[Any, tuple[Any, list[Any]] | None]:
-    """``state`` with its advice made from itself, and that advice (None when it failed) for the
-    report to serialise rather than make again: a rank's last records can come in after the
-    advice loop's last refresh (its readers wait 5 s at most, a loaded 2-rank job's took longer), and
-    the report then read a diagnosis peak of 8.47 MB beside a memory section's 8.52 MB."""
-    try:
-        diagnosis, recs = advise_state(state, budget_bytes=budget_bytes)
-    except Exception:  # noqa: BLE001 - the advice loop's last advice stands; the report says why
-        return state, None
-    advised = state if diagnosis is None else dataclasses.replace(state, diagnosis=diagnosis, recommendations=recs)
-    return advised, (diagnosis, recs)
 
 
 def _applied(state: Any, request: str) -> bool:

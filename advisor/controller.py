@@ -33,7 +33,7 @@ from advisor.records.settings import AgentSettings, encode_settings
 from advisor.regime import interrupted_applies
 from advisor.records.wire import SECRET_ENV, SOCKET_ENV, new_secret, write_secret_file
 from advisor.server import ChannelServer
-from advisor.state import LiveState
+from advisor.state import LiveState, SessionState
 from advisor.store import STORE_SPILL, SessionStore
 
 DEAD_RANK_GRACE_S = 30.0  # a rank died while others run: how long before the job is stopped
@@ -226,7 +226,7 @@ class Session:
         what = (f"exited with code {info.code}" if info is not None
                 else "stopped reporting (its connection closed without an exit record)")
         others = []
-        for other in sorted(set(self._expected_ranks()) - set(gone)):
+        for other in sorted(set(self.expected_ranks()) - set(gone)):
             last = next((c.op for c in reversed(state.collectives) if c.rank == other), None)
             others.append(f"rank {other}" + (f" (last collective: {last})" if last else ""))
         if not others:
@@ -279,7 +279,7 @@ class Session:
                 self._dead_rank_timer.daemon = True
                 self._dead_rank_timer.start()
 
-    def _expected_ranks(self) -> list[int]:
+    def expected_ranks(self) -> list[int]:
         """The global ranks this controller hosts (those that said hello, else 0..nproc-1)."""
         return self.hosted_ranks() or list(range(self.options.nproc_per_node))
 
@@ -401,6 +401,21 @@ class Session:
         """Collect the last records and decide the exit code and reason; closes the store."""
         self.server.wait_readers(timeout=5.0)
         state = self.live.snapshot()
+        code, reason = self.verdict(state, returncode, note)
+        for event in interrupted_applies(state):  # killed inside a window: said, not lost
+            self._on_record(event)
+        if self.store.error and self.store.lost:
+            self._on_record(WarningEvent(source="store", message=(
+                f"{self.store.lost} record(s) could not be stored ({self.store.error}); this report has them, "
+                "the session folder does not")).event())
+        self._stop_output()  # the script's last lines (a traceback) are in the state before it ends
+        self.live.update(**finished_fields(code, reason))
+        self.store.set_meta(finished=True, exit_code=code, exit_reason=reason)
+        return code, reason
+
+    def verdict(self, state: SessionState, returncode: int | None, note: str = "") -> tuple[int, str]:
+        """The job's exit code and reason from ``state`` and the launched process's ``returncode``
+        (no side effects: ``advisor/early_report.py`` asks it before the process has exited)."""
         launcher = read_launcher_exits(self.dir)
         code, reason = decide_exit(state, returncode, self.options.nproc_per_node, launcher,
                                    ranks=self.hosted_ranks() or None)
@@ -411,17 +426,7 @@ class Session:
             reason = f"{_peer_message(peers[0])}; here: {reason}"
         elif lost and code != 0:  # no verdict on a peer, but the launcher saw the other node go
             reason = f"{rendezvous_lost_reason(lost)}; here: {reason}"
-        reason = stop_note(code, reason, note)
-        for event in interrupted_applies(state):  # killed inside a window: said, not lost
-            self._on_record(event)
-        if self.store.error and self.store.lost:
-            self._on_record(WarningEvent(source="store", message=(
-                f"{self.store.lost} record(s) could not be stored ({self.store.error}); this report has them, "
-                "the session folder does not")).event())
-        self._stop_output()  # the script's last lines (a traceback) are in the state before it ends
-        self.live.update(finished=True, exit_code=code, exit_reason=reason, pending_apply=None)
-        self.store.set_meta(finished=True, exit_code=code, exit_reason=reason)
-        return code, reason
+        return code, stop_note(code, reason, note)
 
     def save_analysis(self, *, diagnosis: Any, recommendations: Any) -> None:
         self.store.set_meta(diagnosis=diagnosis, recommendations=recommendations)
@@ -437,6 +442,11 @@ class Session:
         self.server.close()
         self.store.close()
         self._remove_secret()  # the secret is only needed while agents start
+
+
+def finished_fields(code: int, reason: str) -> dict[str, Any]:
+    """What ``Session.finish`` sets in the live state once the job has ended."""
+    return {"finished": True, "exit_code": code, "exit_reason": reason, "pending_apply": None}
 
 
 def allowed_plan_env(plan_env: Mapping[str, str]) -> dict[str, str]:

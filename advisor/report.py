@@ -119,10 +119,15 @@ def write_json(report: dict[str, Any], path: str) -> None:
     """The report as JSON, written atomically (``write_text``): indented, or on one line when it
     is longer than ``INDENTED_MAX`` (a model of 5001 modules: 11 MB, whose indenting, done by
     Python's pure-Python encoder, took 0.5 s against 0.18 s)."""
+    write_text(json_text(report), path)
+
+
+def json_text(report: dict[str, Any]) -> str:
+    """The report as ``write_json`` writes it."""
     text = json.dumps(report, allow_nan=False, default=str)
     if len(text) <= INDENTED_MAX:
         text = json.dumps(report, indent=1, allow_nan=False, default=str)
-    write_text(text, path)
+    return text
 
 
 def write_text(text: str, path: str) -> None:

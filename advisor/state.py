@@ -128,8 +128,12 @@ class LiveState:
             self.version += 1
 
     def snapshot(self) -> SessionState:
+        return self.versioned_snapshot()[1]
+
+    def versioned_snapshot(self) -> tuple[int, SessionState]:
+        """The state and its version, read together."""
         with self._lock:
-            return copy.copy(_shallow_lists(self._state))
+            return self.version, copy.copy(_shallow_lists(self._state))
 
 
 def _shallow_lists(state: SessionState) -> SessionState:

@@ -1,4 +1,4 @@
-"""The report's advice is made from the report's own records (advisor/attach.py, ``_advised``).
+"""The report's advice is made from the report's own records (advisor/early_report.py, ``advised``).
 
 A rank's last records can come in after the advice loop's last refresh; the report then read a
 diagnosis peak of 8.47 MB beside its memory section's 8.52 MB (a loaded 2-rank ZeRO-3 run)."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 from checked import assert_consistent
 
 from advisor.advice import advise_state
-from advisor.attach import _advised
+from advisor.early_report import advised as _advised
 from advisor.records.samples import MemorySample, StepSample
 from advisor.report import build_report
 from advisor.state import LiveState
