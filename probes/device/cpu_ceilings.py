@@ -26,9 +26,10 @@ import torch
 from advisor.probes.device import microbench
 from advisor.probes.device.microbench import Measured
 
-TARGET_S = 0.05  # one timed matmul should take at least this long: well beyond a scheduler stall
+TARGET_S = 0.04  # one timed matmul should take at least this long: 2.5 scheduler stalls (16 ms)
 MAX_N = 1024
 REPEATS = 3
+FP32_REPEATS = 5  # fp32's peak is every roofline's: the best of more calls
 SAMPLES = 3  # runs that measure before the cached best is trusted
 IMPLAUSIBLE = 0.25  # a quick check this much above the cached peak: the cache was measured under load
 LOW_PRECISION: dict[str, torch.dtype] = {"fp64": torch.float64, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -41,16 +42,22 @@ def _filled(n: int, dtype: torch.dtype) -> torch.Tensor:
 
 def matmul_flops(dtype: torch.dtype, *, target_s: float = TARGET_S, start_n: int = 256,
                  max_n: int = MAX_N, repeats: int = REPEATS) -> float:
-    """Matmul FLOP/s on the CPU for ``dtype``: the best rate over sizes n = start_n, 2 start_n,
-    ... up to the first whose best-of-``repeats`` time reaches ``target_s`` (or ``max_n``). On
-    cores shared with other processes a thread pool stalls a call for a scheduler slice (about
-    16 ms on a loaded 2-core machine, whatever the size), so a size is only trusted once its
-    matmul takes longer than that."""
+    """Matmul FLOP/s on the CPU for ``dtype``: the best rate over sizes from ``start_n`` up to the
+    first whose best-of-``repeats`` time reaches ``target_s`` (or ``max_n``). On cores shared with
+    other processes a thread pool stalls a call for a scheduler slice (about 16 ms on a loaded
+    2-core machine, whatever the size), so a size is only trusted once its matmul takes longer
+    than that. Each next size is the one the last rate says takes ``target_s`` (n^3 work, in
+    multiples of 64), and only the first size has an untimed warm-up call: fp16 without native
+    kernels runs at 3 GFLOP/s against fp32's 120 on one core, and doubling from 256 to 512 with a
+    warm-up at each took it 0.43 s against 0.2."""
     n, rate = start_n, 0.0
+    warm = False
     while True:
         a, b = _filled(n, dtype), _filled(n, dtype)
         out = torch.empty(n, n, dtype=dtype)
-        torch.mm(a, b, out=out)  # warm-up: thread pool, packing buffers
+        if not warm:
+            torch.mm(a, b, out=out)  # warm-up: thread pool, packing buffers
+            warm = True
         best = float("inf")
         for _ in range(repeats):
             t0 = time.perf_counter()
@@ -59,16 +66,21 @@ def matmul_flops(dtype: torch.dtype, *, target_s: float = TARGET_S, start_n: int
         rate = max(rate, 2 * n**3 / best)
         if best >= target_s or n >= max_n:
             return rate
-        n *= 2
+        n = min(max_n, max(n + 64, _size_for(target_s, 2 * n**3 / best)))
+
+
+def _size_for(seconds: float, flops: float) -> int:
+    """The square matmul size (a multiple of 64) that takes about ``seconds`` at ``flops``."""
+    return int(round((seconds * flops / 2) ** (1 / 3) / 64)) * 64
 
 
 def measure_cpu_ceilings() -> Measured:
     """fp32 peak and copy bandwidth (``microbench.measure_cpu``) plus fp64, bf16, fp16 peaks."""
-    base = microbench.measure_cpu()
+    base = microbench.measure_cpu(n=0)  # copy bandwidth only: fp32's peak is measured below
     peaks = dict(base.peak_flops)
-    # The best of both fp32 figures: the quick check below runs this same kernel, and must not
-    # beat the cached figure merely because it measures differently.
-    peaks["fp32"] = max(peaks.get("fp32", 0.0), matmul_flops(torch.float32))
+    # The quick check (``quick_fp32_flops``) runs this same kernel: the cached figure must not lose
+    # to it merely because it was measured differently.
+    peaks["fp32"] = max(peaks.get("fp32", 0.0), matmul_flops(torch.float32, repeats=FP32_REPEATS))
     for key, dtype in LOW_PRECISION.items():
         try:
             peaks[key] = matmul_flops(dtype, max_n=512)

@@ -69,16 +69,19 @@ def _best_cpu(fn: Callable[[], object], repeats: int) -> float:
 
 
 def measure_cpu(*, n: int = 1024, copy_bytes: int = 64 * 2**20) -> Measured:
-    """CPU fp32 matmul FLOP/s and copy bandwidth (bytes read + written per second)."""
-    gen = torch.Generator().manual_seed(0)  # private: the global CPU stream stays untouched
-    a = torch.randn(n, n, generator=gen)
-    b = torch.randn(n, n, generator=gen)
-    out = torch.empty(n, n)
-    t_mm = _best_cpu(lambda: torch.mm(a, b, out=out), repeats=5)
+    """CPU fp32 matmul FLOP/s (n x n; none for ``n=0``) and copy bandwidth (bytes read + written
+    per second)."""
+    peaks: dict[str, float] = {}
+    if n:
+        gen = torch.Generator().manual_seed(0)  # private: the global CPU stream stays untouched
+        a = torch.randn(n, n, generator=gen)
+        b = torch.randn(n, n, generator=gen)
+        out = torch.empty(n, n)
+        peaks["fp32"] = 2 * n**3 / _best_cpu(lambda: torch.mm(a, b, out=out), repeats=5)
     src = torch.empty(copy_bytes // 4, dtype=torch.float32).fill_(1.0)
     dst = torch.empty_like(src)
     t_copy = _best_cpu(lambda: dst.copy_(src), repeats=5)
-    return Measured(peak_flops={"fp32": 2 * n**3 / t_mm}, memory_bandwidth=2 * copy_bytes / t_copy)
+    return Measured(peak_flops=peaks, memory_bandwidth=2 * copy_bytes / t_copy)
 
 
 def _cuda_time(fn: Callable[[], object], device: torch.device, iters: int) -> float:
