@@ -12,6 +12,7 @@ from fakes import FakeContext
 from torch import nn
 
 from advisor.intake import RecordError, parse_record
+from advisor.records.jsonable import column_json
 from advisor.paths import DB_NAME, new_session_dir
 from advisor.probes.compute.probe import ComputeProbe
 from advisor.probes.memory.probe import ROW_FIELDS, MemoryProbe
@@ -132,3 +133,18 @@ def test_the_probes_send_a_deep_steps_samples_and_ops_as_tables() -> None:
     ops = [r for r in ctx.emitted if isinstance(r, OpStat)]
     assert ops and sum(t.rows for t in ctx.tables if t.of == "op") == len(ops)
     assert {o.name for o in ops} >= {"aten.addmm", "aten.mm"}
+
+
+def test_a_tables_wire_form_shares_what_its_rows_share_and_copies_no_plain_column():
+    """A deep step's 30,000 op rows name a handful of shape lists: converted row by row they were
+    85,000 fresh lists kept alive for the channel's resend window (full garbage collections)."""
+    shapes = ((8, 16), (16, 16))
+    ops = [OpStat(rank=0, step=2, name="aten.mm", module=f"{i}", phase="forward", input_shapes=shapes,
+                  dtype="float32", count=1, flops=4096, bytes=1536, time_s=1e-5 * i) for i in range(50)]
+    (table,) = _tabled(ops)
+    wire = table.to_dict()
+    assert wire["columns"]["module"] is table.columns["module"]  # plain values: the column itself
+    converted = wire["columns"]["input_shapes"]
+    assert converted[0] == [[8, 16], [16, 16]] and all(c is converted[0] for c in converted)
+    assert [r.to_dict() for r in _wire(table).records()] == [op.to_dict() for op in ops]
+    assert column_json([1.0, float("nan"), (1, 2)]) == [1.0, None, [1, 2]]  # as to_json

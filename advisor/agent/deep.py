@@ -34,6 +34,7 @@ from typing import Callable, Iterable
 
 import torch
 
+from advisor.agent.gc_pace import GcPace
 from advisor.agent.outbox import Outbox
 from advisor.agent.probeset import ProbeSet
 from advisor.apply.compiled import compiled_model, dynamo_graphs
@@ -71,6 +72,7 @@ class DeepSchedule:
         self._left_off: list[str] | None = None  # the probes kept off a compiled model, once found
         self._graphs_before = dynamo_graphs()  # graphs made before the agent (another test's, in-process)
         self._compiled_checked = False  # the first deep step found no compiled code: not asked again
+        self.gc_pace = GcPace()  # the collector at the script's pace while deep probes run (gc_pace.py)
 
     @property
     def active(self) -> bool:
@@ -135,6 +137,7 @@ class DeepSchedule:
         self._active = bool(self._running) or (full and not self._probes)
         if self._active:
             self.count += 1
+            self.gc_pace.slow()
             for probe in self._running:
                 self._probes.call(probe, "start_deep", step)
         return self._active
@@ -148,6 +151,7 @@ class DeepSchedule:
         for probe in reversed(self._running):
             self._probes.call(probe, "stop_deep", step)
         self._active = False
+        self.gc_pace.restore()
         names, self._running = [p.name for p in self._running], []
         return names
 

@@ -52,6 +52,29 @@ def to_json(value: Any) -> Any:
     return value
 
 
+def column_json(values: list[Any]) -> list[Any]:
+    """``to_json(values)`` for a table's column: the list itself when every value is plain (a
+    finite float included), else a copy whose non-plain values are converted once per distinct
+    object. A deep step's 30,000 op rows name a handful of shape lists; converted row by row they
+    were 85,000 fresh lists, kept alive for the channel's ``RECENT_S``, and the full garbage
+    collections they set off cost a 5001-module job 0.4 s."""
+    out: list[Any] | None = None
+    converted: dict[int, Any] = {}
+    for i, value in enumerate(values):
+        kind = type(value)
+        if kind in _PLAIN or (kind is float and math.isfinite(value)):
+            if out is not None:
+                out.append(value)
+            continue
+        if out is None:
+            out = values[:i]
+        known = converted.get(id(value), converted)
+        if known is converted:
+            known = converted[id(value)] = to_json(value)
+        out.append(known)
+    return values if out is None else out
+
+
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter, methodcaller
 from typing import Any, Callable, ClassVar, Iterable, Mapping
 
-from advisor.records.jsonable import Record
+from advisor.records.jsonable import Record, column_json
 
 MEMORY_CATEGORIES: tuple[str, ...] = (
     "parameter",
@@ -303,6 +303,12 @@ class RecordTable(Record):
     of: str
     rows: int
     columns: dict[str, list[Any]] = field(default_factory=dict)  # field name -> a value per row
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire form: a column of plain values as it is (a table is never changed once made),
+        any other converted once per distinct value (``column_json``)."""
+        return {"rank": self.rank, "step": self.step, "of": self.of, "rows": self.rows,
+                "columns": {str(name): column_json(values) for name, values in self.columns.items()}}
 
     def records(self) -> list[Record]:
         """The records the table stands for, in order (a field without a column takes its default)."""

@@ -171,8 +171,9 @@ class MemoryProbe(Probe):
         tracker.set_step(step)
         tracker.reset_peak()
         attributor.reset()
+        grad_ready = self._grad_ready  # one bound method for every parameter's hook
         for p in _parameters(ctx):
-            self._handles.append(p.register_post_accumulate_grad_hook(self._grad_ready))
+            self._handles.append(p.register_post_accumulate_grad_hook(grad_ready))
         for opt in ctx.optimizers():
             self._handles.append(opt.register_step_post_hook(self._optimizer_stepped))
 

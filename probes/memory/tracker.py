@@ -11,7 +11,6 @@ budget on CPU.
 
 from __future__ import annotations
 
-import functools
 import time
 import weakref
 from dataclasses import dataclass
@@ -141,7 +140,9 @@ class StorageTracker(TorchDispatchMode):
         self.op_bytes = 0  # bytes of the new storages of the last op that allocated (on_op reads it)
         self._hooks: Any = None
         self._resizes = ResizeWatch(self._resized_away, self._resized_back)
-        self._role_cache: dict[int, tuple[Any, int | None, int]] = {}  # id -> (weakref, data_ptr, key): refresh_roles
+        self._role_cache: dict[int, tuple[int, int | None, int]] = {}  # id -> (_cdata, data_ptr, key): refresh_roles
+        self._ref_keys: dict[int, int] = {}  # id of a storage's weak reference -> its key (``_dead``)
+        self._on_dead = self._dead  # one bound method for every weak reference
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -185,6 +186,7 @@ class StorageTracker(TorchDispatchMode):
         for entry in self.entries.values():
             entry.finalizer = None
         self.entries.clear()
+        self._ref_keys.clear()
         self.roles.clear()
         self._role_cache = {}
         self.saved.clear()
@@ -207,28 +209,27 @@ class StorageTracker(TorchDispatchMode):
     ) -> None:
         """Re-read parameters, ``.grad`` and ``optimizer.state``; re-classify what changed.
 
-        Incremental: a role tensor that is the same object as at the last refresh, over the same
-        memory (``data_ptr``), whose storage is still tracked, keeps its key without a storage
-        lookup (0.25 s per call at 5001 modules, 19 calls in three deep memory steps); only new
-        or moved tensors are looked up. A tensor that died cannot pass for a new one that took
-        its id: its weak reference is dead."""
+        Incremental: a role tensor that is the same object as at the last refresh (its id and its
+        ``TensorImpl``'s address, ``_cdata``), over the same memory (``data_ptr``), whose storage is
+        still tracked, keeps its key without a storage lookup (0.25 s per call at 5001 modules, 19
+        calls in three deep memory steps); only new or moved tensors are looked up. A tensor that
+        took a dead one's id and address over the same memory and a tracked storage is over that
+        storage, whose key the cache names. The cache holds integers only: the garbage collector
+        stops walking its tuples (a weak reference per tensor was 25,000 more objects to walk)."""
         cache = self._role_cache
-        fresh: dict[int, tuple[Any, int | None, int]] = {}
+        fresh: dict[int, tuple[int, int | None, int]] = {}
         new: dict[int, str] = {}
         for role, tensor in role_tensors(models, optimizers):
             ptr = _data_ptr(tensor)
             hit = cache.get(id(tensor))
-            if hit is not None and ptr is not None and hit[0]() is tensor and hit[1] == ptr and hit[2] in self.entries:
+            if hit is not None and ptr is not None and hit[1] == ptr and hit[0] == tensor._cdata and hit[2] in self.entries:
                 key: int | None = hit[2]
                 fresh[id(tensor)] = hit
             else:
                 key = self._ensure(tensor, origin="other", step=-1, op="existing")
                 if key is None:
                     continue
-                try:
-                    fresh[id(tensor)] = (weakref.ref(tensor), ptr, key)
-                except TypeError:  # takes no weak reference: looked up every time
-                    pass
+                fresh[id(tensor)] = (tensor._cdata, ptr, key)
             if key not in new:
                 new[key] = role
         self._role_cache = fresh
@@ -291,7 +292,8 @@ class StorageTracker(TorchDispatchMode):
         self.seq += 1
         entry = _Entry(nbytes, origin, step, self.current_module(), op, seq)
         entry.category = self._category(key, entry)
-        entry.finalizer = weakref.ref(storage, functools.partial(self._dead, key, self.generation))
+        ref = entry.finalizer = weakref.ref(storage, self._on_dead)
+        self._ref_keys[id(ref)] = key
         self.entries[key] = entry
         self.totals[entry.category] += nbytes
         self.total += nbytes
@@ -316,8 +318,14 @@ class StorageTracker(TorchDispatchMode):
             self.totals[category] += entry.nbytes
             entry.category = category
 
-    def _dead(self, key: int, generation: int, _ref: weakref.ref) -> None:
-        self._freed(key, generation)
+    def _dead(self, ref: weakref.ref) -> None:
+        # Every storage's weak reference shares this one callback (``_on_dead``) and finds its key
+        # by the reference's id: a partial per storage made two more objects for the garbage
+        # collector to walk per storage (50,000 at 5001 modules). A reference dropped by ``stop``
+        # or a resize never calls back, and its id leaves the map with it.
+        key = self._ref_keys.pop(id(ref), None)
+        if key is not None:
+            self._freed(key, self.generation)
 
     def _freed(self, key: int, generation: int) -> None:
         if generation != self.generation:
@@ -326,6 +334,8 @@ class StorageTracker(TorchDispatchMode):
         self.roles.pop(key, None)
         self.saved.pop(key, None)
         if entry is not None:
+            if entry.finalizer is not None:
+                self._ref_keys.pop(id(entry.finalizer), None)
             self.totals[entry.category] -= entry.nbytes
             self.total -= entry.nbytes
 
@@ -334,8 +344,8 @@ class StorageTracker(TorchDispatchMode):
         storage = storage_of(tensor)
         entry = self.entries.get(storage._cdata) if storage is not None else None
         if entry is not None:
-            entry.finalizer = None
             self._freed(storage._cdata, self.generation)  # type: ignore[union-attr]
+            entry.finalizer = None
 
     def _resized_back(self, tensor: torch.Tensor) -> None:
         """FSDP2 re-allocated ``tensor``'s storage: count it again, from now."""
