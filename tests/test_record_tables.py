@@ -148,3 +148,9 @@ def test_a_tables_wire_form_shares_what_its_rows_share_and_copies_no_plain_colum
     assert converted[0] == [[8, 16], [16, 16]] and all(c is converted[0] for c in converted)
     assert [r.to_dict() for r in _wire(table).records()] == [op.to_dict() for op in ops]
     assert column_json([1.0, float("nan"), (1, 2)]) == [1.0, None, [1, 2]]  # as to_json
+
+
+def test_op_rows_come_in_the_field_order_an_op_table_takes():
+    from advisor.probes.compute.probe import OP_ROW_FIELDS
+
+    assert TableBuilder(OpStat).names == OP_ROW_FIELDS

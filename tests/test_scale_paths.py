@@ -98,7 +98,7 @@ def test_ops_of_one_shape_share_its_list_form_and_serialise_as_lists() -> None:
 
 def test_attach_advises_once_for_its_report(monkeypatch, tmp_path: Path) -> None:
     import advisor.advice as advice_module
-    import advisor.attach as attach
+    import advisor.early_report as early_report
     from advisor.report import build_report
     from advisor.state import LiveState
     from advisor.records.samples import StepSample
@@ -115,9 +115,9 @@ def test_attach_advises_once_for_its_report(monkeypatch, tmp_path: Path) -> None
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(attach, "advise_state", counted)
+    monkeypatch.setattr(early_report, "advise_state", counted)
     monkeypatch.setattr("advisor.sections.advise_state", counted)
-    state, advice = attach._advised(live.snapshot(), 960)
+    state, advice = early_report.advised(live.snapshot(), 960)
     report = build_report(state, budget_bytes=960, advice=advice)
     assert len(calls) == 1
     assert report["diagnosis"] == state.diagnosis.to_dict()
