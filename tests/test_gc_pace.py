@@ -1,6 +1,7 @@
 """The garbage collector keeps the script's pace on deep steps (advisor/agent/gc_pace.py): the
-agent's own allocations there would otherwise run the young collections dozens of times as often
-and push the step's live objects into the oldest generation (a full collection each deep step)."""
+agent's own allocations there would otherwise run the middle-generation passes dozens of times as
+often and push the step's live objects into the oldest generation (a full collection each deep
+step)."""
 
 from __future__ import annotations
 
@@ -38,14 +39,14 @@ def test_deep_steps_run_at_a_slower_young_threshold_and_light_steps_at_the_scrip
             seen.append(("stop", step, gc.get_threshold()))
 
     _train_linear(Agent(emit=Emitted().append, settings=AgentSettings(deep_steps=(1, 2)), probes=[Watch()]), 4)
-    assert seen == [(event, step, (700 * FACTOR, 10, 10)) for step in (1, 2) for event in ("start", "stop")]
+    assert seen == [(event, step, (700, 10 * FACTOR, 10)) for step in (1, 2) for event in ("start", "stop")]
     assert gc.get_threshold() == (700, 10, 10)
 
 
 def test_the_scripts_own_choice_stands_and_a_disabled_collector_is_left_alone():
     pace = GcPace()
     pace.slow()
-    assert gc.get_threshold() == (700 * FACTOR, 10, 10)
+    assert gc.get_threshold() == (700, 10 * FACTOR, 10)
     gc.set_threshold(100, 5, 5)  # the script sets its own during a deep step
     pace.restore()
     assert gc.get_threshold() == (100, 5, 5)

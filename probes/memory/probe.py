@@ -152,12 +152,10 @@ class MemoryProbe(Probe):
         if tracker is not None:
             tracker.phase = phase
             tracker.set_step(ctx.step)
-            # On a deep step a forward or backward begins with the roles the step's start, or the
-            # last optimizer step, left: gradients made meanwhile are named by their hooks
-            # (``_grad_ready``). A walk of every parameter, gradient and state is 50 ms at 5001
-            # modules, and accumulation runs several forwards a step.
-            if not (self.deep and phase in ("forward", "backward")):
-                tracker.refresh_roles(ctx.models(), ctx.optimizers())
+            # Every phase: FSDP2 swaps a layer's gathered parameters in during its forward (a walk at
+            # the backward's start names them parameters); the walk is skipped when nothing ran
+            # since the last (``refresh_roles``).
+            tracker.refresh_roles(ctx.models(), ctx.optimizers())
             self._emit_tracked(ctx, f"{phase}_start", None)
         elif self.cuda or phase == "optimizer":
             self._emit_light(ctx, phase)

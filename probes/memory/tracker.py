@@ -143,6 +143,8 @@ class StorageTracker(TorchDispatchMode):
         self._role_cache: dict[int, tuple[int, int | None, int]] = {}  # id -> (_cdata, data_ptr, key): refresh_roles
         self._ref_keys: dict[int, int] = {}  # id of a storage's weak reference -> its key (``_dead``)
         self._on_dead = self._dead  # one bound method for every weak reference
+        self.ops = 0  # ops and saves seen (refresh_roles walks again only after one)
+        self._walked: tuple | None = None  # what the last role walk saw (refresh_roles)
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -167,6 +169,7 @@ class StorageTracker(TorchDispatchMode):
     def resume(self) -> None:
         if self.active and self.paused:
             self.paused = False
+            self._walked = None  # the light steps between changed what the mode did not see
             self._hooks.__enter__()
             self.__enter__()
 
@@ -216,6 +219,13 @@ class StorageTracker(TorchDispatchMode):
         took a dead one's id and address over the same memory and a tracked storage is over that
         storage, whose key the cache names. The cache holds integers only: the garbage collector
         stops walking its tuples (a weak reference per tensor was 25,000 more objects to walk)."""
+        models, optimizers = list(models), list(optimizers)
+        # Nothing ran through the mode since the last walk (an optimizer's post-hook and the step's
+        # end; tracking's start and the first phase): the roles are those it found.
+        token = (self.ops, self.generation, [id(m) for m in models], [id(o) for o in optimizers])
+        if token == self._walked:
+            return
+        self._walked = token
         cache = self._role_cache
         fresh: dict[int, tuple[int, int | None, int]] = {}
         new: dict[int, str] = {}
@@ -341,6 +351,7 @@ class StorageTracker(TorchDispatchMode):
 
     def _resized_away(self, tensor: torch.Tensor) -> None:
         """FSDP2 is about to free ``tensor``'s storage by resizing it to 0 (``resized.py``)."""
+        self.ops += 1
         storage = storage_of(tensor)
         entry = self.entries.get(storage._cdata) if storage is not None else None
         if entry is not None:
@@ -349,6 +360,7 @@ class StorageTracker(TorchDispatchMode):
 
     def _resized_back(self, tensor: torch.Tensor) -> None:
         """FSDP2 re-allocated ``tensor``'s storage: count it again, from now."""
+        self.ops += 1
         if self._ensure(tensor, origin="temporary", step=self.step, op="fsdp.alloc_storage") is not None:
             self._note_peak()
 
@@ -362,6 +374,7 @@ class StorageTracker(TorchDispatchMode):
 
     # -- saved tensors ---------------------------------------------------------------------
     def _pack(self, tensor: torch.Tensor) -> Any:
+        self.ops += 1
         key = self._ensure(tensor, origin="other", step=-1, op="existing")
         if key is None:
             return tensor
@@ -385,6 +398,7 @@ class StorageTracker(TorchDispatchMode):
 
     # -- every op --------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        self.ops += 1
         node = torch._C._current_autograd_node() if self.on_backward_op is not None else None
         start = time.perf_counter()
         try:
