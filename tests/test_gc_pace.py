@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 
 import pytest
+import torch
 
 from advisor.agent.agent import Agent
 from advisor.agent.gc_pace import FACTOR, GcPace
@@ -55,3 +56,23 @@ def test_the_scripts_own_choice_stands_and_a_disabled_collector_is_left_alone():
     pace.slow()
     pace.restore()
     assert gc.get_threshold() == (100, 5, 5) and not gc.isenabled()
+
+
+def test_a_deep_step_cut_short_gives_the_script_its_pace_back():
+    """A script that ends (or an in-process session that closes) inside a deep step: the slowed
+    collector must not outlive the agent's hooks (the rest of the process would keep it)."""
+    from advisor.agent.hooks import install
+
+    agent = Agent(emit=Emitted().append, settings=AgentSettings(deep_steps=(1,)))
+    hooks = install(agent)
+    try:
+        model = torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(1):  # step 1 starts deep at the boundary after it, and never ends
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        assert gc.get_threshold() == (700, 10 * FACTOR, 10)
+    finally:
+        hooks.remove()
+    assert gc.get_threshold() == (700, 10, 10)

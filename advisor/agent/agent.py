@@ -357,6 +357,7 @@ class Agent:
             self.executor.close()  # reports a measurement window cut short by the exit
         self.probes.call_all("detach", reverse=True)
         self.deep.warn_if_none_ran(self.clock.step)
+        self.deep.gc_pace.restore()  # the collector at the script's pace, whatever step it ended in
         self.disabled = True
 
 

@@ -47,6 +47,7 @@ class InstalledHooks:
 def install(agent: Agent) -> InstalledHooks:
     hooks = InstalledHooks()
     hooks.add(agent.boundaries.stop_timing)  # undone last: a timed step's saved-tensor hooks come off too
+    hooks.add(agent.deep.gc_pace.restore)  # a deep step cut short (an exception, a session's end): the script's pace
 
     compiling = torch.compiler.is_compiling
 
