@@ -50,7 +50,7 @@ BUDGET_FRACTION = 0.7
 PEAK_TOLERANCE = 0.05
 STEP_TIME_TOLERANCE = 0.10
 SMOKE_TIMEOUT_S = 240
-BARE_HANGS = 3  # bare runs that hang (without the advisor) run again, this many times at most
+BARE_RETRIES = 3  # bare runs (without the advisor) that hang or lose a rank to a signal: run again at most this often
 _STALL = "no decision from the controller"
 _DIGEST_LINE = re.compile(r"^zoo: .* sha256 [0-9a-f]+$", re.M)
 
@@ -379,21 +379,24 @@ def run_entry(entry: Entry, *, home: Path, smoke: bool, steps: int | None = None
     timeout = min(entry.timeout_s, SMOKE_TIMEOUT_S) if smoke else entry.timeout_s
     result = EntryResult(entry=entry, steps=steps)
     bare = execute(entry, steps, home, "bare", None, timeout_s=timeout)
-    hangs = 0
-    while bare.timed_out and hangs < BARE_HANGS:
+    hangs = killed = 0
+    while hangs + killed < BARE_RETRIES:
         # Without the advisor: a hang of the script or of torch itself (one gloo rank of the
         # accelerate example hung in 1 of 5 bare runs here, and twice in a row in a full suite
-        # run on 2 loaded cores). Again, and say so.
-        hangs += 1
+        # run on 2 loaded cores), or a rank killed by a signal at teardown (a gloo rank of
+        # ddp_tutorial, then of tensor_parallel twice in a row, aborted at exit: "terminate called
+        # without an active exception"). Again, and say so; an attached run is never run again.
+        if bare.timed_out:
+            hangs += 1
+        elif bare.rc and _RANK_KILLED.search(bare.stderr):
+            killed += 1
+        else:
+            break
         bare = execute(entry, steps, home, "bare", None, timeout_s=timeout)
     if hangs:
         result.notes.append(f"the bare run timed out {hangs} time(s) and was run again")
-    elif bare.rc and _RANK_KILLED.search(bare.stderr):
-        # Without the advisor: a rank killed by a signal at teardown (a gloo rank of ddp_tutorial
-        # aborted at exit, "terminate called without an active exception", in 1 of 2 bare runs
-        # here). Once more, and say so; an attached run that does this is not run again.
-        bare = execute(entry, steps, home, "bare", None, timeout_s=timeout)
-        result.notes.append("a rank of the bare run died of a signal once and it was run again")
+    if killed:
+        result.notes.append(f"a rank of the bare run died of a signal {killed} time(s) and it was run again")
     result.runs["bare"] = bare
     other = result.runs["attach"] = execute(entry, steps, home, "attach", [], timeout_s=timeout)
     result.checks["exit"] = check_exit(bare, other)
