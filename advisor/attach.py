@@ -255,11 +255,12 @@ def _report(session: Session, ns: argparse.Namespace, code: int, reason: str, ea
     session.save_analysis(diagnosis=report.get("diagnosis"), recommendations=report.get("recommendations"))
     log_report(report, getattr(ns, "log_to", None) or [])
     if ns.json:
+        text = made.json if made.json is not None else json_text(report)
         try:
-            write_text(made.json or json_text(report), ns.json)
+            write_text(text, ns.json)
         except OSError as exc:  # checked before the job started, but folders can vanish meanwhile
             fallback = session.dir / "report.json"
-            write_text(made.json or json_text(report), str(fallback))
+            write_text(text, str(fallback))
             print(f"advisor: could not write {ns.json} ({exc.strerror or exc}); the report is in {fallback}",
                   file=sys.stderr, flush=True)
     fmt = getattr(ns, "format", "text")

@@ -50,8 +50,8 @@ def op_phase(ctx: AgentContext) -> str:
 def aggregate(calls: list[OpCall], times: list[float | None], *, rank: int, step: int,
               inline: bool = False) -> list[OpStat]:
     """One OpStat per (name, module, phase, shapes, dtype), totals over the step."""
-    names = OP_ROW_FIELDS
-    return [OpStat(rank=rank, step=step, **dict(zip(names, row))) for row in signature_rows(calls, times, inline=inline)]
+    return [OpStat(rank=rank, step=step, **dict(zip(OP_ROW_FIELDS, row)))
+            for row in signature_rows(calls, times, inline=inline)]
 
 
 # An OpStat's fields but rank and step, in the order ``signature_rows`` gives them.
