@@ -35,6 +35,9 @@ MEASURE_STEPS = 3  # steps measured after an apply before keep-or-revert
 # Steps past an apply's step after which its window is taken as over even with no result: far more
 # than a window takes (its deep steps, then MEASURE_STEPS settled light ones; apply/executor.py).
 WINDOW_STEPS = 32
+# A refresh that failed is tried again on a later step, light ones too (advice is otherwise made
+# only after deep steps, so one failure left a job with none for its whole run), at most this often.
+RETRY_S = 2.0
 
 
 def recorded_budget(state: SessionState) -> int | None:
@@ -112,7 +115,9 @@ class AdviceLoop:
         self._advised_step = -1  # the latest step the recommendations in hand were made with
         self._window: int | None = None  # the step of an apply sent and not answered yet (guarded by _idle)
         self._lock = threading.Lock()  # one refresh at a time (loop thread, finish())
-        self.last_error: str | None = None
+        self.last_error: str | None = None  # the last refresh's failure, None once one succeeds
+        self._retry_at: float | None = None  # a failed refresh: when a step may try again
+        self._said_errors: set[str] = set()
         self._thread = threading.Thread(target=self._loop, name="advisor-advice", daemon=True)
         self._thread.start()
 
@@ -122,7 +127,7 @@ class AdviceLoop:
         # after the deep ones times the blocks the predictions read (``_ready``).
         waiting = self.apply_request is not None and not self._applied_auto
         answered = isinstance(record, Event) and record.name in (ApplyResult.NAME, RevertResult.NAME)
-        stepped = isinstance(record, StepSample) and (record.deep or waiting)
+        stepped = isinstance(record, StepSample) and (record.deep or waiting or self._retry_due())
         if not (stepped or answered or isinstance(record, Event) and record.name == Oom.NAME):
             return
         with self._idle:
@@ -132,6 +137,10 @@ class AdviceLoop:
                 return
             self._dirty = True
             self._idle.notify_all()
+
+    def _retry_due(self) -> bool:
+        retry_at = self._retry_at
+        return retry_at is not None and time.monotonic() >= retry_at
 
     def _measuring(self, step: int) -> bool:
         """Whether an apply's window is measuring the job at ``step`` (called holding ``_idle``):
@@ -177,12 +186,25 @@ class AdviceLoop:
             try:
                 diagnosis, recs = advise_state(state, budget_bytes=self.budget_bytes)
             except Exception as exc:  # noqa: BLE001 - advice must never stop the recording
-                self.last_error = f"{type(exc).__name__}: {exc}"
+                self._failed(f"{type(exc).__name__}: {exc}")
                 return
+            self.last_error, self._retry_at = None, None
             self.session.live.update(diagnosis=diagnosis, recommendations=recs)
             # The step every rank had sent: the baseline is the lowest rank's steps, and on two ranks
             # advice "made with step 4" held rank 1's step 4 but not rank 0's (no baseline yet).
             self._advised_step = state.step_all_ranks_reached()
+
+    def _failed(self, error: str) -> None:
+        """A refresh raised: the recommendations in hand stay, a later step tries again, and the
+        user reads why once per distinct error (in the TUI's warnings and the report), not silence."""
+        self.last_error, self._retry_at = error, time.monotonic() + RETRY_S
+        if error in self._said_errors:
+            return
+        self._said_errors.add(error)
+        warn = getattr(self.session, "warn", None)
+        if callable(warn):
+            warn(f"the recommender failed on the records so far ({error}); it runs again on a later step",
+                 source="advice")
 
     def _maybe_auto_apply(self) -> None:
         if not self.apply_request or self._applied_auto:

@@ -67,6 +67,40 @@ def test_a_result_that_never_comes_stops_the_wait(monkeypatch) -> None:
         loop.close()
 
 
+def test_a_failed_refresh_is_said_and_tried_again_on_a_light_step(monkeypatch) -> None:
+    """Advice is made after deep steps; one that raised (a recommender bug on this job's records)
+    is said once in the warnings and tried again on a later step, light ones too: before, the job
+    went its whole run with no advice and no word why (a live DDP job in CI, 29,000 steps)."""
+    outcomes = [RuntimeError("boom"), RuntimeError("boom"), None]
+    recs = [recommendation("r", "t", apply_class="live-exact")]
+
+    def advise(state, budget_bytes=None):
+        outcome = outcomes.pop(0)
+        if outcome is not None:
+            raise outcome
+        return None, recs
+
+    monkeypatch.setattr(advice_module, "advise_state", advise)
+    monkeypatch.setattr(advice_module, "RETRY_S", 0.0)
+    live, warned = LiveState(), []
+    session = SimpleNamespace(live=live, options=SimpleNamespace(settings=AgentSettings()), id="s",
+                              warn=lambda message, source=None: warned.append((source, message)))
+    loop = AdviceLoop(session, budget_bytes=None)
+    try:
+        loop.on_record(_deep(1))
+        assert loop.wait_idle(30) and loop.last_error == "RuntimeError: boom" and live.snapshot().recommendations == []
+        loop.on_record(StepSample(index=2, time_s=0.01))  # a light step: the failed refresh again
+        assert loop.wait_idle(30) and len(outcomes) == 1
+        assert [source for source, _ in warned] == ["advice"] and "RuntimeError: boom" in warned[0][1]
+        loop.on_record(StepSample(index=3, time_s=0.01))
+        assert loop.wait_idle(30) and outcomes == [] and loop.last_error is None
+        assert [r.id for r in live.snapshot().recommendations] == ["r"]
+        loop.on_record(StepSample(index=4, time_s=0.01))  # advice in hand: light steps are not advised on
+        assert loop.wait_idle(30) and loop.last_error is None  # (a call would pop an empty list)
+    finally:
+        loop.close()
+
+
 def _nice(tid: int) -> int:
     # /proc/self/task/TID/stat: the 19th field is the nice value (after the parenthesised name)
     fields = Path(f"/proc/self/task/{tid}/stat").read_text().rpartition(")")[2].split()
