@@ -35,9 +35,12 @@ MEASURE_STEPS = 3  # steps measured after an apply before keep-or-revert
 # Steps past an apply's step after which its window is taken as over even with no result: far more
 # than a window takes (its deep steps, then MEASURE_STEPS settled light ones; apply/executor.py).
 WINDOW_STEPS = 32
-# A refresh that failed is tried again on a later step, light ones too (advice is otherwise made
-# only after deep steps, so one failure left a job with none for its whole run), at most this often.
+# Advice is made after deep steps. A refresh that failed is tried again on a later step, light
+# ones too, at most every RETRY_S (one failure left a job with no advice for its whole run); a job
+# with no deep step yet (none scheduled, or sampling stopped) is advised on its light steps, at
+# most every LIGHT_ONLY_S, so that the TUI has advice before the run ends.
 RETRY_S = 2.0
+LIGHT_ONLY_S = 10.0
 
 
 def recorded_budget(state: SessionState) -> int | None:
@@ -116,7 +119,9 @@ class AdviceLoop:
         self._window: int | None = None  # the step of an apply sent and not answered yet (guarded by _idle)
         self._lock = threading.Lock()  # one refresh at a time (loop thread, finish())
         self.last_error: str | None = None  # the last refresh's failure, None once one succeeds
-        self._retry_at: float | None = None  # a failed refresh: when a step may try again
+        self._deep_seen = False  # a deep step's sample came (guarded by _idle)
+        # When a light step may refresh: a failed refresh, or no deep step yet (None: deep steps only).
+        self._retry_at: float | None = time.monotonic() + LIGHT_ONLY_S
         self._said_errors: set[str] = set()
         self._thread = threading.Thread(target=self._loop, name="advisor-advice", daemon=True)
         self._thread.start()
@@ -131,10 +136,14 @@ class AdviceLoop:
         if not (stepped or answered or isinstance(record, Event) and record.name == Oom.NAME):
             return
         with self._idle:
+            if stepped and record.deep:
+                self._deep_seen = True
             if answered:
                 self._window = None
             elif stepped and self._measuring(record.index):
                 return
+            if stepped and not (record.deep or waiting):
+                self._retry_at = None  # this light step is the retry: the refresh sets the next one
             self._dirty = True
             self._idle.notify_all()
 
@@ -188,7 +197,9 @@ class AdviceLoop:
             except Exception as exc:  # noqa: BLE001 - advice must never stop the recording
                 self._failed(f"{type(exc).__name__}: {exc}")
                 return
-            self.last_error, self._retry_at = None, None
+            self.last_error = None
+            with self._idle:
+                self._retry_at = None if self._deep_seen else time.monotonic() + LIGHT_ONLY_S
             self.session.live.update(diagnosis=diagnosis, recommendations=recs)
             # The step every rank had sent: the baseline is the lowest rank's steps, and on two ranks
             # advice "made with step 4" held rank 1's step 4 but not rank 0's (no baseline yet).

@@ -85,6 +85,9 @@ class Session:
         self._restarts_seen = 0  # the highest RunInfo.restart_count: torchrun restarted the workers
         self._peers_gone: list[Event] = []  # multi-node: other nodes' ranks reported lost or failed
         self._gone_lock = threading.Lock()
+        # The ranks whose exit had come when the advisor or the user stopped the job (SIGTERM, Ctrl-C);
+        # None while nobody stopped it. A rank failing after the stop failed because of it (a peer gone).
+        self._before_stop: frozenset[int] | None = None
         self.process: subprocess.Popen | None = None
         self.output_path = self.dir / OUTPUT_LOG
         # TUI mode: the controller follows output.log into the live state (the TUI's Output view).
@@ -368,13 +371,19 @@ class Session:
                 # The terminal sent SIGINT to the whole process group: the script
                 # got it too and decides (usually exits with KeyboardInterrupt).
                 # Under the TUI it runs in a session of its own: pass Ctrl-C on.
+                self._mark_stop()
                 if self.options.capture_output and self.process.poll() is None:
                     self.process.send_signal(signal.SIGINT)
                 continue
 
+    def _mark_stop(self) -> None:
+        if self._before_stop is None:
+            self._before_stop = frozenset(self.live.snapshot().exits)
+
     def terminate(self, grace: float = 10.0) -> None:
         if self.process is None or self.process.poll() is not None:
             return
+        self._mark_stop()
         self.process.send_signal(signal.SIGTERM)
         try:
             self.process.wait(grace)
@@ -418,7 +427,7 @@ class Session:
         (no side effects: ``advisor/early_report.py`` asks it before the process has exited)."""
         launcher = read_launcher_exits(self.dir)
         code, reason = decide_exit(state, returncode, self.options.nproc_per_node, launcher,
-                                   ranks=self.hosted_ranks() or None)
+                                   ranks=self.hosted_ranks() or None, before_stop=self._before_stop)
         with self._gone_lock:
             peers = list(self._peers_gone)
         lost = read_rendezvous_failure(self.dir) if self.multinode else None

@@ -6,7 +6,8 @@ with SIGTERM and they report "terminated by SIGTERM"; a rank that dies by
 in this order, from the launcher's own record of which worker failed first (see
 ``LAUNCHER_CODE``: the failures torchrun's ``ChildFailedError`` carries, written
 to ``launcher-exits.json``), then from the agents' exit records in the order they
-arrived, with SIGTERM exits counted as consequences, never as causes.
+arrived, with SIGTERM exits counted as consequences, never as causes, except after a stop
+the advisor or the user asked for (then a rank ended by the stop is the cause).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from advisor.state import SessionState
 
 LAUNCHER_EXITS = "launcher-exits.json"
 _SIGTERM_CODE = 128 + signal.SIGTERM
+_STOP_CODES = (128 + signal.SIGINT, _SIGTERM_CODE)  # a rank that ended by a stop (Ctrl-C, SIGTERM)
 
 # Run as torchrun's own process (``python -c LAUNCHER_CODE --standalone ...``): the
 # launcher as ``python -m torch.distributed.run`` would run it, plus one file saying
@@ -132,13 +134,16 @@ def _consequences(exits: list[ExitInfo], culprit: int) -> str:
 
 def decide_exit(state: SessionState, returncode: int | None, nproc: int,
                 launcher: dict[int, dict[str, Any]] | None = None,
-                ranks: list[int] | None = None) -> tuple[int, str]:
+                ranks: list[int] | None = None, before_stop: frozenset[int] | None = None) -> tuple[int, str]:
     """The job's exit code and a one-line reason.
 
     ``returncode`` is the launched process's own status (None when unknown: a session
     recovered after the controller died); ``launcher`` is ``read_launcher_exits``;
     ``ranks`` the global ranks this controller hosts (default ``0 .. nproc-1``; a node of a
-    multi-node job hosts others).
+    multi-node job hosts others); ``before_stop`` the ranks whose exit had come when the advisor or
+    the user stopped the job (None: nobody did). After a stop, a rank ended by it is the cause and a
+    rank's exception after it a consequence: its collective lost the peer the stop ended first
+    (gloo's "Connection closed by peer" made a stopped 2-rank job read as failed, exit 1).
     """
     exits: list[ExitInfo] = list(state.exits.values())  # arrival order: the first failure first
     launcher = launcher or {}
@@ -161,6 +166,9 @@ def decide_exit(state: SessionState, returncode: int | None, nproc: int,
     failing = [e for e in exits if e.code != 0]
     causes = [e for e in failing if e.code != _SIGTERM_CODE]
     where = (lambda e: f" on rank {e.rank}") if nproc > 1 else (lambda e: "")
+    if before_stop is not None and not any(e.rank in before_stop for e in causes):
+        stopped = [e for e in failing if e.code in _STOP_CODES]
+        causes = stopped[:1] or causes
     if causes:
         first = causes[0]
         return first.code, f"{_describe(first)}{where(first)}{_consequences(exits, first.rank) if nproc > 1 else ''}"

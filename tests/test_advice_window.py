@@ -101,6 +101,31 @@ def test_a_failed_refresh_is_said_and_tried_again_on_a_light_step(monkeypatch) -
         loop.close()
 
 
+def test_a_job_with_no_deep_step_is_advised_on_its_light_steps(monkeypatch) -> None:
+    """No deep step yet (none scheduled, sampling stopped, a slow first step): light steps refresh
+    the advice, at most every LIGHT_ONLY_S; once a deep step came, only deep steps do."""
+    monkeypatch.setattr(advice_module, "LIGHT_ONLY_S", 0.0)
+    loop, refreshed, _ = _loop(monkeypatch)
+    try:
+        loop.on_record(StepSample(index=0, time_s=0.01))
+        assert loop.wait_idle(30) and len(refreshed) == 1
+        loop.on_record(StepSample(index=1, time_s=0.01))
+        assert loop.wait_idle(30) and len(refreshed) == 2
+        loop.on_record(_deep(2))
+        assert loop.wait_idle(30) and len(refreshed) == 3
+        loop.on_record(StepSample(index=3, time_s=0.01))
+        assert loop.wait_idle(30) and len(refreshed) == 3
+    finally:
+        loop.close()
+    monkeypatch.setattr(advice_module, "LIGHT_ONLY_S", 3600.0)
+    loop, refreshed, _ = _loop(monkeypatch)
+    try:
+        loop.on_record(StepSample(index=0, time_s=0.01))  # not yet due
+        assert loop.wait_idle(30) and refreshed == []
+    finally:
+        loop.close()
+
+
 def _nice(tid: int) -> int:
     # /proc/self/task/TID/stat: the 19th field is the nice value (after the parenthesised name)
     fields = Path(f"/proc/self/task/{tid}/stat").read_text().rpartition(")")[2].split()

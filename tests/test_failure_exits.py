@@ -49,6 +49,24 @@ def test_sigterm_exits_are_consequences_even_when_they_arrive_first():
     assert "rank 0 stopped by SIGTERM" in reason
 
 
+def test_after_a_stop_the_stop_is_the_cause_and_a_broken_collective_its_consequence():
+    """The advisor (or Ctrl-C) stopped a 2-rank job: rank 0 ended by the SIGTERM, rank 1's gloo
+    collective then lost its peer and raised. The job was stopped, not failed (a live DDP test in
+    CI read exit 1); a rank that had failed before the stop stays the cause."""
+    broken = ExitInfo(rank=1, code=1, reason="exception", exc_type="RuntimeError",
+                      message="Connection closed by peer")
+    state = _state(broken, SIGTERM_EXIT)
+    assert decide_exit(state, 1, 2)[0] == 1  # nobody stopped it: the exception is the cause
+    code, reason = decide_exit(state, 1, 2, before_stop=frozenset())
+    assert code == 143
+    assert reason == "terminated by SIGTERM on rank 0; then, as a consequence: rank 1 RuntimeError"
+    code, reason = decide_exit(state, 1, 2, before_stop=frozenset({1}))  # it failed first
+    assert code == 1 and reason.startswith("RuntimeError: Connection closed by peer on rank 1")
+    interrupted = ExitInfo(rank=0, code=130, reason="interrupted (Ctrl-C)", steps=3)
+    code, reason = decide_exit(_state(broken, interrupted), 1, 2, before_stop=frozenset())
+    assert code == 130 and reason.startswith("interrupted (Ctrl-C) on rank 0")
+
+
 def test_a_rank_that_never_reported_is_blamed_over_the_sigterm_it_caused():
     code, reason = decide_exit(_state(SIGTERM_EXIT), 1, 2)
     assert code == 1
