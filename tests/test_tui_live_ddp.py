@@ -50,7 +50,7 @@ def test_live_ddp_switches_ranks_and_applies(tmp_path) -> None:
             state = session.live.snapshot()
             assert time.monotonic() < deadline, (f"timed out at step {state.latest_step()}: "
                                                  f"{[(r.id, r.live) for r in state.recommendations]}; "
-                                                 f"advice error {advice.last_error}; events {sorted({e.name for e in state.events})}; "
+                                                 f"diagnosis {state.diagnosis}; advice error {advice.last_error}; events {sorted({e.name for e in state.events})}; "
                                                  f"deep steps {sorted({s.index for r in state.steps.values() for s in r if s.deep})}")
             assert session.poll() is None, "training died"
             await pilot.pause(0.1)
