@@ -207,11 +207,15 @@ class AdviceLoop:
 
     def _failed(self, error: str) -> None:
         """A refresh raised: the recommendations in hand stay, a later step tries again, and the
-        user reads why once per distinct error (in the TUI's warnings and the report), not silence."""
-        self.last_error, self._retry_at = error, time.monotonic() + RETRY_S
-        if error in self._said_errors:
+        user reads why once per exception type (in the TUI's warnings and the report), not silence
+        (a message naming a step would otherwise repeat every RETRY_S)."""
+        self.last_error = error
+        with self._idle:
+            self._retry_at = time.monotonic() + RETRY_S
+        kind = error.split(":", 1)[0]
+        if kind in self._said_errors:
             return
-        self._said_errors.add(error)
+        self._said_errors.add(kind)
         warn = getattr(self.session, "warn", None)
         if callable(warn):
             warn(f"the recommender failed on the records so far ({error}); it runs again on a later step",

@@ -71,7 +71,7 @@ def test_a_failed_refresh_is_said_and_tried_again_on_a_light_step(monkeypatch) -
     """Advice is made after deep steps; one that raised (a recommender bug on this job's records)
     is said once in the warnings and tried again on a later step, light ones too: before, the job
     went its whole run with no advice and no word why (a live DDP job in CI, 29,000 steps)."""
-    outcomes = [RuntimeError("boom"), RuntimeError("boom"), None]
+    outcomes = [RuntimeError("boom at step 1"), RuntimeError("boom at step 2"), None]
     recs = [recommendation("r", "t", apply_class="live-exact")]
 
     def advise(state, budget_bytes=None):
@@ -88,10 +88,10 @@ def test_a_failed_refresh_is_said_and_tried_again_on_a_light_step(monkeypatch) -
     loop = AdviceLoop(session, budget_bytes=None)
     try:
         loop.on_record(_deep(1))
-        assert loop.wait_idle(30) and loop.last_error == "RuntimeError: boom" and live.snapshot().recommendations == []
+        assert loop.wait_idle(30) and loop.last_error == "RuntimeError: boom at step 1" and live.snapshot().recommendations == []
         loop.on_record(StepSample(index=2, time_s=0.01))  # a light step: the failed refresh again
         assert loop.wait_idle(30) and len(outcomes) == 1
-        assert [source for source, _ in warned] == ["advice"] and "RuntimeError: boom" in warned[0][1]
+        assert [source for source, _ in warned] == ["advice"] and "RuntimeError: boom at step 1" in warned[0][1]
         loop.on_record(StepSample(index=3, time_s=0.01))
         assert loop.wait_idle(30) and outcomes == [] and loop.last_error is None
         assert [r.id for r in live.snapshot().recommendations] == ["r"]
