@@ -38,9 +38,12 @@ WINDOW_STEPS = 32
 # Advice is made after deep steps. A refresh that failed is tried again on a later step, light
 # ones too, at most every RETRY_S (one failure left a job with no advice for its whole run); a job
 # with no deep step yet (none scheduled, or sampling stopped) is advised on its light steps, at
-# most every LIGHT_ONLY_S, so that the TUI has advice before the run ends.
+# most every LIGHT_ONLY_S, that wait doubling after each such refresh up to LIGHT_ONLY_MAX_S (a
+# long `--probes none` run re-advises a few times, then every few minutes), so that the TUI has
+# advice before the run ends.
 RETRY_S = 2.0
 LIGHT_ONLY_S = 10.0
+LIGHT_ONLY_MAX_S = 300.0
 
 
 def recorded_budget(state: SessionState) -> int | None:
@@ -122,6 +125,7 @@ class AdviceLoop:
         self._deep_seen = False  # a deep step's sample came (guarded by _idle)
         # When a light step may refresh: a failed refresh, or no deep step yet (None: deep steps only).
         self._retry_at: float | None = time.monotonic() + LIGHT_ONLY_S
+        self._light_wait = LIGHT_ONLY_S  # the next wait between light-only refreshes
         self._said_errors: set[str] = set()
         self._thread = threading.Thread(target=self._loop, name="advisor-advice", daemon=True)
         self._thread.start()
@@ -199,7 +203,8 @@ class AdviceLoop:
                 return
             self.last_error = None
             with self._idle:
-                self._retry_at = None if self._deep_seen else time.monotonic() + LIGHT_ONLY_S
+                self._retry_at = None if self._deep_seen else time.monotonic() + self._light_wait
+                self._light_wait = min(2 * self._light_wait, LIGHT_ONLY_MAX_S)
             self.session.live.update(diagnosis=diagnosis, recommendations=recs)
             # The step every rank had sent: the baseline is the lowest rank's steps, and on two ranks
             # advice "made with step 4" held rank 1's step 4 but not rank 0's (no baseline yet).

@@ -103,7 +103,8 @@ def test_a_failed_refresh_is_said_and_tried_again_on_a_light_step(monkeypatch) -
 
 def test_a_job_with_no_deep_step_is_advised_on_its_light_steps(monkeypatch) -> None:
     """No deep step yet (none scheduled, sampling stopped, a slow first step): light steps refresh
-    the advice, at most every LIGHT_ONLY_S; once a deep step came, only deep steps do."""
+    the advice, at most every LIGHT_ONLY_S, a wait that doubles after each (up to LIGHT_ONLY_MAX_S);
+    once a deep step came, only deep steps do."""
     monkeypatch.setattr(advice_module, "LIGHT_ONLY_S", 0.0)
     loop, refreshed, _ = _loop(monkeypatch)
     try:
@@ -122,6 +123,11 @@ def test_a_job_with_no_deep_step_is_advised_on_its_light_steps(monkeypatch) -> N
     try:
         loop.on_record(StepSample(index=0, time_s=0.01))  # not yet due
         assert loop.wait_idle(30) and refreshed == []
+        loop._retry_at = 0.0  # due: the refresh waits 3600 s, then the cap, for the next
+        loop.on_record(StepSample(index=1, time_s=0.01))
+        assert loop.wait_idle(30) and len(refreshed) == 1
+        assert loop._retry_at > advice_module.time.monotonic() + 3000
+        assert loop._light_wait == advice_module.LIGHT_ONLY_MAX_S
     finally:
         loop.close()
 
