@@ -87,6 +87,7 @@ class StopOnSignal:
         """SIGTERM to the job now, SIGKILL after ``STOP_GRACE_S`` if it is still running."""
         process = self.session.process
         if process is not None and process.poll() is None:
+            self.session.mark_stopped()  # a rank failing from here on failed because of the stop
             # torchrun passes it on to every rank; each agent records its exit.
             _signal_job(process, signal.SIGTERM)
             timer = threading.Timer(STOP_GRACE_S, lambda: process.poll() is None and self.session.kill())

@@ -288,7 +288,7 @@ class Session:
 
     def _stop_after_dead_rank(self) -> None:
         if self.poll() is None:
-            self.terminate(grace=10.0)
+            self._terminate(grace=10.0)  # the dead rank's consequence, not a stop anybody asked for
 
     # -- the training process ----------------------------------------------------------
     def command_line(self) -> list[str]:
@@ -371,19 +371,26 @@ class Session:
                 # The terminal sent SIGINT to the whole process group: the script
                 # got it too and decides (usually exits with KeyboardInterrupt).
                 # Under the TUI it runs in a session of its own: pass Ctrl-C on.
-                self._mark_stop()
+                self.mark_stopped()
                 if self.options.capture_output and self.process.poll() is None:
                     self.process.send_signal(signal.SIGINT)
                 continue
 
-    def _mark_stop(self) -> None:
+    def mark_stopped(self) -> None:
+        """The user (Ctrl-C, the TUI's stop, a signal to attach) stops the job now: ranks that fail
+        after this failed because of it (``decide_exit``'s ``before_stop``)."""
         if self._before_stop is None:
             self._before_stop = frozenset(self.live.snapshot().exits)
 
     def terminate(self, grace: float = 10.0) -> None:
+        """Stop the job on the user's behalf: SIGTERM, SIGKILL after ``grace`` seconds."""
+        if self.process is not None and self.process.poll() is None:
+            self.mark_stopped()
+        self._terminate(grace)
+
+    def _terminate(self, grace: float) -> None:
         if self.process is None or self.process.poll() is not None:
             return
-        self._mark_stop()
         self.process.send_signal(signal.SIGTERM)
         try:
             self.process.wait(grace)

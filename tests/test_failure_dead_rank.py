@@ -5,7 +5,7 @@ import time
 
 import advisor.controller as session_module
 from advisor.agent.channel import AgentChannel
-from advisor.records.samples import StepSample
+from advisor.records.samples import ExitInfo, StepSample
 from advisor.controller import AttachOptions, Session
 
 
@@ -35,6 +35,11 @@ def test_a_silent_rank_death_is_said_at_once_and_ends_the_job(tmp_path, monkeypa
         assert warning.startswith("rank 1 stopped reporting") and "after step 3" in warning
         assert "rank 0 may be waiting for it" in warning
         assert session.process.wait(timeout=20) == -15  # stopped after the grace period, not 60 s
+        # The stop was the dead rank's consequence, not the user's: the verdict names the dead rank.
+        ranks[0].emit({"kind": "exit", "data": ExitInfo(rank=0, code=143, reason="terminated by SIGTERM").to_dict()})
+        _wait(lambda: session.live.snapshot().exits)
+        code, reason = session.verdict(session.live.snapshot(), -15)
+        assert reason.startswith("rank(s) [1] died without reporting after step 3"), reason
     finally:
         ranks[0].close(2)
         if session.process.poll() is None:
