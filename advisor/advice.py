@@ -126,7 +126,7 @@ class AdviceLoop:
         # When a light step may refresh: a failed refresh, or no deep step yet (None: deep steps only).
         self._retry_at: float | None = time.monotonic() + LIGHT_ONLY_S
         self._light_wait = LIGHT_ONLY_S  # the next wait between light-only refreshes
-        self._said_errors: set[str] = set()
+        self._said_errors: set[str] = set()  # exception types said in a warning
         self._thread = threading.Thread(target=self._loop, name="advisor-advice", daemon=True)
         self._thread.start()
 
@@ -199,7 +199,7 @@ class AdviceLoop:
             try:
                 diagnosis, recs = advise_state(state, budget_bytes=self.budget_bytes)
             except Exception as exc:  # noqa: BLE001 - advice must never stop the recording
-                self._failed(f"{type(exc).__name__}: {exc}")
+                self._failed(exc)
                 return
             self.last_error = None
             with self._idle:
@@ -210,14 +210,14 @@ class AdviceLoop:
             # advice "made with step 4" held rank 1's step 4 but not rank 0's (no baseline yet).
             self._advised_step = state.step_all_ranks_reached()
 
-    def _failed(self, error: str) -> None:
+    def _failed(self, exc: Exception) -> None:
         """A refresh raised: the recommendations in hand stay, a later step tries again, and the
         user reads why once per exception type (in the TUI's warnings and the report), not silence
         (a message naming a step would otherwise repeat every RETRY_S)."""
-        self.last_error = error
+        kind = type(exc).__name__
+        error = self.last_error = f"{kind}: {exc}"
         with self._idle:
             self._retry_at = time.monotonic() + RETRY_S
-        kind = error.split(":", 1)[0]
         if kind in self._said_errors:
             return
         self._said_errors.add(kind)

@@ -85,8 +85,8 @@ class Session:
         self._restarts_seen = 0  # the highest RunInfo.restart_count: torchrun restarted the workers
         self._peers_gone: list[Event] = []  # multi-node: other nodes' ranks reported lost or failed
         self._gone_lock = threading.Lock()
-        # The ranks whose exit had come when the advisor or the user stopped the job (SIGTERM, Ctrl-C);
-        # None while nobody stopped it. A rank failing after the stop failed because of it (a peer gone).
+        # The ranks whose exit had come when the user stopped the job (``mark_stopped``); None while
+        # nobody did. A rank failing after the stop failed because of it (a peer gone).
         self._before_stop: frozenset[int] | None = None
         self.process: subprocess.Popen | None = None
         self.output_path = self.dir / OUTPUT_LOG

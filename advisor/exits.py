@@ -7,7 +7,7 @@ in this order, from the launcher's own record of which worker failed first (see
 ``LAUNCHER_CODE``: the failures torchrun's ``ChildFailedError`` carries, written
 to ``launcher-exits.json``), then from the agents' exit records in the order they
 arrived, with SIGTERM exits counted as consequences, never as causes, except after a stop
-the advisor or the user asked for (then a rank ended by the stop is the cause).
+the user asked for (then a rank ended by the stop is the cause).
 """
 
 from __future__ import annotations
@@ -140,8 +140,8 @@ def decide_exit(state: SessionState, returncode: int | None, nproc: int,
     ``returncode`` is the launched process's own status (None when unknown: a session
     recovered after the controller died); ``launcher`` is ``read_launcher_exits``;
     ``ranks`` the global ranks this controller hosts (default ``0 .. nproc-1``; a node of a
-    multi-node job hosts others); ``before_stop`` the ranks whose exit had come when the advisor or
-    the user stopped the job (None: nobody did). After a stop, a rank ended by it is the cause and a
+    multi-node job hosts others); ``before_stop`` the ranks whose exit had come when the user stopped
+    the job (the TUI's stop, a signal to attach, Ctrl-C; None: nobody did). After a stop, a rank ended by it is the cause and a
     rank's exception after it a consequence: its collective lost the peer the stop ended first
     (gloo's "Connection closed by peer" made a stopped 2-rank job read as failed, exit 1).
     """

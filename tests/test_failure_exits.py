@@ -50,7 +50,7 @@ def test_sigterm_exits_are_consequences_even_when_they_arrive_first():
 
 
 def test_after_a_stop_the_stop_is_the_cause_and_a_broken_collective_its_consequence():
-    """The advisor (or Ctrl-C) stopped a 2-rank job: rank 0 ended by the SIGTERM, rank 1's gloo
+    """The user stopped a 2-rank job (the TUI's stop, Ctrl-C): rank 0 ended by the SIGTERM, rank 1's gloo
     collective then lost its peer and raised. The job was stopped, not failed (a live DDP test in
     CI read exit 1); a rank that had failed before the stop stays the cause."""
     broken = ExitInfo(rank=1, code=1, reason="exception", exc_type="RuntimeError",

@@ -44,14 +44,18 @@ def test_live_ddp_switches_ranks_and_applies(tmp_path) -> None:
     # with the state it was stuck in rather than with pytest-timeout's stack dump.
     budget_end = time.monotonic() + 600.0
 
+    def stuck(state) -> str:
+        """What a timed-out wait says: the advice in hand and what it was made from."""
+        deep = sorted({s.index for samples in state.steps.values() for s in samples if s.deep})
+        return (f"timed out at step {state.latest_step()}: {[(r.id, r.live) for r in state.recommendations]}; "
+                f"diagnosis {state.diagnosis}; advice error {advice.last_error}; "
+                f"events {sorted({e.name for e in state.events})}; deep steps {deep}")
+
     async def wait(pilot, condition, timeout: float = 400.0) -> None:
         deadline = min(time.monotonic() + timeout, budget_end)
         while not condition():
             state = session.live.snapshot()
-            assert time.monotonic() < deadline, (f"timed out at step {state.latest_step()}: "
-                                                 f"{[(r.id, r.live) for r in state.recommendations]}; "
-                                                 f"diagnosis {state.diagnosis}; advice error {advice.last_error}; events {sorted({e.name for e in state.events})}; "
-                                                 f"deep steps {sorted({s.index for r in state.steps.values() for s in r if s.deep})}")
+            assert time.monotonic() < deadline, stuck(state)
             assert session.poll() is None, "training died"
             await pilot.pause(0.1)
 
