@@ -35,15 +35,15 @@ MEASURE_STEPS = 3  # steps measured after an apply before keep-or-revert
 # Steps past an apply's step after which its window is taken as over even with no result: far more
 # than a window takes (its deep steps, then MEASURE_STEPS settled light ones; apply/executor.py).
 WINDOW_STEPS = 32
-# Advice is made after deep steps. A refresh that failed is tried again on a later step, light
-# ones too, at most every RETRY_S (one failure left a job with no advice for its whole run); a job
-# with no deep step yet (none scheduled, or sampling stopped) is advised on its light steps, at
-# most every LIGHT_ONLY_S, that wait doubling after each such refresh up to LIGHT_ONLY_MAX_S (a
-# long `--probes none` run re-advises a few times, then every few minutes), so that the TUI has
-# advice before the run ends.
+# Advice is made after deep steps, and on light steps too, at most every LIGHT_S, that wait
+# doubling after each refresh up to LIGHT_MAX_S: a job with no deep step (none scheduled, sampling
+# stopped) gets advice before it ends, and a diagnosis made from the first steps is made again on
+# the steady ones (a 2-rank job kept "rank 0 is a straggler, no remedy" from steps 0-3, its deep
+# ones, for 25,000 steps). A refresh that failed is tried again on a later step, at most every
+# RETRY_S (one failure left a job with no advice for its whole run).
 RETRY_S = 2.0
-LIGHT_ONLY_S = 10.0
-LIGHT_ONLY_MAX_S = 300.0
+LIGHT_S = 10.0
+LIGHT_MAX_S = 300.0
 
 
 def recorded_budget(state: SessionState) -> int | None:
@@ -122,10 +122,9 @@ class AdviceLoop:
         self._window: int | None = None  # the step of an apply sent and not answered yet (guarded by _idle)
         self._lock = threading.Lock()  # one refresh at a time (loop thread, finish())
         self.last_error: str | None = None  # the last refresh's failure, None once one succeeds
-        self._deep_seen = False  # a deep step's sample came (guarded by _idle)
-        # When a light step may refresh: a failed refresh, or no deep step yet (None: deep steps only).
-        self._retry_at: float | None = time.monotonic() + LIGHT_ONLY_S
-        self._light_wait = LIGHT_ONLY_S  # the next wait between light-only refreshes
+        # When a light step may refresh (guarded by _idle; None while a refresh it asked for runs).
+        self._retry_at: float | None = time.monotonic() + LIGHT_S
+        self._light_wait = LIGHT_S  # the next wait between light-step refreshes
         self._said_errors: set[str] = set()  # exception types said in a warning
         self._thread = threading.Thread(target=self._loop, name="advisor-advice", daemon=True)
         self._thread.start()
@@ -140,8 +139,6 @@ class AdviceLoop:
         if not (stepped or answered or isinstance(record, Event) and record.name == Oom.NAME):
             return
         with self._idle:
-            if stepped and record.deep:
-                self._deep_seen = True
             if answered:
                 self._window = None
             elif stepped and self._measuring(record.index):
@@ -203,8 +200,8 @@ class AdviceLoop:
                 return
             self.last_error = None
             with self._idle:
-                self._retry_at = None if self._deep_seen else time.monotonic() + self._light_wait
-                self._light_wait = min(2 * self._light_wait, LIGHT_ONLY_MAX_S)
+                self._retry_at = time.monotonic() + self._light_wait
+                self._light_wait = min(2 * self._light_wait, LIGHT_MAX_S)
             self.session.live.update(diagnosis=diagnosis, recommendations=recs)
             # The step every rank had sent: the baseline is the lowest rank's steps, and on two ranks
             # advice "made with step 4" held rank 1's step 4 but not rank 0's (no baseline yet).

@@ -102,11 +102,12 @@ def test_a_failed_refresh_is_said_and_tried_again_on_a_light_step(monkeypatch) -
         loop.close()
 
 
-def test_a_job_with_no_deep_step_is_advised_on_its_light_steps(monkeypatch) -> None:
-    """No deep step yet (none scheduled, sampling stopped, a slow first step): light steps refresh
-    the advice, at most every LIGHT_ONLY_S, a wait that doubles after each (up to LIGHT_ONLY_MAX_S);
-    once a deep step came, only deep steps do."""
-    monkeypatch.setattr(advice_module, "LIGHT_ONLY_S", 0.0)
+def test_light_steps_refresh_the_advice_at_a_doubling_interval(monkeypatch) -> None:
+    """No deep step yet (none scheduled, sampling stopped, a slow first step), or deep steps long
+    past: light steps refresh the advice, at most every LIGHT_S, a wait that doubles after each
+    refresh up to LIGHT_MAX_S. A 2-rank job kept a straggler diagnosis made from its first four
+    steps (the deep ones among them) for 25,000 steps, with no recommendation."""
+    monkeypatch.setattr(advice_module, "LIGHT_S", 0.0)
     loop, refreshed, _ = _loop(monkeypatch)
     try:
         loop.on_record(StepSample(index=0, time_s=0.01))
@@ -115,20 +116,21 @@ def test_a_job_with_no_deep_step_is_advised_on_its_light_steps(monkeypatch) -> N
         assert loop.wait_idle(30) and len(refreshed) == 2
         loop.on_record(_deep(2))
         assert loop.wait_idle(30) and len(refreshed) == 3
-        loop.on_record(StepSample(index=3, time_s=0.01))
-        assert loop.wait_idle(30) and len(refreshed) == 3
+        loop.on_record(StepSample(index=3, time_s=0.01))  # after a deep step too
+        assert loop.wait_idle(30) and len(refreshed) == 4
     finally:
         loop.close()
-    monkeypatch.setattr(advice_module, "LIGHT_ONLY_S", 3600.0)
+    monkeypatch.setattr(advice_module, "LIGHT_S", 3600.0)
     loop, refreshed, _ = _loop(monkeypatch)
     try:
         loop.on_record(StepSample(index=0, time_s=0.01))  # not yet due
         assert loop.wait_idle(30) and refreshed == []
-        loop._retry_at = 0.0  # due: the refresh waits 3600 s, then the cap, for the next
-        loop.on_record(StepSample(index=1, time_s=0.01))
+        loop.on_record(_deep(1))  # a deep step: advised on at once, and the next light one not before the wait
         assert loop.wait_idle(30) and len(refreshed) == 1
         assert loop._retry_at > advice_module.time.monotonic() + 3000
-        assert loop._light_wait == advice_module.LIGHT_ONLY_MAX_S
+        assert loop._light_wait == advice_module.LIGHT_MAX_S  # doubled, then capped
+        loop.on_record(StepSample(index=2, time_s=0.01))
+        assert loop.wait_idle(30) and len(refreshed) == 1
     finally:
         loop.close()
 
