@@ -119,7 +119,7 @@ def test_ddp_advice_is_communication_then_straggler_then_input():
     rank0 = build_comm_section(state)[0]
     assert round(rank0["exposed_share"], 4) == 0.3513 and round(rank0["exposed_s"], 6) == diagnosis["evidence"][1]["value"]
     assert [e["value"] for e in diagnosis["evidence"][-2:]] == [
-        "rank 0 is a straggler: its own work takes 1.35x rank 1's, 513 µs more in data",
+        "rank 0 is a straggler: its own work takes 1.33x rank 1's, 513 µs more in data",
         "waiting for data takes 6% of the step (median data wait over the median ordinary step)"]
     # Those that fit the (host memory) budget first: larger DDP buckets predict no peak, so they
     # do not fit it; accumulation keeps today's peak, compression adds its 16-bit bucket copies.

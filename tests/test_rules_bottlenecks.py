@@ -9,10 +9,10 @@ from functools import partial
 import pytest
 
 from advisor.recommend.advise import advise
-from advisor.recommend.profile import ModuleProfile, Profile, RankPhases
+from advisor.recommend.profile import ModuleProfile, Profile, RankPhases, profile_from_records
 from advisor.recommend.rules import run
 from advisor.records.events import DataLoaderSettings, DeviceSpec, Oom
-from advisor.records.samples import CollectiveStat, OpStat
+from advisor.records.samples import CollectiveStat, OpStat, StepSample
 
 GIB = 2**30
 H100 = DeviceSpec(type="cuda", name="H100", memory_bandwidth=3.0e12,
@@ -186,6 +186,31 @@ def test_straggler_names_the_rank_and_the_phase() -> None:
     assert finding.severity == pytest.approx(0.05 / 0.2)
     even = {r: replace(p, phases={**p.phases, "data_s": 0.01}) for r, p in profile.rank_phases.items()}
     assert straggler_rule(Profile(peak_bytes=0, rank_phases=even)) is None
+
+
+
+def _steps(rank: int, *, optimizer_s: dict[int, float], deep: tuple[int, ...] = (1, 2, 3)) -> list[StepSample]:
+    return [StepSample(rank=rank, index=i, time_s=0.2, deep=i in deep,
+                       phases={"data_s": 0.01, "forward_s": 0.05, "backward_s": 0.1, "optimizer_s": o})
+            for i, o in optimizer_s.items()]
+
+
+def test_straggler_reads_ordinary_steps_only() -> None:
+    """Step 0 (the optimizer's lazy state) and the deep steps (probe work, unequal across ranks)
+    are not a rank's own work: a 2-rank job was called a straggler from its steps 0-3 alone."""
+    slow_early = {0: 0.09, 1: 0.06, 2: 0.06, 3: 0.06}  # rank 0: a slow warm-up and slow deep steps
+    even = {0: 0.02, 1: 0.02, 2: 0.02, 3: 0.02}
+    first = profile_from_records(steps=_steps(0, optimizer_s=slow_early) + _steps(1, optimizer_s=even))
+    assert first.rank_phases == {} and straggler_rule(first) is None  # no ordinary step yet
+    later = {i: 0.02 for i in range(4, 10)}
+    settled = profile_from_records(steps=_steps(0, optimizer_s={**slow_early, **later})
+                                   + _steps(1, optimizer_s={**even, **later}))
+    assert straggler_rule(settled) is None  # the same work on ordinary steps
+    assert {r: p.phases["optimizer_s"] for r, p in settled.rank_phases.items()} == {0: 0.02, 1: 0.02}
+    slow = {i: 0.08 for i in range(4, 10)}
+    real = profile_from_records(steps=_steps(0, optimizer_s={**even, **slow}) + _steps(1, optimizer_s={**even, **later}))
+    finding = straggler_rule(real)
+    assert finding is not None and "rank 0" in finding.summary and "optimizer" in finding.summary
 
 
 # --- input --------------------------------------------------------------------------------------
