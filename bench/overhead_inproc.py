@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from advisor.agent.agent import Agent  # noqa: E402
-from advisor.agent.channel import AgentChannel  # noqa: E402
+from advisor.agent.channel import AgentChannel, encoded_later  # noqa: E402
 from advisor.agent.hooks import install  # noqa: E402
 from advisor.agent.probe_registry import build_probes  # noqa: E402
 from advisor.records.samples import StepSample  # noqa: E402
@@ -125,7 +125,7 @@ def make_agent(probes: str, deep: bool) -> tuple[Agent, _Sink]:
     sink.channel = AgentChannel(None, b"bench", spill_path=os.devnull)
 
     def emit(record) -> None:  # what bootstrap's emit does on the training thread
-        message = {"kind": record.KIND, "data": record.to_dict()}
+        message = record if encoded_later(record) else {"kind": record.KIND, "data": record.to_dict()}
         sink.channel.emit(message)
         sink.append(message)
 

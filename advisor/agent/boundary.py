@@ -88,9 +88,10 @@ class Boundaries:
     def optimizer_ends(self, optimizer: Any, now: float) -> bool:
         """The outermost ``step()`` of ``optimizer`` ended at ``now``; whether that ended the step."""
         complete = self._period.stepped(optimizer)
-        self._snapshot = self._clock.snapshot(now)
-        if complete:
+        if complete:  # closed here: no snapshot to close it at later (``_close_step`` drops it)
             self._boundary("optimizer", now)
+        else:
+            self._snapshot = self._clock.snapshot(now)
         return complete
 
     def backward_ends(self) -> None:

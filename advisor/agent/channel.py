@@ -22,6 +22,11 @@ commits, with each record, the highest sequence number per connection it holds
 (``received_seq``), and the reader skips spilled copies at or below it: nothing lost, nothing
 counted twice. Training never waits on any of this, except for a
 bounded flush at exit so the last records (the exit reason) get out.
+
+``emit`` takes a message (``{"kind", "data"}``) or a ``Record`` whose fields no one changes after
+it is emitted (``encoded_later``: a step sample, the one record of every light step): the sender
+turns that into its message, off the training thread (its ``to_dict``, run cold once a step, was
+part of the agent's light-step cost).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from advisor.records.samples import StepSample
 from advisor.records.wire import FrameReader, WireError, encode
 
 QUEUE_LIMIT = 50_000
@@ -58,9 +64,23 @@ RECENT_MAX = 4096
 URGENT_EVENTS = frozenset({"peer_lost", "peer_exit", "oom"})
 
 
-def _urgent(message: dict[str, Any]) -> bool:
+def _urgent(message: Any) -> bool:
+    if type(message) is not dict:  # a record encoded later: a step sample, never urgent
+        return False
     kind = message.get("kind")
     return kind == "exit" or (kind == "event" and (message.get("data") or {}).get("name") in URGENT_EVENTS)
+
+
+def encoded_later(record: Any) -> bool:
+    """Whether ``emit`` may take ``record`` itself, for the sender to encode: a step sample (the
+    outbox builds each one fresh as it emits it, from containers no one changes after). Other
+    records are encoded as they are emitted: some carry their caller's containers."""
+    return type(record) is StepSample
+
+
+def message_of(item: Any) -> dict[str, Any]:
+    """The wire message of what ``emit`` took: a message as it is, a record as its kind and fields."""
+    return item if type(item) is dict else {"kind": item.KIND, "data": item.to_dict()}
 
 
 class AgentChannel:
@@ -99,9 +119,10 @@ class AgentChannel:
         self._sender.start()
 
     # -- called from training threads -------------------------------------------------
-    def emit(self, message: dict[str, Any]) -> None:
-        """Buffer a message for the sender's next round; never blocks, never raises, and wakes the
-        sender only for a record that a process about to die must not lose (``_urgent``)."""
+    def emit(self, message: Any) -> None:
+        """Buffer a message (or a record the sender encodes, see the module docstring) for the
+        sender's next round; never blocks, never raises, and wakes the sender only for a record
+        that a process about to die must not lose (``_urgent``)."""
         if len(self._pending) >= QUEUE_LIMIT:
             self.dropped += 1
             return
@@ -203,7 +224,10 @@ class AgentChannel:
         """Encode every buffered message and send them in one write (spill them if the controller is gone)."""
         batch = []
         while self._pending:
-            batch.append(self._pending.popleft())
+            try:
+                batch.append(message_of(self._pending.popleft()))
+            except Exception:  # a record that cannot say its fields: lost, counted, the rest go out
+                self.dropped += 1
         if not batch:
             return
         if self.connected and self._sock is not None:

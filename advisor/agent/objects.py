@@ -105,6 +105,8 @@ class ScriptObjects:
 
     def confirm(self, *, optimizer: Any = None, by_grad: bool = False) -> None:
         """An optimizer steps (or, ``by_grad``, a backward ended): the candidates it makes models."""
+        if not self._models.waiting:  # every step's case once the model is found: nothing to confirm
+            return
         optimizers = [optimizer] if optimizer is not None else self.optimizers()
         self._found(self._models.confirm(optimizers, by_grad=by_grad))
 

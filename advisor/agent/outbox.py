@@ -81,7 +81,7 @@ class Outbox:
             if event is not None and sync:
                 event.synchronize()
             self._pending.pop(0)
-            values = [float(t.float().item()) for t, _ in losses]
+            values = [float(t.item()) for t, _ in losses]  # (a Python float for any floating dtype)
             counted = [v for v, (_, c) in zip(values, losses) if c]
             # The objective whose gradient the step applied: gradients of several backward
             # calls add up, so the losses do too (nanoGPT divides each micro-batch's by K).
@@ -96,7 +96,9 @@ class Outbox:
                 self._device_times[sample.index] = extra["device_time_s"]
                 if len(self._device_times) > HISTORY:
                     del self._device_times[min(self._device_times)]
-            self.emit(StepSample(**{**sample.to_dict(), "loss": loss, "losses": values or None, **extra}))
+            # A new sample (``recent_steps`` keeps the one without its loss); the channel encodes it
+            # on its sender thread (``encoded_later``): no field of either is changed after this.
+            self.emit(sample.with_fields(loss=loss, losses=values or None, **extra))
 
     def device_step_times(self) -> dict[int, float]:
         """The recent steps' times on the device's timeline by index (CUDA steps only). Resolving

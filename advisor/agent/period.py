@@ -49,13 +49,15 @@ class OptimizerPeriod:
 
     def stepped(self, optimizer: Any) -> bool:
         """Record a finished top-level step of ``optimizer``; True when the step is complete."""
-        self._stepped[id(optimizer)] = weakref.ref(optimizer)
-        if self._expected is None:
-            self._expected = {id(optimizer): weakref.ref(optimizer)}
-        self._expected = self._live(self._expected)
-        if not self._expected:  # every expected optimizer is gone: this one is the period now
-            self._expected = {id(optimizer): weakref.ref(optimizer)}
-        return all(k in self._stepped for k in self._expected)
+        key = id(optimizer)
+        self._stepped[key] = weakref.ref(optimizer)
+        expected = self._expected
+        # Rebuilt only when an expected optimizer is gone (once a step otherwise, cold: it showed).
+        if expected is None or any(r() is None for r in expected.values()):
+            # every expected optimizer gone (or none yet): this one is the period now
+            expected = self._expected = self._live(expected or {}) or {key: weakref.ref(optimizer)}
+        stepped = self._stepped
+        return all(k in stepped for k in expected)
 
     def reset(self) -> None:
         """A boundary: nothing stepped in the new step yet."""
