@@ -27,29 +27,31 @@ class ModuleEvents:
     """Subscribers to module forward events, called in subscription order."""
 
     def __init__(self) -> None:
-        self._subscribers: list[tuple[PreHook, PostHook]] = []
+        # The one list, changed in place: the agent's hooks test it directly on every module call
+        # (a ``__bool__`` call there was Python work per module of every light step).
+        self.subscribers: list[tuple[PreHook, PostHook]] = []
 
     def subscribe(self, pre: PreHook, post: PostHook) -> Unsubscribe:
         entry = (pre, post)
-        self._subscribers.append(entry)
+        self.subscribers.append(entry)
 
         def unsubscribe() -> None:
             try:
-                self._subscribers.remove(entry)
+                self.subscribers.remove(entry)
             except ValueError:  # already removed
                 pass
 
         return unsubscribe
 
     def __bool__(self) -> bool:
-        return bool(self._subscribers)
+        return bool(self.subscribers)
 
     def pre(self, module: torch.nn.Module, args: Any) -> None:
-        for pre, _ in tuple(self._subscribers):
+        for pre, _ in tuple(self.subscribers):
             pre(module, args)
 
     def post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        for _, post in tuple(self._subscribers):
+        for _, post in tuple(self.subscribers):
             post(module, args, output)
 
 

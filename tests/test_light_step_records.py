@@ -11,7 +11,7 @@ import torch
 
 from advisor.agent.channel import AgentChannel, encoded_later
 from advisor.agent.models import ModelRegistry
-from advisor.records.samples import Event, StepSample
+from advisor.records.samples import Event, MemorySample, StepSample
 
 
 class _Broken(StepSample):
@@ -24,7 +24,8 @@ def test_the_sender_encodes_a_step_sample_as_the_training_thread_did(tmp_path) -
     channel = AgentChannel(None, b"secret", spill_path=str(spill))  # no controller: every record spills
     sample = StepSample(index=4, time_s=0.02, phases={"forward_s": 0.01}, loss=1.5, losses=[1.5])
     event = Event(step=4, name="warning", data={"message": "m"})
-    assert encoded_later(sample) and not encoded_later(event)
+    memory = MemorySample(step=4, time=0.001, event="optimizer_start", categories={"parameter": 8}, total_bytes=8)
+    assert encoded_later(sample) and encoded_later(memory) and not encoded_later(event)
     channel.emit(sample)  # the record itself: the sender turns it into its message
     channel.emit(_Broken(index=5, time_s=0.02))  # fails on the sender: dropped and counted, no more
     channel.emit({"kind": event.KIND, "data": event.to_dict()})

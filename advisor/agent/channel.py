@@ -39,7 +39,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from advisor.records.samples import StepSample
+from advisor.records.samples import MemorySample, StepSample
 from advisor.records.wire import FrameReader, WireError, encode
 
 QUEUE_LIMIT = 50_000
@@ -71,11 +71,16 @@ def _urgent(message: Any) -> bool:
     return kind == "exit" or (kind == "event" and (message.get("data") or {}).get("name") in URGENT_EVENTS)
 
 
+# Records built fresh at each emit, from containers no one changes after: a step sample (the
+# outbox's, once a step) and a memory sample (the memory probe's light one, once a step; its
+# categories a new dict each time, as the tracker's copies are).
+_ENCODED_LATER = (StepSample, MemorySample)
+
+
 def encoded_later(record: Any) -> bool:
-    """Whether ``emit`` may take ``record`` itself, for the sender to encode: a step sample (the
-    outbox builds each one fresh as it emits it, from containers no one changes after). Other
-    records are encoded as they are emitted: some carry their caller's containers."""
-    return type(record) is StepSample
+    """Whether ``emit`` may take ``record`` itself, for the sender to encode (``_ENCODED_LATER``).
+    Other records are encoded as they are emitted: some carry their caller's containers."""
+    return type(record) in _ENCODED_LATER
 
 
 def message_of(item: Any) -> dict[str, Any]:

@@ -52,17 +52,18 @@ def install(agent: Agent) -> InstalledHooks:
     compiling = torch.compiler.is_compiling
 
     events = agent.module_events  # the probes' deep-step subscribers: one hook pair serves all
+    subscribed = events.subscribers  # (tested as a list: no call per module while nobody subscribes)
 
     def fwd_pre(module: torch.nn.Module, args: Any) -> None:
         if not compiling():
             agent.forward_pre(module)
-            if events:
+            if subscribed:
                 events.pre(module, args)
 
     def fwd_post(module: torch.nn.Module, args: Any, output: Any) -> None:
         if not compiling():
             agent.forward_post(module)
-            if events:
+            if subscribed:
                 events.post(module, args, output)
 
     def boundary_work(call: Callable[[torch.optim.Optimizer], None], optimizer: torch.optim.Optimizer) -> None:

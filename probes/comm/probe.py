@@ -189,6 +189,14 @@ class CommProbe(Probe):
     def _flush(self, ctx: AgentContext, now: float, *, final: bool) -> None:
         with self._lock:
             pending, self._pending = self._pending, []
+        if not pending:  # no collective since the last flush (every step of a job without any)
+            if self.interceptor is not None:
+                self._blocked.extend(self.interceptor.drain_blocked())
+            with self._lock:
+                oldest = min((c.start for _, c in self._pending), default=now)
+            self._compute = [i for i in self._compute if i[1] >= oldest]
+            self._blocked = [i for i in self._blocked if i[1] >= oldest]
+            return
         compute = merge_intervals(self._compute_intervals())
         keep: list[tuple[int, CallRecord]] = []
         seq_rows: dict[int, list[CollectiveCall]] = {}

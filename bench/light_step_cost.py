@@ -1,0 +1,100 @@
+"""Where a light step's agent time goes: each hook callback's own time, per step, in one process.
+
+    python bench/light_step_cost.py                   # the 20 ms MLP of the whole-process bench, 1 thread
+    python bench/light_step_cost.py --probes all --steps 400
+    python bench/light_step_cost.py --model gpt       # examples/gpt.py's model
+
+The agent is installed as ``bench/overhead_inproc.py`` installs it (its records through a real
+``AgentChannel``, deep probes off, light block timing on), and each of its callbacks (a forward
+pre/post hook, the backward's start and end, the optimizer's pre and post hooks, zero_grad) is
+timed with ``time.perf_counter_ns`` around it. Printed: calls and microseconds per step of each,
+their sum, and that sum over the measured step time. The callbacks run once a step between
+milliseconds of the user's kernels, so their code and data are cold: they cost many times what a
+loop of the same calls measures, which is why this times them in place. What it leaves out: the
+global hook's own dispatch (``bench/module_hooks.py``) and what the agent's work evicts from the
+caches for the kernels after it (only a side-by-side run shows that: ``bench/overhead_inproc.py``
+and ``bench/overhead.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from overhead_inproc import gpt_step, make_agent, mlp_step  # noqa: E402
+
+from advisor.agent.hooks import install  # noqa: E402
+
+CALLBACKS = ("forward_pre", "forward_post", "backward_start", "backward_end", "optimizer_pre",
+             "optimizer_post", "zero_grad_called")
+
+
+def timed_callbacks(agent, spent: dict[str, int], calls: dict[str, int]) -> None:
+    """Wrap each of ``agent``'s callbacks (an instance attribute over the method) to add its time."""
+    for name in CALLBACKS:
+        method = getattr(agent, name)
+
+        def timed(*args, _method=method, _name=name, **kwargs):
+            start = time.perf_counter_ns()
+            try:
+                return _method(*args, **kwargs)
+            finally:
+                spent[_name] += time.perf_counter_ns() - start
+                calls[_name] += 1
+
+        setattr(agent, name, timed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", choices=["mlp", "gpt"], default="mlp")
+    p.add_argument("--mlp", default="768,4,64", help="hidden,layers,batch of the MLP")
+    p.add_argument("--probes", choices=["all", "none"], default="none")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--threads", type=int, default=1, help="torch threads; 0 keeps torch's default")
+    ns = p.parse_args(argv)
+    if ns.threads:
+        torch.set_num_threads(ns.threads)
+    if ns.model == "mlp":
+        hidden, layers, batch = (int(v) for v in ns.mlp.split(","))
+        step = mlp_step(hidden, layers, batch)
+    else:
+        step = gpt_step([])
+    agent, sink = make_agent(ns.probes, deep=False)
+    spent: dict[str, int] = defaultdict(int)
+    calls: dict[str, int] = defaultdict(int)
+    timed_callbacks(agent, spent, calls)
+    hooks = install(agent)
+    try:
+        for _ in range(20):  # warm-up: the model found, the period learned
+            step()
+        spent.clear()
+        calls.clear()
+        times = []
+        for _ in range(ns.steps):
+            start = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - start)
+    finally:
+        hooks.remove()
+        sink.channel.close()
+    median = statistics.median(times)
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, {ns.model}, probes {ns.probes}, "
+          f"{ns.steps} steps, median step {median * 1e3:.2f} ms")
+    print(f"{'callback':18} {'calls/step':>10} {'us/step':>9}")
+    for name in sorted(spent, key=lambda n: -spent[n]):
+        print(f"{name:18} {calls[name] / ns.steps:10.1f} {spent[name] / ns.steps / 1e3:9.1f}")
+    total = sum(spent.values()) / ns.steps / 1e3
+    print(f"{'all callbacks':18} {'':10} {total:9.1f}  = {total / (median * 1e6):.2%} of the median step")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
