@@ -325,17 +325,6 @@ class Checked(Record):
     """Mixin for records decoded with their types checked (``decode``): what crosses a boundary
     inside the advisor (commands, apply outcomes, event payloads)."""
 
-    def with_fields(self: R, **changes: Any) -> R:
-        """A copy with ``changes`` (field names) made by copying the instance's dict: no
-        ``__init__`` call per field, as ``dataclasses.replace`` makes (the agent's step sample gets
-        its loss this way once a step, on the training thread). The fields' values are shared."""
-        unknown = changes.keys() - self.__dict__.keys()
-        if unknown:
-            raise TypeError(f"{type(self).__name__} has no field {sorted(unknown)[0]!r}")
-        clone = object.__new__(type(self))
-        clone.__dict__.update(self.__dict__, **changes)
-        return clone
-
     @classmethod
     def from_dict(cls: type[R], data: Mapping[str, Any]) -> R:
         return decode(cls, data)
