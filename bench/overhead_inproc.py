@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from advisor.agent.agent import Agent  # noqa: E402
-from advisor.agent.channel import AgentChannel, encoded_later  # noqa: E402
+from advisor.agent.channel import AgentChannel  # noqa: E402
 from advisor.agent.hooks import install  # noqa: E402
 from advisor.agent.probe_registry import build_probes  # noqa: E402
 from advisor.records.samples import StepSample  # noqa: E402
@@ -125,9 +125,8 @@ def make_agent(probes: str, deep: bool) -> tuple[Agent, _Sink]:
     sink.channel = AgentChannel(None, b"bench", spill_path=os.devnull)
 
     def emit(record) -> None:  # what bootstrap's emit does on the training thread
-        message = record if encoded_later(record) else {"kind": record.KIND, "data": record.to_dict()}
-        sink.channel.emit(message)
-        sink.append(message)
+        sink.channel.emit_record(record)
+        sink.append(record)  # the record itself: nothing encoded here that bootstrap does not
 
     agent = Agent(emit=emit, settings=settings, probes=built)
     agent.attach_probes()
@@ -196,8 +195,7 @@ def deep_run(step: Step, steps: int, deep_at: tuple[int, ...],
         hooks.remove()
         agent.close()
         sink.channel.close()
-    deep = {r["data"]["index"]: r["data"].get("deep_probes") or [] for r in sink
-            if r["kind"] == StepSample.KIND and r["data"].get("deep")}
+    deep = {r.index: r.deep_probes or [] for r in sink if type(r) is StepSample and r.deep}
     return times, deep
 
 

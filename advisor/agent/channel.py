@@ -23,10 +23,11 @@ commits, with each record, the highest sequence number per connection it holds
 counted twice. Training never waits on any of this, except for a
 bounded flush at exit so the last records (the exit reason) get out.
 
-``emit`` takes a message (``{"kind", "data"}``) or a ``Record`` whose fields no one changes after
-it is emitted (``encoded_later``: a step sample, the one record of every light step): the sender
-turns that into its message, off the training thread (its ``to_dict``, run cold once a step, was
-part of the agent's light-step cost).
+``emit_record`` hands a record on as its message (``{"kind", "data"}``), or, for a record whose
+fields no one changes after it is emitted (``encoded_later``: the step sample and the memory
+probe's light sample, the records of every light step), as itself: the sender turns that into its
+message, off the training thread (their ``to_dict``, run cold once a step, was part of the agent's
+light-step cost).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ URGENT_EVENTS = frozenset({"peer_lost", "peer_exit", "oom"})
 
 
 def _urgent(message: Any) -> bool:
-    if type(message) is not dict:  # a record encoded later: a step sample, never urgent
+    if type(message) is not dict:  # a record encoded later: a step or memory sample, never urgent
         return False
     kind = message.get("kind")
     return kind == "exit" or (kind == "event" and (message.get("data") or {}).get("name") in URGENT_EVENTS)
@@ -124,6 +125,11 @@ class AgentChannel:
         self._sender.start()
 
     # -- called from training threads -------------------------------------------------
+    def emit_record(self, record: Any) -> None:
+        """``emit`` of ``record``: as itself when ``encoded_later`` (the sender encodes it), else as
+        its message, made now."""
+        self.emit(record if encoded_later(record) else message_of(record))
+
     def emit(self, message: Any) -> None:
         """Buffer a message (or a record the sender encodes, see the module docstring) for the
         sender's next round; never blocks, never raises, and wakes the sender only for a record

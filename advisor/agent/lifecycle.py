@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from advisor.agent.agent import Agent, env_rank
-from advisor.agent.channel import AgentChannel, encoded_later
+from advisor.agent.channel import AgentChannel
 from advisor.agent.hooks import InstalledHooks, install
 from advisor.agent.probe_registry import build_probes, device_info
 from advisor.records.samples import Event, ExitInfo, RunInfo
@@ -143,11 +143,8 @@ def start(settings: AgentSettings, *, script: str, argv: list[str], started: flo
         rank=rank,
     )
 
-    def emit(record: Any) -> None:
-        channel.emit(record if encoded_later(record) else {"kind": record.KIND, "data": record.to_dict()})
-
     probes, probe_warnings = build_probes(settings)
-    agent = Agent(emit=emit, settings=settings, probes=probes, rank=rank, world_size=world_size, drain=channel.drain)
+    agent = Agent(emit=channel.emit_record, settings=settings, probes=probes, rank=rank, world_size=world_size, drain=channel.drain)
     holder.append(agent)
     run_info = RunInfo(
         script=script, argv=argv, rank=rank, local_rank=local_rank,

@@ -80,8 +80,11 @@ class ModelRegistry:
                 if numbered(qualified):
                     self._numbered.setdefault(id(sub), (qualified, weakref.ref(sub)))
 
+    def _is_root(self, model: torch.nn.Module) -> bool:
+        return any(ref() is model for ref, _ in self._roots)
+
     def _known(self, model: torch.nn.Module) -> bool:
-        return (any(ref() is model for ref, _ in self._roots) or self.module_name(model) is not None
+        return (self._is_root(model) or self.module_name(model) is not None
                 or any(c.model() is model for c in self._candidates))
 
     def see(self, module: torch.nn.Module, optimizers: Iterable[Any]) -> list[tuple[torch.nn.Module, ModelInfo]]:
@@ -90,7 +93,7 @@ class ModelRegistry:
         if last is not None and last() is module:
             return []
         model, _ = unwrap(module)
-        if any(ref() is model for ref, _ in self._roots):
+        if self._is_root(model):
             self._last_root = weakref.ref(module)
             return []
         if model in self._rejected or self._known(model):

@@ -189,14 +189,22 @@ class CommProbe(Probe):
     def _flush(self, ctx: AgentContext, now: float, *, final: bool) -> None:
         with self._lock:
             pending, self._pending = self._pending, []
-        if not pending:  # no collective since the last flush (every step of a job without any)
+        if pending:
+            keep = self._emit_timed(ctx, pending, final=final)
+        else:  # no collective since the last flush (every step of a job without any): nothing to time
+            keep = []
             if self.interceptor is not None:
                 self._blocked.extend(self.interceptor.drain_blocked())
-            with self._lock:
-                oldest = min((c.start for _, c in self._pending), default=now)
-            self._compute = [i for i in self._compute if i[1] >= oldest]
-            self._blocked = [i for i in self._blocked if i[1] >= oldest]
-            return
+        with self._lock:
+            self._pending = keep + self._pending
+            oldest = min((c.start for _, c in self._pending), default=now)
+        # Intervals ending before every pending call started can no longer matter.
+        self._compute = [i for i in self._compute if i[1] >= oldest]
+        self._blocked = [i for i in self._blocked if i[1] >= oldest]
+
+    def _emit_timed(self, ctx: AgentContext, pending: list[tuple[int, CallRecord]], *,
+                    final: bool) -> list[tuple[int, CallRecord]]:
+        """Emit the calls of ``pending`` whose times are known; those still to be kept pending."""
         compute = merge_intervals(self._compute_intervals())
         keep: list[tuple[int, CallRecord]] = []
         seq_rows: dict[int, list[CollectiveCall]] = {}
@@ -229,12 +237,7 @@ class CommProbe(Probe):
                 CollectiveCall(op=call.op, group=str(call.group), seq=call.seq, start=call.start))
         for step, rows in seq_rows.items():
             ctx.emit(CollectiveSeq(calls=tuple(rows)).event(rank=ctx.rank, step=step))
-        with self._lock:
-            self._pending = keep + self._pending
-            oldest = min((c.start for _, c in self._pending), default=now)
-        # Intervals ending before every pending call started can no longer matter.
-        self._compute = [i for i in self._compute if i[1] >= oldest]
-        self._blocked = [i for i in self._blocked if i[1] >= oldest]
+        return keep
 
     def _times(self, call: CallRecord, compute: list[tuple[float, float]]) -> tuple[float | None, float]:
         if call.device == "cuda":
