@@ -15,9 +15,11 @@ from typing import Any, Mapping
 PHASES: tuple[str, ...] = (
     "saved-tensors",  # what a module keeps for backward (checkpointing, activation offload): needs the
                       # original module tree, so it goes before anything that wraps or splits modules
-    "optimizer",  # the optimizer's implementation and state placement (fused kernels, state offload):
-                  # on the user's optimizer object, before sharding re-partitions that state
-    "layout",  # how parameters and modules are laid out across ranks (ZeRO/FSDP, pipeline split): last
+    "optimizer",  # the optimizer's implementation (fused kernels): on the user's optimizer object,
+                  # before sharding re-partitions its state
+    "layout",  # how parameters and modules are laid out across ranks (ZeRO/FSDP, pipeline split)
+    "placement",  # where state lives between uses (optimizer-state offload): after sharding, so each rank
+                  # moves only its own shard, and its revert (first) hands the sharding back device tensors
 )
 
 

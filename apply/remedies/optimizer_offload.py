@@ -34,13 +34,14 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from advisor.apply.remedies._host_copies import Streams, dense_span, host_empty, host_free, no_accelerator, view_as
 from advisor.apply.target import Target, as_target
 
 logger = logging.getLogger("advisor.apply")
 
-PHASE = "optimizer"  # advisor.records.remedy.PHASES
+PHASE = "placement"  # advisor.records.remedy.PHASES: after sharding, which it must not see
 CHUNK_BYTES = 64 << 20  # bytes per side-stream copy batch on CUDA
 
 _Key = tuple[torch.Tensor, str]  # (parameter, state key)
@@ -52,6 +53,20 @@ CHUNKABLE = tuple(getattr(torch.optim, n) for n in ("SGD", "Adam", "AdamW", "Ada
 
 def _offloadable(value: Any) -> bool:
     return torch.is_tensor(value) and value.dim() > 0 and value.numel() > 0
+
+
+def _local(value: Any) -> Any:
+    """A DTensor's shard on this rank (the state of an FSDP2-sharded parameter); anything else as is."""
+    return value.to_local() if isinstance(value, DTensor) else value
+
+
+def _shaped_like(local: torch.Tensor, like: Any) -> Any:
+    """``local`` as the state value ``like`` was: a DTensor of the same layout around it where
+    ``like`` is one (built as FSDP2 builds its CPU-offloaded shards, so the host shard stays
+    where it is: ``DTensor.from_local`` would move it to the mesh's device), else ``local``."""
+    if not isinstance(like, DTensor):
+        return local
+    return DTensor(local, like._spec, requires_grad=False)  # type: ignore[call-arg]
 
 
 def _raw_step(opt: torch.optim.Optimizer) -> Any:
@@ -87,20 +102,22 @@ class _Placement:
             for param in (self.opt.state if params is None else params):
                 state = self.opt.state.get(param, {})
                 for key, value in list(state.items()):
-                    if (not _offloadable(value) or self._is_ours(param, key, value)
-                            or value.device != self.device or not dense_span(value)):
+                    local = _local(value)
+                    if (not _offloadable(local) or self._is_ours(param, key, value)
+                            or local.device != self.device or not dense_span(local)):
                         continue
-                    buf = self.host.get((param, key))
-                    if buf is None or buf.shape != value.shape or buf.dtype != value.dtype or buf.stride() != value.stride():
-                        raw = host_empty(value.numel() * value.element_size(), self.device)
+                    placed = self.host.get((param, key))
+                    buf = None if placed is None else _local(placed)
+                    if buf is None or buf.shape != local.shape or buf.dtype != local.dtype or buf.stride() != local.stride():
+                        raw = host_empty(local.numel() * local.element_size(), self.device)
                         self.raw.append(raw)
-                        buf = view_as(raw, value)
-                        self.host[(param, key)] = buf
-                    buf.copy_(value, non_blocking=self.streams.side is not None)
+                        buf = view_as(raw, local)
+                    placed = self.host[(param, key)] = _shaped_like(buf, value)
+                    buf.copy_(local, non_blocking=self.streams.side is not None)
                     if self.streams.side is not None:
-                        value.record_stream(self.streams.side)  # freed only after the copy ran
-                    state[key] = buf
-                    moved += value.numel() * value.element_size()
+                        local.record_stream(self.streams.side)  # freed only after the copy ran
+                    state[key] = placed
+                    moved += local.numel() * local.element_size()
         self.pending = self.streams.record()  # host values complete once it fires (None off CUDA)
         return moved
 
@@ -126,9 +143,10 @@ class _Placement:
                 for key, value in list(state.items()):
                     if not self._is_ours(param, key, value):
                         continue
-                    dev = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=self.device)
-                    dev.copy_(value, non_blocking=self.streams.side is not None)
-                    state[key] = dev
+                    host = _local(value)
+                    dev = torch.empty_strided(host.shape, host.stride(), dtype=host.dtype, device=self.device)
+                    dev.copy_(host, non_blocking=self.streams.side is not None)
+                    state[key] = _shaped_like(dev, value)
         return self.streams.record()
 
     # -- the chunked step -----------------------------------------------------------------
@@ -141,7 +159,8 @@ class _Placement:
         if type(self.opt) not in CHUNKABLE or closure or _raw_step(self.opt) is None:
             return [params]
         held: dict[int, int] = {}
-        for (param, _), buf in self.host.items():
+        for (param, _), placed in self.host.items():
+            buf = _local(placed)
             held[id(param)] = held.get(id(param), 0) + buf.numel() * buf.element_size()
         out: list[list[torch.Tensor]] = [[]]
         size = 0

@@ -85,7 +85,7 @@ SPEC = RemedySpec(
     apply_class="live-exact",
     optional=("optimizers",),
     validate=validate,
-    phase="optimizer",
+    phase="placement",
     addresses=("memory",),
     propose=propose,
 )

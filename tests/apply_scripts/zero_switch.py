@@ -8,7 +8,8 @@ step 5 on), ``switch_revert`` (applied at step 5, reverted at step 12), ``revert
 step 5, the other one at step 8 by ``set_reshard_after_forward``, that reverted at step 10, all
 reverted at step 12), ``eval_revert`` (as ``switch_revert``, with an evaluation forward under
 ``no_grad`` just before the revert), ``joint_revert`` (as ``switch_revert``, with two blocks
-checkpointed in the same joint plan), ``executor_fail_on_1`` (the real executor applies it at step 5 on both
+checkpointed in the same joint plan), ``offload_joint`` and ``offload_joint_revert`` (the stage and
+optimizer-state offload as one joint plan, kept, or reverted at step 12), ``executor_fail_on_1`` (the real executor applies it at step 5 on both
 ranks; on rank 1 the switch raises: both ranks must revert and train on). Each rank writes
 ``rank<r>.json``: losses, final parameters, and the bytes it holds after the switch.
 """
@@ -139,7 +140,12 @@ def worker(rank: int, world: int, port: int, scenario: str, out: str) -> None:
                     {"remedy": "activation_checkpointing", "params": {"modules": ["layers.0", "layers.2"]}}])
                 info["order"] = list(handle.remedies)
                 info["checkpointed_in_force"] = [is_checkpointed(b) for b in model.layers]
-            if scenario in ("switch_revert", "restage", "eval_revert", "joint_revert") and i == REVERT_AT:
+            if scenario in ("offload_joint", "offload_joint_revert") and i == AT_STEP:  # the stage and the state offload
+                handle = apply_joint_plan(target, parts=[
+                    {"remedy": "zero", "params": {"stage": stage}},
+                    {"remedy": "optimizer_offload", "params": {"optimizers": None}}])
+                info["order"] = list(handle.remedies)
+            if scenario in ("switch_revert", "restage", "eval_revert", "joint_revert", "offload_joint_revert") and i == REVERT_AT:
                 handle.revert()
                 info["state_bytes_after_revert"] = state_bytes(opt)
                 info["checkpointed_after_revert"] = [is_checkpointed(m) for m in model.modules()].count(True)
@@ -153,6 +159,12 @@ def worker(rank: int, world: int, port: int, scenario: str, out: str) -> None:
             losses.append(loss.item())
             if executor is not None:
                 executor.on_step_end(StepSample(index=i, rank=rank, time_s=0.1, deep=False))
+            if scenario in ("offload_joint", "offload_joint_revert") and i == AT_STEP:  # after the step
+                placement = handle.handles[-1].placements[0]
+                held = [(p, k, v) for p, s in opt.state.items() for k, v in s.items() if torch.is_tensor(v) and v.dim()]
+                info["held_by_offload"] = bool(held) and all(placement.host.get((p, k)) is v for p, k, v in held)
+                info["state_types"] = sorted({type(v).__name__ for _, _, v in held})
+                info["host_bytes"] = handle.handles[-1].host_bytes
             if scenario == "switch" and i == AT_STEP:
                 info["state_bytes_after_switch"] = state_bytes(opt)
                 if stage > 1:  # the gradients of this step are still there (zero_grad comes first)
