@@ -16,7 +16,10 @@ from advisor.apply.remedies.joint_plan import apply_joint_plan
 from advisor.recommend.peak_model import chain_memory, module_figures, simulated_peak
 from advisor.recommend.remedies import check_params
 from advisor.recommend.remedies.activation_checkpointing import HEADROOM
-from advisor.recommend.remedies.joint_plan import best_plan, factors, scaled_timeline, stage_pick, strictest
+from advisor.recommend.memory_model import Block, Chain
+from advisor.recommend.remedies import offload
+from advisor.recommend.remedies.joint_plan import (best_plan, factors, offload_pick, scaled_timeline, stage_model,
+                                                   stage_pick, strictest)
 from advisor.recommend.remedies.zero_model import Measured, stage_cost
 
 NAMES = [f"blocks.{i}" for i in range(4)]
@@ -102,6 +105,57 @@ def test_the_planner_matches_brute_force_over_stages_and_block_sets(measured_ste
             tried += 1
             assert best is not None and best.step_time_s == pytest.approx(min(brute))
     assert tried >= 3  # the budgets exercised fitting plans, not only refusals
+
+
+def _brute_offload(chain, memory, model, recompute, stage_step, budget):
+    """``offload_pick`` by enumeration: every keep/recompute/offload choice per block, with and
+    without the state on the host (``offload.brute_force``), at HEADROOM of the budget, else the
+    budget; where the cheapest fitting plan changes nothing, ``_brute``'s cheapest single checkpoint."""
+    for bound in (int(HEADROOM * budget), budget):
+        plan = offload.brute_force(chain, model, bound, memory=memory)
+        if not plan.feasible:
+            continue
+        if plan.offload_optimizer or any(c != offload.KEEP for c in plan.choices):
+            return stage_step + plan.overhead_s
+        break
+    return _brute(memory, recompute, stage_step, budget)
+
+
+@pytest.mark.parametrize("bandwidth", [2e8, 2e9])
+def test_the_offload_planner_matches_brute_force_over_stages_blocks_and_the_state(measured_step, bandwidth):
+    """Where the device has its own memory each block may also be offloaded and the state shard
+    kept on the host: the stage search equals enumerating every plan, and it finds plans that
+    use the offloads (the state alone, with ZeRO, among them)."""
+    memory, modules, peak = measured_step
+    m = _measured(peak, 2)
+    figures = module_figures(modules)
+    recompute = [0.004, 0.001, 0.003, 0.002]
+    chain = Chain(blocks=tuple(Block(name=n, activation_bytes=memory_bytes, input_bytes=memory_bytes // 4,
+                                     output_bytes=memory_bytes // 4, forward_s=f, recompute_s=f)
+                               for n, f, memory_bytes in zip(NAMES, recompute, (400_000, 300_000, 500_000, 200_000))))
+    lowest = min(offload.solve(chain, stage_model(m, k, bandwidth), 0,
+                               memory=chain_memory(scaled_timeline(memory, factors(m, k)), NAMES, *figures)).peak_bytes
+                 for k in (1, 2, 3))
+    used, tried = set(), 0
+    for share in [-0.05, 0.02, 0.1, 0.2, 0.35, 0.5, 0.7, 0.9]:
+        budget = int(lowest + share * (peak.total_bytes - lowest))
+        picks = []
+        for stage in (1, 2, 3):
+            scaled = chain_memory(scaled_timeline(memory, factors(m, stage)), NAMES, *figures)
+            model = stage_model(m, stage, bandwidth)
+            step = stage_cost(m, stage).step_time_s
+            pick = offload_pick(stage, chain, scaled, model, step, budget, blocks=offload.CHOICES, optimizer=True)
+            expected = _brute_offload(chain, scaled, model, recompute, step, budget)
+            assert (pick is None) == (expected is None), (stage, share)
+            if pick is not None:
+                assert pick.step_time_s == pytest.approx(expected)
+                assert pick.peak_bytes == offload.evaluate(chain, model, pick.choices(4), pick.offload_optimizer,
+                                                           scaled)[0] <= budget
+                used |= {"offload" for _ in pick.offloaded} | ({"state"} if pick.offload_optimizer else set())
+                picks.append(pick)
+        tried += best_plan(picks) is not None
+    assert tried >= 3
+    assert used == {"offload", "state"}  # the budgets reached plans that use both kinds of offload
 
 
 def test_parts_are_checked_by_their_own_specs():

@@ -32,6 +32,7 @@ def test_a_joint_plan_fits_where_no_single_live_remedy_does_and_is_kept_on_both_
     state = load_state(db)
     budget = int(0.6 * max(m.total_bytes for m in state.memory))
     _, recs = advise_state(state, budget_bytes=budget)
+    _offload_joins_where_the_device_has_its_own_memory(state, budget)
     assert not any(r.fits and r.live and r.remedy != "joint_plan" for r in recs), [r.id for r in recs if r.fits]
     [zero3] = [r for r in recs if r.id == "zero-3"]
     assert not zero3.fits
@@ -58,3 +59,31 @@ def test_a_joint_plan_fits_where_no_single_live_remedy_does_and_is_kept_on_both_
     stage = plan.parts[1].params["stage"]
     assert [(z["rank"], z["stage"], z["recommendation_id"]) for z in report["zero"]] == [
         (0, stage, plan.id), (1, stage, plan.id)]  # the stage in force came from the plan
+
+
+def _offload_joins_where_the_device_has_its_own_memory(state, budget: int) -> None:
+    """The same measured job, as the planner would see it on a device with its own memory (the
+    checks a CPU run sent refuse offload: dropped): below the lowest peak ZeRO and checkpointing
+    reach together, plans that keep the state shard on the host still fit; on the CPU itself no
+    plan holds an offload part."""
+    from dataclasses import replace
+
+    from advisor.advice import profile_of_state
+    from advisor.recommend.advise import advise
+    from advisor.recommend.finding import Finding
+    from advisor.recommend.remedies import joint_plan
+
+    def over(bytes_: int) -> Finding:
+        return Finding(rule="memory", bottleneck="memory", summary="over the budget", severity=1.0, budget_bytes=bytes_)
+
+    profile = profile_of_state(state, budget_bytes=budget)
+    assert profile is not None and profile.device_type == "cpu"
+    _, on_cpu = advise(profile)
+    assert not any(p.remedy.endswith("offload") for r in on_cpu if r.remedy == "joint_plan" for p in r.parts)
+    reach = joint_plan.propose(replace(profile, budget_bytes=1), over(1))
+    assert reach.lowest_peak_bytes and not reach.recommendations
+    low = int(reach.lowest_peak_bytes * 0.97)  # below what ZeRO and checkpointing can reach
+    gpu = replace(profile, device_type="cuda", remedy_checks=(), budget_bytes=low)
+    plans = joint_plan.propose(gpu, over(low)).recommendations
+    assert plans and all(r.predicted.peak_memory_bytes <= low for r in plans), [r.id for r in plans]
+    assert all(r.id.endswith("+optim-offload") and r.parts[-1].remedy == "optimizer_offload" for r in plans)
