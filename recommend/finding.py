@@ -114,10 +114,12 @@ HOST_REMEDIES = frozenset({"cpu_offload"})
 def _checked(profile: "Profile", rec: Recommendation) -> Recommendation:
     """``rec``, marked not applicable where the remedy's check in the training process refused this
     job (``Profile.refusal``): ZeRO-2/3 on tied weights, an offload on a CPU-only job, a fused
-    optimizer for LBFGS. A restart remedy that moves memory to the host is refused the same way on
-    a CPU-only job, where its host is the device. What is refused neither fits a finding (its
+    optimizer for LBFGS; a joint plan where any of its parts is refused. A restart remedy that
+    moves memory to the host is refused the same way on a CPU-only job, where its host is the device. What is refused neither fits a finding (its
     fallbacks are still asked) nor is chosen or applied; it is listed last with its reason."""
     why = profile.refusal(rec.remedy, rec.params)
+    for part in rec.parts:  # a joint plan applies only where every part does
+        why = why or profile.refusal(part.remedy, part.params)
     if why is None and not rec.live and profile.device_type == "cpu" and rec.remedy in HOST_REMEDIES:
         why = NO_ACCELERATOR
     return rec if why is None else replace(rec, applicable=False, why=why)

@@ -120,3 +120,19 @@ def test_a_cpu_job_is_not_offered_an_offload_under_attach(tmp_path) -> None:
     host = [r for r in recs if r["remedy"] in ("optimizer_offload", "activation_offload", "cpu_offload")]
     assert host and all(not r["applicable"] and "host memory already" in r["why"] for r in host)
     assert "not applicable" in run.stderr  # the text report says so beside the title
+
+
+def test_a_joint_plan_is_refused_where_any_part_is() -> None:
+    """A plan applies as one unit: a part the job refuses (ZeRO-3 on tied weights, an offload on a
+    CPU-only job) makes the whole plan not applicable, with that part's reason."""
+    from advisor.recommend.finding import _checked
+    from test_joint_plan import _plan_rec
+
+    profile = records_profile(**gpt_report(params=2000 * MIB))
+    plan = _plan_rec()
+    assert _checked(profile, plan).applicable
+    tied = replace(profile, remedy_checks=(RemedyChecks(checks={"zero": {"stage=3": "tied weights"}}),))
+    refused = _checked(tied, plan)
+    assert not refused.applicable and refused.why == "tied weights"
+    stage2 = replace(profile, remedy_checks=(RemedyChecks(checks={"zero": {"stage=2": "tied weights"}}),))
+    assert _checked(stage2, plan).applicable  # the plan's stage is 3
