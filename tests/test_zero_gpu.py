@@ -44,3 +44,22 @@ def test_nccl_switch_keeps_the_losses_and_the_peak_matches_the_prediction(undist
         assert all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(rank["losses"], undisturbed[r]["losses"]))
         assert rank["switched_peak"] < rank["measured"]["peak_bytes"] or world() == 1
         assert rank["switched_peak"] == pytest.approx(rank["predicted_peak"], rel=0.10), rank
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_joint_plan_on_nccl_keeps_the_losses_and_moves_what_its_second_part_moves(undisturbed, tmp_path, stage):
+    """Issue 33, item 7: ZeRO-2 with the optimizer-state shard offloaded, ZeRO-3 with two blocks
+    checkpointed, each switched as one plan: the losses stay within the stage's own tolerance, the
+    state shard leaves the device between steps (ZeRO-2: the step brings it back, in chunks), and
+    checkpointing lowers what the forward keeps for backward (ZeRO-3)."""
+    alone = run("switch", stage, tmp_path)
+    got = run("joint", stage, tmp_path)
+    for r, rank in enumerate(got):
+        assert all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(rank["losses"], undisturbed[r]["losses"]))
+        if stage == 2:
+            assert rank["state_devices"] == ["cpu"] and alone[r]["state_devices"] == ["cuda"]
+            shard = rank["measured"]["optimizer_state_bytes"] / world()
+            assert rank["allocated_between"] <= alone[r]["allocated_between"] - 0.9 * shard, (rank, alone[r])
+            assert rank["switched_peak"] <= alone[r]["switched_peak"] * 1.02
+        else:
+            assert rank["allocated_after_forward"] < alone[r]["allocated_after_forward"], (rank, alone[r])
