@@ -9,7 +9,8 @@ step 5, the other one at step 8 by ``set_reshard_after_forward``, that reverted 
 reverted at step 12), ``eval_revert`` (as ``switch_revert``, with an evaluation forward under
 ``no_grad`` just before the revert), ``joint_revert`` (as ``switch_revert``, with two blocks
 checkpointed in the same joint plan), ``offload_joint`` and ``offload_joint_revert`` (the stage and
-optimizer-state offload as one joint plan, kept, or reverted at step 12), ``executor_fail_on_1`` (the real executor applies it at step 5 on both
+optimizer-state offload as one joint plan, kept, or reverted at step 12), ``blocks_joint`` and
+``blocks_joint_revert`` (the same with one block offloaded and one checkpointed too), ``executor_fail_on_1`` (the real executor applies it at step 5 on both
 ranks; on rank 1 the switch raises: both ranks must revert and train on). Each rank writes
 ``rank<r>.json``: losses, final parameters, and the bytes it holds after the switch.
 """
@@ -145,7 +146,15 @@ def worker(rank: int, world: int, port: int, scenario: str, out: str) -> None:
                     {"remedy": "zero", "params": {"stage": stage}},
                     {"remedy": "optimizer_offload", "params": {"optimizers": None}}])
                 info["order"] = list(handle.remedies)
-            if scenario in ("switch_revert", "restage", "eval_revert", "joint_revert", "offload_joint_revert") and i == REVERT_AT:
+            if scenario in ("blocks_joint", "blocks_joint_revert") and i == AT_STEP:  # every part kind at once
+                handle = apply_joint_plan(target, parts=[
+                    {"remedy": "optimizer_offload", "params": {"optimizers": None}},
+                    {"remedy": "zero", "params": {"stage": stage}},
+                    {"remedy": "activation_offload", "params": {"modules": ["layers.0"], "checkpoint": ["layers.1"],
+                                                                "min_bytes": 0}}])
+                info["order"] = list(handle.remedies)
+            if scenario in ("switch_revert", "restage", "eval_revert", "joint_revert", "offload_joint_revert",
+                            "blocks_joint_revert") and i == REVERT_AT:
                 handle.revert()
                 info["state_bytes_after_revert"] = state_bytes(opt)
                 info["checkpointed_after_revert"] = [is_checkpointed(m) for m in model.modules()].count(True)
@@ -159,6 +168,8 @@ def worker(rank: int, world: int, port: int, scenario: str, out: str) -> None:
             losses.append(loss.item())
             if executor is not None:
                 executor.on_step_end(StepSample(index=i, rank=rank, time_s=0.1, deep=False))
+            if scenario in ("blocks_joint", "blocks_joint_revert") and i == AT_STEP:  # after the step
+                info["activation_offloaded_bytes"] = handle.handles[0].offloaded_bytes
             if scenario in ("offload_joint", "offload_joint_revert") and i == AT_STEP:  # after the step
                 placement = handle.handles[-1].placements[0]
                 held = [(p, k, v) for p, s in opt.state.items() for k, v in s.items() if torch.is_tensor(v) and v.dim()]
