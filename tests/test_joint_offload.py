@@ -1,26 +1,15 @@
 """A ZeRO stage and optimizer-state offload (and activation offload) applied live as one joint plan
-on 2 gloo ranks (issue 33): the stage goes first and the offload moves only this rank's shard (a DTensor's local shard
-under ZeRO-2/3, kept a DTensor of the same layout), every loss and parameter stays equal bit for
-bit to the undisturbed run, kept or reverted. On a CPU-only job the offload's copies are
+on 2 gloo ranks (issue 33): the stage goes first and the offload moves only this rank's shard (a
+DTensor's local shard under ZeRO-2/3, kept a DTensor of the same layout), every loss and parameter
+stays equal bit for bit to the undisturbed run, kept or reverted. On a CPU-only job the offload's copies are
 same-device copies (the applier's own CPU path); the recommender never offers it there."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
-from ranks import free_port, spawn_ranks
-from apply_scripts.zero_switch import worker
+from test_zero import run
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
-
-
-def run(scenario: str, tmp_path: Path) -> list[dict]:
-    folder = tmp_path / scenario.replace(":", "_")
-    folder.mkdir()
-    spawn_ranks(worker, (2, free_port(), scenario, str(folder)), 2, [folder / f"rank{r}.json" for r in range(2)])
-    return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(2)]
 
 
 @pytest.fixture(scope="module")
