@@ -107,25 +107,26 @@ def test_the_planner_matches_brute_force_over_stages_and_block_sets(measured_ste
     assert tried >= 3  # the budgets exercised fitting plans, not only refusals
 
 
-def _brute_offload(chain, memory, model, recompute, stage_step, budget):
+def _brute_offload(chain, memory, model, recompute, stage_step, budget, stage):
     """``offload_pick`` by enumeration: every keep/recompute/offload choice per block, with and
     without the state on the host (``offload.brute_force``), at HEADROOM of the budget, else the
-    budget; where the cheapest fitting plan changes nothing, ``_brute``'s cheapest single checkpoint."""
+    budget; where the cheapest fitting plan changes nothing, ``_brute``'s cheapest single checkpoint.
+    Stage 0: the state always offloaded, and a plan that changes no block is none."""
     for bound in (int(HEADROOM * budget), budget):
-        plan = offload.brute_force(chain, model, bound, memory=memory)
+        plan = offload.brute_force(chain, model, bound, memory=memory, optimizer=True if stage == 0 else None)
         if not plan.feasible:
             continue
-        if plan.offload_optimizer or any(c != offload.KEEP for c in plan.choices):
+        if any(c != offload.KEEP for c in plan.choices) or (plan.offload_optimizer and stage):
             return stage_step + plan.overhead_s
         break
-    return _brute(memory, recompute, stage_step, budget)
+    return None if stage == 0 else _brute(memory, recompute, stage_step, budget)
 
 
 @pytest.mark.parametrize("bandwidth", [2e8, 2e9])
 def test_the_offload_planner_matches_brute_force_over_stages_blocks_and_the_state(measured_step, bandwidth):
     """Where the device has its own memory each block may also be offloaded and the state shard
-    kept on the host: the stage search equals enumerating every plan, and it finds plans that
-    use the offloads (the state alone, with ZeRO, among them)."""
+    kept on the host: the stage search (stage 0, no sharding, among them) equals enumerating every
+    plan, and it finds plans that use the offloads."""
     memory, modules, peak = measured_step
     m = _measured(peak, 2)
     figures = module_figures(modules)
@@ -140,22 +141,28 @@ def test_the_offload_planner_matches_brute_force_over_stages_blocks_and_the_stat
     for share in [-0.05, 0.02, 0.1, 0.2, 0.35, 0.5, 0.7, 0.9]:
         budget = int(lowest + share * (peak.total_bytes - lowest))
         picks = []
-        for stage in (1, 2, 3):
-            scaled = chain_memory(scaled_timeline(memory, factors(m, stage)), NAMES, *figures)
-            model = stage_model(m, stage, bandwidth)
-            step = stage_cost(m, stage).step_time_s
+        for stage in (0, 1, 2, 3):
+            if stage == 0:  # no sharding: the measured timeline and model states as they are
+                scaled, step = chain_memory(memory, NAMES, *figures), m.step_time_s
+                model = offload.Model(bandwidth=bandwidth, optimizer_state_bytes=m.optimizer_state_bytes,
+                                      step_peak_bytes=m.parameter_bytes + m.gradient_bytes + m.optimizer_state_bytes)
+            else:
+                scaled = chain_memory(scaled_timeline(memory, factors(m, stage)), NAMES, *figures)
+                model, step = stage_model(m, stage, bandwidth), stage_cost(m, stage).step_time_s
             pick = offload_pick(stage, chain, scaled, model, step, budget, blocks=offload.CHOICES, optimizer=True)
-            expected = _brute_offload(chain, scaled, model, recompute, step, budget)
+            expected = _brute_offload(chain, scaled, model, recompute, step, budget, stage)
             assert (pick is None) == (expected is None), (stage, share)
             if pick is not None:
                 assert pick.step_time_s == pytest.approx(expected)
                 assert pick.peak_bytes == offload.evaluate(chain, model, pick.choices(4), pick.offload_optimizer,
                                                            scaled)[0] <= budget
                 used |= {"offload" for _ in pick.offloaded} | ({"state"} if pick.offload_optimizer else set())
+                used |= {"stage 0"} if stage == 0 else set()
+                assert stage or (pick.offload_optimizer and (pick.selected or pick.offloaded))  # two parts
                 picks.append(pick)
         tried += best_plan(picks) is not None
     assert tried >= 3
-    assert used == {"offload", "state"}  # the budgets reached plans that use both kinds of offload
+    assert used == {"offload", "state", "stage 0"}  # plans with both kinds of offload, one without sharding
 
 
 def test_parts_are_checked_by_their_own_specs():
@@ -313,3 +320,41 @@ def test_an_applied_plan_is_named_by_its_id_in_the_tui_and_the_report():
     assert zero_stage("joint_plan", params) == 2 and zero_stage("activation_checkpointing", {}) is None
     [table] = [b for b in diagnosis_blocks({"applied": [k.to_dict() for k in kept]}) if b.title == "Applied remedies"]
     assert [row[0] for row in table.rows] == ["zero-2+ckpt-1", "zero-2+ckpt-1"]
+
+
+def test_a_plan_without_sharding_offloads_blocks_and_the_state_exactly():
+    """Stage 0 on one device: one block offloaded and the next checkpointed, the optimizer state on
+    the host between steps, as one plan: the losses and weights of an unchanged run bit for bit
+    (same-device copies on the CPU, the appliers' own test path), and the revert undoes both."""
+    from advisor.apply.target import Target
+
+    def train(apply_at=None, revert_at=None):
+        torch.manual_seed(0)
+        model = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(3)])
+        opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+        gen = torch.Generator().manual_seed(1)
+        losses, handle, held = [], None, None
+        for i in range(8):
+            if i == apply_at:
+                handle = apply_joint_plan(Target(wrapped_models=[model], optimizers=[opt]), parts=[
+                    {"remedy": "optimizer_offload", "params": {"optimizers": None}},
+                    {"remedy": "activation_offload", "params": {"modules": ["0"], "checkpoint": ["1"], "min_bytes": 0}}])
+            if i == revert_at:
+                handle.revert()
+            loss = model(torch.randn(4, 8, generator=gen)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            if handle is not None and i == apply_at:
+                held = [handle.handles[-1].placements[0].host.get((p, k)) is v
+                        for p, st in opt.state.items() for k, v in st.items() if v.dim()]
+        return losses, [p.detach().clone() for p in model.parameters()], handle, held
+
+    base, weights, _, _ = train()
+    for revert_at in (None, 6):
+        losses, after, handle, held = train(apply_at=3, revert_at=revert_at)
+        assert handle.remedies == ("activation_offload", "optimizer_offload")
+        assert held and all(held)  # the state lived in the offload's host buffers between steps
+        assert handle.handles[0].offloaded_bytes > 0
+        assert losses == base and all(torch.equal(a, b) for a, b in zip(after, weights))

@@ -64,8 +64,8 @@ def test_a_joint_plan_fits_where_no_single_live_remedy_does_and_is_kept_on_both_
 def _offload_joins_where_the_device_has_its_own_memory(state, budget: int) -> None:
     """The same measured job, as the planner would see it on a device with its own memory (the
     checks a CPU run sent refuse offload: dropped): below the lowest peak ZeRO and checkpointing
-    reach together, plans that keep the state shard on the host still fit; on the CPU itself no
-    plan holds an offload part."""
+    reach together, plans that keep the state shard on the host still fit, and on a single device
+    the blocks and the state offloaded together; on the CPU itself no plan holds an offload part."""
     from dataclasses import replace
 
     from advisor.advice import profile_of_state
@@ -87,3 +87,8 @@ def _offload_joins_where_the_device_has_its_own_memory(state, budget: int) -> No
     plans = joint_plan.propose(gpu, over(low)).recommendations
     assert plans and all(r.predicted.peak_memory_bytes <= low for r in plans), [r.id for r in plans]
     assert all(r.id.endswith("+optim-offload") and r.parts[-1].remedy == "optimizer_offload" for r in plans)
+    # One device of the same job: no stage to shard with, but the blocks and the state together.
+    single = joint_plan.propose(replace(gpu, world_size=1, budget_bytes=budget), over(budget)).recommendations
+    assert single and all(r.predicted.peak_memory_bytes <= budget for r in single), [r.id for r in single]
+    assert all([p.remedy for p in r.parts] in (["activation_offload", "optimizer_offload"],
+                                                ["activation_checkpointing", "optimizer_offload"]) for r in single)

@@ -32,7 +32,10 @@ by ``offload.solve`` on the stage's rewritten timeline with the stage's model st
 the state moved is this rank's shard, S_k; during ``step()`` the device holds P_k + G_k + S_k). Its
 time terms are ``offload.py``'s (copies hidden behind the next block's compute; 2 S_k over the host
 link for the state). Exact as ``offload.solve`` is (its tests compare with brute force; here
-tests/test_joint_plan.py compares the stage search with ``offload.brute_force``).
+tests/test_joint_plan.py compares the stage search with ``offload.brute_force``). Where the state can
+be offloaded a plan without sharding is searched too (stage 0, also on a single device: the
+measured timeline as it is, and the blocks changed with the state offloaded, since either alone is
+a single remedy).
 
 Applied as one unit by ``apply/remedies/joint_plan.py`` in ``advisor.records.remedy.PHASES`` order
 (what blocks save first, then the stage, then where the state lives), kept or reverted whole. Its
@@ -181,20 +184,22 @@ def offload_pick(stage: int, chain: Chain, memory: ChainMemory, model: offload.M
     """The least-time plan at ``stage`` over the per-block ``blocks`` choices and (``optimizer``)
     the state's offload, fitting ``HEADROOM`` of ``budget`` first, as every memory plan is; a
     stage that fits with nothing changed takes ``stage_pick``'s cheapest single checkpoint (a plan
-    has two parts); None when nothing fits."""
+    has two parts); None when nothing fits. Stage 0 (no sharding): a plan is blocks changed with
+    the state offloaded, both (either alone is a single remedy), so the state's offload is forced
+    and a plan that changes no block is none."""
     recompute = [float(b.recompute_s or 0.0) for b in chain.blocks]
+    state = True if stage == 0 else None if optimizer else False
     for bound in (int(HEADROOM * budget), budget):
-        plan = offload.solve(chain, model, bound, allowed=tuple(blocks), optimizer=None if optimizer else False,
-                             memory=memory)
+        plan = offload.solve(chain, model, bound, allowed=tuple(blocks), optimizer=state, memory=memory)
         if not plan.feasible:
             continue
-        if not plan.offload_optimizer and all(c == KEEP for c in plan.choices):
+        if all(c == KEEP for c in plan.choices) and (stage == 0 or not plan.offload_optimizer):
             break
         return Pick(stage=stage, selected=tuple(i for i, c in enumerate(plan.choices) if c == RECOMPUTE),
                     offloaded=tuple(i for i, c in enumerate(plan.choices) if c == OFFLOAD),
                     offload_optimizer=plan.offload_optimizer, peak_bytes=plan.peak_bytes, recompute_s=plan.overhead_s,
                     step_time_s=None if stage_step_s is None else stage_step_s + plan.overhead_s)
-    return stage_pick(stage, memory, recompute, stage_step_s, budget)
+    return None if stage == 0 else stage_pick(stage, memory, recompute, stage_step_s, budget)
 
 
 def best_plan(picks: Sequence[Pick]) -> Pick | None:
@@ -228,30 +233,37 @@ def offload_options(profile: Profile, names: Sequence[str]) -> tuple[tuple[str, 
 
 def propose(profile: Profile, finding: Finding) -> Proposal:
     """For a memory finding no single remedy fits: one plan per ZeRO stage that fits with the
-    block and state remedies this job can take; when none fits, the lowest peak a plan reaches."""
+    block and state remedies this job can take, and, where the state can be offloaded, one without
+    sharding (stage 0: the blocks and the state's offload together); when none fits, the lowest
+    peak a plan reaches."""
     budget = finding.budget_bytes
-    stages = _stages(profile)
     chain = chain_from_profile(profile)
-    if (not budget or not stages or chain is None or not chain.contiguous or not profile.memory_timeline
+    if (not budget or chain is None or not chain.contiguous or not profile.memory_timeline
             or int(profile.categories_at_peak.get("optimizer_state", 0)) <= 0):
         return Proposal()
-    m = zero_remedy.measured(profile)
+    blocks, optimizer = offload_options(profile, chain.names)
+    stages = ([0] if optimizer else []) + _stages(profile)
+    if not stages:
+        return Proposal()
+    m = zero_remedy.measured(profile) if stages[-1] > 0 else None
     figures = module_figures(profile.modules)
     recompute = [float(b.recompute_s or 0.0) for b in chain.blocks]
     base = chain_memory(profile.memory_timeline, chain.names, *figures)
     if base is None:
         return Proposal()
-    blocks, optimizer = offload_options(profile, chain.names)
     offloading = optimizer or OFFLOAD in blocks
     bandwidth = offload.bandwidth_of(profile)[0]
     picks, lowest = [], None
     for stage in stages:
-        memory = chain_memory(scaled_timeline(profile.memory_timeline, factors(m, stage)), chain.names, *figures)
+        if stage == 0:
+            memory, step, model = base, profile.step_time_s, offload.model_for(profile)
+        else:
+            assert m is not None
+            memory = chain_memory(scaled_timeline(profile.memory_timeline, factors(m, stage)), chain.names, *figures)
+            step, model = stage_cost(m, stage).step_time_s, stage_model(m, stage, bandwidth)
         if memory is None:
             continue
-        step = stage_cost(m, stage).step_time_s
         if offloading:
-            model = stage_model(m, stage, bandwidth)
             low = offload.solve(chain, model, 0, allowed=blocks, optimizer=None if optimizer else False,
                                 memory=memory).peak_bytes
             pick = offload_pick(stage, chain, memory, model, step, budget, blocks=blocks, optimizer=optimizer)
@@ -262,8 +274,8 @@ def propose(profile: Profile, finding: Finding) -> Proposal:
         if pick is not None:
             picks.append(pick)
     if not picks:
-        what = "lowest peak with ZeRO and " + ("activation checkpointing and offload" if offloading
-                                               else "activation checkpointing") + " together"
+        what = "lowest peak with " + ("ZeRO, " if m is not None else "") + (
+            "activation checkpointing and offload" if offloading else "activation checkpointing") + " together"
         return Proposal(lowest_peak_bytes=lowest, evidence=(Evidence(
             what=what, value=lowest, unit="bytes", threshold=budget),) if lowest is not None else ())
     recs = tuple(_recommendation(profile, m, chain, base, pick, budget)
@@ -306,17 +318,18 @@ def _optimizer_part(profile: Profile) -> PlanPart:
                     apply_class=optimizer_offload.SPEC.apply_class)
 
 
-def _recommendation(profile: Profile, m: Measured, chain: Chain, base: ChainMemory, pick: Pick,
+def _recommendation(profile: Profile, m: Measured | None, chain: Chain, base: ChainMemory, pick: Pick,
                     budget: int) -> Recommendation | None:
     stage, n = pick.stage, profile.world_size
     names = list(chain.names)
     block = _block_part(profile, chain, base, pick)
     if block is None and (pick.selected or pick.offloaded):
         return None  # the job refused the block part
-    zero_alone = stage_cost(m, stage)
-    zero = PlanPart(id=f"zero-{stage}", remedy="zero", params={"stage": stage},
-                    predicted=Prediction(peak_memory_bytes=zero_alone.peak_bytes, step_time_s=zero_alone.step_time_s),
-                    apply_class=zero_remedy.APPLY_CLASSES[stage])
+    zero_alone = stage_cost(m, stage) if stage and m is not None else None
+    zero = None if zero_alone is None else PlanPart(
+        id=f"zero-{stage}", remedy="zero", params={"stage": stage},
+        predicted=Prediction(peak_memory_bytes=zero_alone.peak_bytes, step_time_s=zero_alone.step_time_s),
+        apply_class=zero_remedy.APPLY_CLASSES[stage])
     parts = tuple(p for p in (block, zero, _optimizer_part(profile) if pick.offload_optimizer else None) if p is not None)
     apply_class = strictest([p.apply_class for p in parts])
     host_synchronous = stage > 1 and profile.device_type == "cpu"
@@ -328,43 +341,46 @@ def _recommendation(profile: Profile, m: Measured, chain: Chain, base: ChainMemo
              + ("" if (p.predicted.peak_memory_bytes or 0) <= budget else " (over the budget)")
              + (f", step {fmt_seconds(p.predicted.step_time_s)}" if p.predicted.step_time_s is not None else "")
              for p in parts]
-    doing = [f"ZeRO-{stage} cuts the model states on every one of the {n} ranks"]
+    doing = [f"ZeRO-{stage} cuts the model states on every one of the {n} ranks"] if zero else []
     if pick.selected:
         doing.append(f"checkpointing {len(pick.selected)} of the {len(names)} blocks of {group} cuts the activations "
-                     "where the sharded job peaks")
+                     + ("where the sharded job peaks" if zero else "kept for backward"))
     if pick.offloaded:
         doing.append(f"offloading {len(pick.offloaded)} of the {len(names)} blocks of {group} keeps their activations "
                      "on the host until their backward")
+    holder = "this rank's optimizer-state shard" if zero else "the optimizer state"
     if pick.offload_optimizer:
-        doing.append(f"this rank's optimizer-state shard ({gib(stage_model(m, stage, bandwidth).optimizer_state_bytes)}) "
-                     "lives on the host between steps")
+        state = (stage_model(m, stage, bandwidth) if zero and m is not None else offload.model_for(profile)).optimizer_state_bytes
+        doing.append(f"{holder} ({gib(state)}) lives on the host between steps")
     ev = [f"measured peak {gib(measured_peak(profile))} against a budget of {gib(budget)}: no single remedy fits",
           *alone,
           "together: " + "; ".join(doing) + f"; the plan adds {fmt_seconds(pick.recompute_s)} per step",
-          "applied as one unit at one step boundary on every rank (what blocks save, then the stage, then where "
-          "the state lives), kept or reverted whole"]
+          "applied as one unit at one step boundary on every rank (what blocks save, "
+          + ("then the stage, " if zero else "") + "then where the state lives), kept or reverted whole"]
     if copies:
         ev.append(f"host link {fmt_rate(bandwidth)} ({source})")
-    if zero_alone.step_time_s is None:
+    if zero_alone is not None and zero_alone.step_time_s is None:
         ev.append("step time not predicted: no all-reduce of this job was measured (comm probe off?)")
     if host_synchronous:
         ev.append(zero_remedy.HOST_SYNCHRONOUS)
-    prereq = ["one optimizer holding exactly the DDP model's trainable parameters", zero_remedy.CHECKPOINT_CAVEAT]
+    prereq = ["one optimizer holding exactly the DDP model's trainable parameters", zero_remedy.CHECKPOINT_CAVEAT] \
+        if zero else []
     if pick.selected:
         prereq.insert(0, "the modules' forward is re-run in backward: it must not change state outside its outputs")
     if pick.offloaded:
         prereq.append("host memory for the offloaded activations (pinned on CUDA)")
     if pick.offload_optimizer:
-        prereq.append("host memory for this rank's optimizer-state shard (pinned on CUDA)")
-    low = host_synchronous or zero_alone.step_time_s is None or profile.oom or (copies and source != "measured")
-    words = [f"ZeRO-{stage}"]
+        prereq.append(f"host memory for {holder} (pinned on CUDA)")
+    unknown = zero_alone is not None and zero_alone.step_time_s is None
+    low = host_synchronous or unknown or profile.oom or (copies and source != "measured")
+    words = [f"ZeRO-{stage}"] if zero else []
     if pick.offloaded:
         words.append(f"offloading {len(pick.offloaded)} {group} module(s)")
     if pick.selected:
         words.append(f"checkpointing {len(pick.selected)} {group} module(s)")
     if pick.offload_optimizer:
         words.append("the optimizer state on the host")
-    plan_id = "+".join([f"zero-{stage}"] + ([f"offload-{len(pick.offloaded)}"] if pick.offloaded else [])
+    plan_id = "+".join(([f"zero-{stage}"] if zero else []) + ([f"offload-{len(pick.offloaded)}"] if pick.offloaded else [])
                        + ([f"ckpt-{len(pick.selected)}"] if pick.selected else [])
                        + (["optim-offload"] if pick.offload_optimizer else []))
     return Recommendation(
