@@ -23,7 +23,7 @@ from advisor.recommend.calibration import model_errors
 from advisor.recommend.profile import Profile, has_measurements, profile_from_records
 from advisor.records.advice import Diagnosis, Recommendation, StepSpan
 from advisor.records.commands import RELEASE, ApplyCommand, RevertCommand
-from advisor.records.events import Oom
+from advisor.records.events import SAID_BY_ADVICE, Oom
 from advisor.records.remedy import command_digest
 from advisor.records.results import ApplyResult, RevertResult
 from advisor.records.samples import Event, Record, StepSample
@@ -44,6 +44,7 @@ WINDOW_STEPS = 32
 RETRY_S = 2.0
 LIGHT_S = 10.0
 LIGHT_MAX_S = 300.0
+
 
 
 def recorded_budget(state: SessionState) -> int | None:
@@ -255,11 +256,12 @@ class AdviceLoop:
         return bool(options is not None and options.settings.allow_inexact)
 
     def _say(self, message: str) -> None:
-        """A decision about --apply the user reads: on stderr now, and in the report's warnings."""
+        """A decision about --apply the user reads: on stderr now, and in the report's warnings
+        (source ``SAID_BY_ADVICE``: the headless progress lines do not print it a second time)."""
         print(f"advisor: {message}", file=sys.stderr, flush=True)
         warn = getattr(self.session, "warn", None)
         if callable(warn):
-            warn(message, source="apply")
+            warn(message, source=SAID_BY_ADVICE)
 
     def _release_if_held(self, *, force: bool = False) -> None:
         """With ``--apply-at-step K`` the ranks wait at the boundary before K (after sending

@@ -8,7 +8,7 @@ import time
 from typing import TextIO
 
 from advisor.records import events
-from advisor.records.events import Oom, WarningEvent
+from advisor.records.events import SAID_BY_ADVICE, Oom, WarningEvent
 from advisor.records.remedy import applied_name
 from advisor.records.results import ApplyResult, ApplyStarted
 from advisor.records.samples import Event, ExitInfo, Record, StepSample
@@ -81,6 +81,8 @@ class ProgressPrinter:
     def _print_event(self, event: Event) -> None:
         payload = events.payload(event)
         if isinstance(payload, WarningEvent):
+            if payload.source == SAID_BY_ADVICE:
+                return  # the advice loop printed it when it decided (``AdviceLoop._say``)
             text = f"warning: {payload.message}"
         elif isinstance(payload, Oom):
             text = (f"out of memory in {payload.op or '?'} (module {payload.module or '?'}), "

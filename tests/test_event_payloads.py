@@ -68,3 +68,19 @@ def test_emitters_and_readers_meet_in_the_same_record() -> None:
     seq = payload(Event(name="collective_seq", data={"calls": [{"op": "all_reduce", "group": "0", "seq": 3,
                                                                 "start": 1.5}]}))
     assert seq.calls[0].seq == 3 and seq.calls[0].group == "0"  # read by the straggler analysis
+
+
+def test_a_decision_the_advice_loop_printed_is_not_printed_again_by_the_progress_lines():
+    """--apply auto's "applied nothing" reached stderr twice in headless runs: once as the loop
+    decided, once as the warning record came back through the progress printer."""
+    import io
+
+    from advisor.progress import ProgressPrinter
+    from advisor.records.events import SAID_BY_ADVICE
+
+    out = io.StringIO()
+    printer = ProgressPrinter(total=None, stream=out)
+    printer(WarningEvent(message="--apply auto applied nothing: x", source=SAID_BY_ADVICE).event(rank=0))
+    assert out.getvalue() == ""
+    printer(WarningEvent(message="the executor says y", source="apply").event(rank=0))
+    assert out.getvalue() == "advisor: warning: the executor says y\n"

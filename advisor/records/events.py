@@ -22,9 +22,13 @@ from advisor.records.results import ApplyResult, ApplyStarted, RevertResult
 from advisor.records.samples import Event
 
 
+SAID_BY_ADVICE = "advice"  # a warning the controller's advice loop printed on stderr as it stored it
+
+
 @dataclass(frozen=True, kw_only=True)
 class WarningEvent(Payload):
-    """Something the user should read (``source``: which part said it, as "apply" or "restart")."""
+    """Something the user should read (``source``: which part said it, as "apply" or "restart";
+    ``SAID_BY_ADVICE`` for the controller's --apply decisions, printed when made)."""
 
     NAME: ClassVar[str] = "warning"
     message: str = ""
