@@ -42,6 +42,8 @@ CASES: dict[str, tuple[str, list[str], list[str]]] = {
     # Children forked after the compute probe's profiler session hung for ever at exit (kineto).
     "forks-after-profiling": ("tests/scripts/fork_after_steps.py", [], []),
     "eval-in-step": ("tests/scripts/eval_in_step.py", ["--steps", "4"], ["--probes", "compute"]),
+    # torch.func's grad and jacrev refuse saved-tensor hooks: they died at the first deep step.
+    "func-transforms": ("tests/scripts/func_transforms.py", ["--steps", "7"], []),
 }
 
 

@@ -43,6 +43,8 @@ from typing import Any, Callable
 
 import torch
 
+from advisor.probes import saved_hooks
+
 Unsubscribe = Callable[[], None]
 
 
@@ -132,7 +134,7 @@ class BlockTimer:
         self._device = device if device is not None and device.type == "cuda" else None
         try:
             hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
-            hooks.__enter__()
+            saved_hooks.push(hooks)  # steps aside for torch.func's transforms
             self._hooks, self._thread = hooks, threading.get_ident()
         except RuntimeError:  # the script disabled saved-tensor hooks: forward times only
             self._hooks = None
@@ -148,7 +150,7 @@ class BlockTimer:
             handle.remove()
         self._local, self._late = [], set()
         if self._hooks is not None and self._thread == threading.get_ident():
-            self._hooks.__exit__(None, None, None)  # another thread (an exit handler) cannot pop this one's
+            saved_hooks.pop(self._hooks)  # another thread (an exit handler) cannot pop this one's
         self._hooks = self._thread = None
         totals, recompute, pairs, spans = self.totals, self.recompute, self._pairs, self._recompute_pairs
         self.totals, self.recompute, self._pairs, self._recompute_pairs = {}, {}, [], []

@@ -20,6 +20,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from advisor.probes.memory.categories import choose_category, device_type_of, role_tensors, storage_of, tensors_in
+from advisor.probes import saved_hooks
 from advisor.probes.memory.resized import ResizeWatch
 from advisor.records import host_memory
 from advisor.records.samples import MEMORY_CATEGORIES
@@ -151,7 +152,7 @@ class StorageTracker(TorchDispatchMode):
         """Enter the dispatch mode and the saved-tensor hooks on this thread."""
         self.generation += 1
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-        self._hooks.__enter__()
+        saved_hooks.push(self._hooks)  # steps aside for torch.func's transforms
         self.__enter__()
         self.active = True
         host_memory.listeners.append(self._reclassify)
@@ -164,13 +165,13 @@ class StorageTracker(TorchDispatchMode):
         if self.active and not self.paused:
             self.paused = True
             self.__exit__(None, None, None)
-            self._hooks.__exit__(None, None, None)
+            saved_hooks.pop(self._hooks)
 
     def resume(self) -> None:
         if self.active and self.paused:
             self.paused = False
             self._walked = None  # the light steps between changed what the mode did not see
-            self._hooks.__enter__()
+            saved_hooks.push(self._hooks)
             self.__enter__()
 
     def stop(self) -> None:
@@ -183,7 +184,7 @@ class StorageTracker(TorchDispatchMode):
         self._resizes.stop()
         if not self.paused:
             self.__exit__(None, None, None)
-            self._hooks.__exit__(None, None, None)
+            saved_hooks.pop(self._hooks)
         self.paused = False
         self._hooks = None
         for entry in self.entries.values():
