@@ -119,6 +119,19 @@ def lbfgs_sine(data: Path, steps: int) -> None:
     subprocess.run([sys.executable, str(ZOO / "lbfgs_sine" / "generate_sine_wave.py")], cwd=data, check=True)
 
 
+def maml(data: Path, steps: int, task_num: int = 2, test_classes: int = 10) -> None:
+    """``omniglot-data/omniglot.npy`` as the example's loader caches Omniglot: [classes, 20, 1, 28, 28]
+    float64 in [0, 1], each class a fixed random stroke pattern and its 20 drawings that pattern with
+    noise; ``task_num`` training classes per step (the loader's split, ``ZOO_TRAIN_CLASSES``) and
+    ``test_classes`` more for its test pass."""
+    rng = np.random.default_rng(0)
+    classes = task_num * steps + test_classes
+    prototypes = (rng.random((classes, 1, 1, 28, 28)) < 0.15).astype(np.float64)
+    noise = rng.normal(0.0, 0.2, size=(classes, 20, 1, 28, 28))
+    (data / "omniglot-data").mkdir(parents=True, exist_ok=True)
+    np.save(data / "omniglot-data" / "omniglot.npy", np.clip(prototypes + noise, 0.0, 1.0))
+
+
 PREPARE = {
     "hf_clm": hf_clm,
     "lightning_lm": lightning_lm,
@@ -126,4 +139,5 @@ PREPARE = {
     "llmc": llmc,
     "word_lm": word_lm,
     "lbfgs_sine": lbfgs_sine,
+    "maml": maml,
 }

@@ -192,6 +192,14 @@ ENTRIES: tuple[Entry, ...] = (
         loss_pattern=r"^loss: (\S+)",
     ),
     Entry(
+        name="maml", script="maml/maml-omniglot-transforms.py", prepare="maml",
+        covers=("torch.func grad inside vmap (MAML)", "functional parameters (make_functional_with_buffers)",
+                "second-order gradients"),
+        args=("--device", "cpu", "--task_num", "2", "--k_spt", "1", "--k_qry", "5"),
+        env={"ZOO_EPOCHS": "1", "ZOO_TRAIN_CLASSES": "{size}"}, size=lambda n: 2 * n,
+        masks=(r"Time: \d+\.\d+",),
+    ),
+    Entry(
         name="moe", script="moe/cifar10_example.py",
         covers=("mixture of experts (sparse gating)", "DataLoader workers (fork)"),
         env={"ZOO_DATASET_SIZE": "{size}", "ZOO_TEST_SIZE": "128"}, size=lambda n: 64 * n,
