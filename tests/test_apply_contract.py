@@ -394,6 +394,7 @@ def test_a_refused_choice_releases_the_held_ranks_at_once_and_is_said_in_the_rep
     from types import SimpleNamespace
 
     from advisor.advice import AdviceLoop
+    from advisor.records.events import SAID_BY_ADVICE
     from advisor.records.samples import StepSample
     from advisor.state import LiveState
 
@@ -408,4 +409,4 @@ def test_a_refused_choice_releases_the_held_ranks_at_once_and_is_said_in_the_rep
     loop._advised_step = 0  # before step K-2 = 3
     loop._maybe_auto_apply()
     assert sent == [{"type": "release"}]
-    assert warned == [("apply", "not applied: refused for the test")]
+    assert warned == [(SAID_BY_ADVICE, "not applied: refused for the test")]  # printed once, by the loop

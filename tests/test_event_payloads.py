@@ -83,4 +83,5 @@ def test_a_decision_the_advice_loop_printed_is_not_printed_again_by_the_progress
     printer(WarningEvent(message="--apply auto applied nothing: x", source=SAID_BY_ADVICE).event(rank=0))
     assert out.getvalue() == ""
     printer(WarningEvent(message="the executor says y", source="apply").event(rank=0))
-    assert out.getvalue() == "advisor: warning: the executor says y\n"
+    printer(WarningEvent(message="the recommender failed", source="advice").event(rank=0))
+    assert out.getvalue() == "advisor: warning: the executor says y\nadvisor: warning: the recommender failed\n"

@@ -22,7 +22,7 @@ from advisor.records.results import ApplyResult, ApplyStarted, RevertResult
 from advisor.records.samples import Event
 
 
-SAID_BY_ADVICE = "advice"  # a warning the controller's advice loop printed on stderr as it stored it
+SAID_BY_ADVICE = "apply-decision"  # a warning the controller's advice loop printed on stderr as it stored it
 
 
 @dataclass(frozen=True, kw_only=True)
