@@ -82,6 +82,10 @@ def _offload_joins_where_the_device_has_its_own_memory(state, budget: int) -> No
     assert not any(p.remedy.endswith("offload") for r in on_cpu if r.remedy == "joint_plan" for p in r.parts)
     reach = joint_plan.propose(replace(profile, budget_bytes=1), over(1))
     assert reach.lowest_peak_bytes and not reach.recommendations
+    # Two passes through the blocks in one step (accumulation): no replay, and the report says so.
+    twice = replace(profile, memory_timeline=tuple(profile.memory_timeline) * 2)
+    said = joint_plan.propose(twice, over(budget))
+    assert not said.recommendations and [e.value for e in said.evidence] == [joint_plan.NOT_REPLAYED]
     low = int(reach.lowest_peak_bytes * 0.97)  # below what ZeRO and checkpointing can reach
     gpu = replace(profile, device_type="cuda", remedy_checks=(), budget_bytes=low)
     plans = joint_plan.propose(gpu, over(low)).recommendations

@@ -74,6 +74,8 @@ OFFLOAD_COST_MODEL = ("ZeRO-k's per-category scaling (zero_model) applied at eve
                       "optimizer state on the host between steps lowering every instant but step() by its bytes; "
                       "step = ZeRO-k's step + recompute + the copies the next block's compute cannot hide "
                       "(recommend/remedies/offload.py) + 2 x the state shard over the host link")
+NOT_REPLAYED = ("not planned: no deep step ran the chain's forward and backward once (gradient accumulation, "
+                "several forwards per step), so the timeline the plans are solved on cannot be replayed")
 # ``APPLY_CLASSES`` runs from the least strict to the strictest: a plan takes its strictest part's.
 STRICTNESS = APPLY_CLASSES
 
@@ -249,8 +251,8 @@ def propose(profile: Profile, finding: Finding) -> Proposal:
     figures = module_figures(profile.modules)
     recompute = [float(b.recompute_s or 0.0) for b in chain.blocks]
     base = chain_memory(profile.memory_timeline, chain.names, *figures)
-    if base is None:
-        return Proposal()
+    if base is None:  # the plans move the peak's instant: without a replayable step they are not guessed
+        return Proposal(evidence=(Evidence(what="joint plans", value=NOT_REPLAYED),))
     offloading = optimizer or OFFLOAD in blocks
     bandwidth = offload.bandwidth_of(profile)[0]
     picks, lowest = [], None
