@@ -226,6 +226,22 @@ def test_the_lowest_stage_that_fits_the_budget_is_proposed(budget, stage, fits) 
     assert [e.what for e in proposal.evidence] == ["ZeRO-1 predicted", "ZeRO-2 predicted", "ZeRO-3 predicted"]
 
 
+def test_a_stage_the_job_refuses_is_not_the_one_chosen_while_another_can_apply() -> None:
+    """Tied weights refuse ZeRO-2/3: with nothing fitting, the lowest peak of the stages left is
+    listed (ZeRO-1, applicable), not ZeRO-3 marked not applicable; all refused, ZeRO-3 as before."""
+    import dataclasses
+
+    from advisor.records.events import RemedyChecks
+    from advisor.recommend.remedies.zero import propose
+
+    tied = RemedyChecks(checks={"zero": {"stage=2": "tied weights", "stage=3": "tied weights"}})
+    [rec] = propose(dataclasses.replace(_blocks_profile(), remedy_checks=(tied,)), memory(1000)).recommendations
+    assert rec.id == "zero-1" and not rec.fits
+    every = RemedyChecks(checks={"zero": {f"stage={k}": "no" for k in (1, 2, 3)}})
+    [rec] = propose(dataclasses.replace(_blocks_profile(), remedy_checks=(every,)), memory(1000)).recommendations
+    assert rec.id == "zero-3"
+
+
 def test_zero_is_refused_with_the_reason_when_no_optimizer_was_identified() -> None:
     from advisor.recommend.remedies.zero import propose
 

@@ -176,7 +176,8 @@ def refusal(profile: Profile) -> str | None:
 
 def propose(profile: Profile, finding: Finding) -> Proposal:
     """For a memory finding, the lowest ZeRO stage whose predicted peak fits its budget (its time
-    cost predicted too); when none fits, the stage with the lowest peak, which does not fit. Every
+    cost predicted too); when none fits, the stage with the lowest peak, which does not fit; stages
+    the job's checks refuse only when every stage is refused. Every
     stage's predicted peak and step time go into the evidence. For a communication finding of a
     ZeRO-3 job, a lower stage (``zero_lower.py``)."""
     if finding.rule == "communication":
@@ -210,8 +211,11 @@ def propose(profile: Profile, finding: Finding) -> Proposal:
                                  + ("" if cost.peak_bytes <= budget else " (over the budget)")))
     if not costs:
         return Proposal(evidence=tuple(evidence))
-    fitting = [c for c in costs if c.peak_bytes <= budget]
-    chosen = fitting[0] if fitting else min(costs, key=lambda c: (c.peak_bytes, c.stage))
+    # A stage the job's checks refuse (ZeRO-2/3 on tied weights) is chosen only when every stage is:
+    # the lowest peak of those that can apply is the one worth listing (and the joint plans build on).
+    allowed = [c for c in costs if profile.refusal("zero", {"stage": c.stage}) is None] or costs
+    fitting = [c for c in allowed if c.peak_bytes <= budget]
+    chosen = fitting[0] if fitting else min(allowed, key=lambda c: (c.peak_bytes, c.stage))
     return Proposal(evidence=tuple(evidence),
                     recommendations=(_recommendation(profile, m, stage_cost(m, 0), chosen, budget),))
 
