@@ -38,6 +38,10 @@ for step in range(args.steps):
             os._exit(9)
         if args.how == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+    if rank != args.fail_rank and step == args.fail_at and args.how in ("exit", "kill"):
+        # Not in a collective when the other rank dies: there, gloo raised "connection closed" and
+        # this rank could exit 1 before the launcher saw the other's 9 (a suite run under load).
+        time.sleep(5)
     loss = model(torch.randn(4, 8)).pow(2).mean()
     loss.backward()
     opt.step()
