@@ -148,9 +148,11 @@ def decide_exit(state: SessionState, returncode: int | None, nproc: int,
     exits: list[ExitInfo] = list(state.exits.values())  # arrival order: the first failure first
     launcher = launcher or {}
     if launcher:
-        # Timestamps are whole seconds: within one, a SIGTERM'd worker is the launcher's doing.
+        # Timestamps are whole seconds: within one, a SIGTERM'd worker is the launcher's doing, killed
+        # by the signal (-15) or ended by its agent's handler of it (143: the rank that died of
+        # SIGKILL in the same second was blamed on rank 0's 143 by rank order alone).
         rank = min(launcher, key=lambda r: (_seconds(launcher[r].get("timestamp")),
-                                            launcher[r]["exitcode"] == -signal.SIGTERM, r))
+                                            launcher[r]["exitcode"] in (-signal.SIGTERM, _SIGTERM_CODE), r))
         code = _code_of(int(launcher[rank]["exitcode"]))
         reported = state.exits.get(rank)
         if reported is not None and reported.code == code:

@@ -28,6 +28,17 @@ def test_launcher_record_names_the_rank_that_exited_first_with_its_own_code(tmp_
     assert "consequence: rank 0 stopped by SIGTERM" in reason
 
 
+def test_a_rank_its_agent_ended_on_the_launchers_sigterm_is_not_the_cause(tmp_path):
+    """torchrun records a worker whose agent handled the SIGTERM as exit code 143, not -15; in the
+    same second as another rank's SIGKILL, rank order alone blamed rank 0 (a suite run, 143)."""
+    (tmp_path / LAUNCHER_EXITS).write_text(json.dumps({
+        "1": {"exitcode": -9, "timestamp": 100, "signal": "SIGKILL"},
+        "0": {"exitcode": 143, "timestamp": 100, "signal": None}}))
+    code, reason = decide_exit(_state(SIGTERM_EXIT), 143, 2, read_launcher_exits(tmp_path))
+    assert (code, reason.split(" without")[0]) == (137, "rank 1 killed by SIGKILL")
+    assert "consequence: rank 0 stopped by SIGTERM" in reason
+
+
 def test_signal_death_in_the_launcher_record_is_128_plus_the_signal(tmp_path):
     (tmp_path / LAUNCHER_EXITS).write_text(json.dumps({"1": {"exitcode": -9, "timestamp": 5}}))
     code, reason = decide_exit(_state(SIGTERM_EXIT), 1, 2, read_launcher_exits(tmp_path))
