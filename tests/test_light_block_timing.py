@@ -332,6 +332,28 @@ def test_the_first_timed_light_step_follows_the_deep_ones() -> None:
     assert [k for k in range(12) if light_timing_due(k)] == [4, 9]
 
 
+def test_block_timing_backs_off_as_the_run_grows() -> None:
+    """Ten timings at the period asked for, then the period doubles after each ten more, up to 16
+    times it: a timed step costs more than another, and a long run does not pay for it for good."""
+    from advisor.records.schedule import light_timing_due
+
+    due = [k for k in range(2000) if light_timing_due(k)]
+    assert due[:10] == list(range(4, 50, 5))  # the first ten: one step in five, as before
+    assert due[10:20] == list(range(59, 150, 10)) and due[20:30] == list(range(169, 350, 20))
+    gaps = [b - a for a, b in zip(due, due[1:])]
+    assert max(gaps) == 80 and gaps[-5:] == [80] * 5  # capped at 16 x 5
+    assert len(due) == 55  # against 400 at one step in five
+    assert [k for k in range(40) if light_timing_due(k, 3)][:10] == list(range(2, 30, 3))
+    assert not any(light_timing_due(k, 0) for k in range(100))
+
+
+def test_a_long_run_times_its_blocks_on_the_backed_off_steps() -> None:
+    steps = _run({"light_timing_every": 2}, 80, Net())
+    timed = [s.index for s in steps if s.module_forward_s]
+    # every 2nd step ten times (1..19), then every 4th ten times (23..59), then every 8th
+    assert timed == [*range(1, 20, 2), *range(23, 60, 4), 67, 75]
+
+
 def test_closing_the_agent_in_a_timed_step_takes_the_saved_tensor_hooks_off() -> None:
     """A script that ends inside a timed light step, or a caller that uninstalls the hooks there,
     leaves no hook of the advisor's on autograd (the full suite once found another test's timer

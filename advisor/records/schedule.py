@@ -1,9 +1,9 @@
 """Which steps the agent samples how, for the agent and the controller alike (torch-free).
 
 Deep steps (``deep_steps``, default 1-3) run the probes; one light step in
-``LIGHT_TIMING_EVERY`` (due at steps 4, 9, 14, ...) times the numbered modules' forward
-(``advisor/agent/block_timer.py``), or the first light step after it that follows a light step
-(``light_timing_now``: step 5 after the default deep steps). The controller's apply waits for the first of those after the
+``LIGHT_TIMING_EVERY`` (due at steps 4, 9, 14, ..., backing off as a run grows: ``light_timing_due``)
+times the numbered modules' forward (``advisor/agent/block_timer.py``), or the first light step
+after it that follows a light step (``light_timing_now``: step 5 after the default deep steps). The controller's apply waits for the first of those after the
 deep steps when the step asked for leaves room (``advisor/advice.py``).
 """
 
@@ -18,24 +18,36 @@ LIGHT_TIMING_EVERY = 5
 # of store records; at every 100th step for good, a million-step run held 10,000 of them.
 DEEP_PER_PERIOD = 10
 DEEP_PERIOD_CAP = 64
+# Block timing backs off the same way, up to LIGHT_TIMING_CAP times its period: a timed step costs
+# 1.5-2.5% more than another (its saved-tensor hooks and clock reads; the 20 ms MLP of
+# bench/overhead.py), which one step in five made 0.3-0.5% of every step for good. The figures are
+# medians over the timed steps: ten at the start settle them, and later ones keep them current.
+LIGHT_TIMING_PER_PERIOD = 10
+LIGHT_TIMING_CAP = 16
 # Light memory samples: every light step's until step 2 * LIGHT_SAMPLES_FULL, then one per bucket
 # of light steps, a bucket twice as long each time the run doubles (the sample of largest total kept).
 LIGHT_SAMPLES_FULL = 10_000
+
+
+def backoff_due(n: int, every: int, *, per_period: int, cap: int) -> bool:
+    """Whether ``n`` (> 0) is due on a schedule that backs off: every ``every``-th for the first
+    ``per_period``, then the period doubles after each ``per_period`` more, up to ``cap`` times ``every``."""
+    if every <= 0 or n <= 0:
+        return False
+    start, period = 0, every
+    while period < every * cap:
+        end = start + per_period * period
+        if n <= end:
+            break
+        start, period = end, period * 2
+    return (n - start) % period == 0
 
 
 def periodic_deep_due(step: int, every: int) -> bool:
     """Whether ``step`` is a periodic deep step (``--deep-every``): every ``every``-th step for the
     first ``DEEP_PER_PERIOD`` of them, then the period doubles after each ``DEEP_PER_PERIOD`` more,
     up to ``DEEP_PERIOD_CAP`` times ``every``. With 100: 100, 200, ... 1000, 1200, ... 3000, 3400, ..."""
-    if every <= 0 or step <= 0:
-        return False
-    start, period = 0, every
-    while period < every * DEEP_PERIOD_CAP:
-        end = start + DEEP_PER_PERIOD * period
-        if step <= end:
-            break
-        start, period = end, period * 2
-    return (step - start) % period == 0
+    return backoff_due(step, every, per_period=DEEP_PER_PERIOD, cap=DEEP_PERIOD_CAP)
 
 
 def light_sample_bucket(step: int, full: int = LIGHT_SAMPLES_FULL) -> tuple[int, int]:
@@ -48,8 +60,11 @@ def light_sample_bucket(step: int, full: int = LIGHT_SAMPLES_FULL) -> tuple[int,
 
 
 def light_timing_due(step: int, every: int = LIGHT_TIMING_EVERY) -> bool:
-    """Whether ``step`` (when light) times its numbered modules' forward: steps every-1, 2*every-1, ..."""
-    return every > 0 and step % every == every - 1
+    """Whether ``step`` (when light) times its numbered modules' forward: steps every-1, 2*every-1,
+    ... for ``LIGHT_TIMING_PER_PERIOD`` of them, then backing off up to ``LIGHT_TIMING_CAP`` times
+    ``every`` (``backoff_due``). With 5: 4, 9, ..., 49, 59, ..., 149, 169, ..., 349, 389, ...;
+    every 80th step from step 749 on."""
+    return backoff_due(step + 1, every, per_period=LIGHT_TIMING_PER_PERIOD, cap=LIGHT_TIMING_CAP)
 
 
 def light_timing_now(step: int, *, owed: bool, after_deep: bool,
