@@ -185,6 +185,23 @@ def test_drain_returns_once_everything_emitted_is_sent(monkeypatch):
         server.close()
 
 
+def test_the_senders_wake_is_used_up_by_the_wait_that_sees_it():
+    from advisor.agent.channel import Wake
+
+    wake = Wake()
+    assert wake.wait(0.01) is False  # unset: the wait runs out
+    wake.set()
+    wake.set()  # set twice before a wait: one wake-up, no error
+    assert wake.wait(5.0) is True
+    assert wake.wait(0.01) is False  # used up
+    seen = []
+    waiter = threading.Thread(target=lambda: seen.append(wake.wait(30.0)))
+    waiter.start()
+    wake.set()  # from another thread, while the waiter waits
+    waiter.join(30.0)
+    assert seen == [True]
+
+
 def test_drain_does_not_wait_for_a_controller_not_connected(tmp_path):
     """A sender still trying to connect completes no round: a deep step's boundary waited the whole
     drain timeout for it. Unconnected, drain returns at once and the records stay buffered."""

@@ -89,6 +89,29 @@ def message_of(item: Any) -> dict[str, Any]:
     return item if type(item) is dict else {"kind": item.KIND, "data": item.to_dict()}
 
 
+class Wake:
+    """An event one thread waits on, cleared by the wait that sees it set: a bare lock held while
+    unset, so ``wait`` is one C call. ``threading.Event.wait`` runs a ``Condition``'s Python code
+    with a fresh lock per call, holding the interpreter lock the training thread needs between its
+    ops, and the sender waits 20 times a second (its CPU a round beyond the records' encoding,
+    the 20 ms MLP of bench/overhead.py under attach: 98 -> 76-83 us, most of it now the kernel's
+    timed wait, outside the interpreter lock)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def set(self) -> None:
+        try:
+            self._lock.release()  # any thread may release a plain lock
+        except RuntimeError:
+            pass  # set already, and not yet seen
+
+    def wait(self, timeout: float) -> bool:
+        """Wait until set (True, and unset again) or ``timeout`` seconds (False)."""
+        return self._lock.acquire(timeout=timeout)
+
+
 class AgentChannel:
     def __init__(
         self,
@@ -107,9 +130,10 @@ class AgentChannel:
         self._on_command = on_command
         # deque.append and popleft are atomic: the training thread never takes a lock here.
         self._pending: collections.deque = collections.deque()
-        self._wake = threading.Event()
+        self._wake = Wake()
         self._rounds = 0  # the sender's completed rounds (``drain`` waits for one)
         self._round_done = threading.Condition()
+        self._draining = 0  # threads in ``drain``: the sender notifies a round's end only then
         self._closing = False
         self._sock: socket.socket | None = None
         self._conn_id: str | None = None  # the controller's challenge nonce: names this connection
@@ -155,8 +179,12 @@ class AgentChannel:
             return True
         with self._round_done:
             done = self._rounds
+            self._draining += 1
             self._wake.set()
-            return self._round_done.wait_for(lambda: self._rounds > done and not self._pending, timeout)
+            try:
+                return self._round_done.wait_for(lambda: self._rounds > done and not self._pending, timeout)
+            finally:
+                self._draining -= 1
 
     def close(self, timeout: float = 5.0) -> None:
         """Send what is buffered (bounded by ``timeout``), then stop the sender."""
@@ -187,8 +215,7 @@ class AgentChannel:
                 reader = self._handshake(sock)
             except (OSError, WireError):  # refused, or closed before its challenge: try again
                 sock.close()
-                if self._wake.wait(delay):  # close() cuts the wait short: then spill at once
-                    self._wake.clear()
+                self._wake.wait(delay)  # close() cuts the wait short: then spill at once
                 delay = min(delay * 2, RETRY_MAX_S)
                 continue
             if reader is None:
@@ -221,13 +248,13 @@ class AgentChannel:
         while True:
             closing = self._closing  # read before draining: what was emitted before close() goes out
             self._send_batch()
-            with self._round_done:
-                self._rounds += 1
-                self._round_done.notify_all()
+            self._rounds += 1
+            if self._draining:  # (a drain that starts after this reads the new count first)
+                with self._round_done:
+                    self._round_done.notify_all()
             if closing:
                 break
-            if self._wake.wait(SEND_INTERVAL_S):
-                self._wake.clear()  # once per urgent record, not a spin from then on
+            self._wake.wait(SEND_INTERVAL_S)  # a wake-up is used up by the wait that sees it
         if self._spill is not None:
             self._spill.close()
 
