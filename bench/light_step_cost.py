@@ -8,7 +8,9 @@ The agent is installed as ``bench/overhead_inproc.py`` installs it (its records 
 ``AgentChannel``, deep probes off, light block timing on), and each of its callbacks (a forward
 pre/post hook, the backward's start and end, the optimizer's pre and post hooks, zero_grad) is
 timed with ``time.perf_counter_ns`` around it. Printed: calls and microseconds per step of each,
-their sum, and that sum over the measured step time. The callbacks run once a step between
+their sum, and that sum over the measured step time; then the channel's sender thread's CPU time
+per step over the same steps (``/proc``: user and system time, so its waits' kernel time too; the
+part it runs under the interpreter lock is what the training thread can wait for between ops). The callbacks run once a step between
 milliseconds of the user's kernels, so their code and data are cold: they cost many times what a
 loop of the same calls measures, which is why this times them in place. What it leaves out: the
 global hook's own dispatch (``bench/module_hooks.py``) and what the agent's work evicts from the
@@ -19,6 +21,7 @@ and ``bench/overhead.py``).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -77,11 +80,13 @@ def main(argv: list[str] | None = None) -> int:
             step()
         spent.clear()
         calls.clear()
+        sender_before = thread_cpu_s(sink.channel._sender.native_id)
         times = []
         for _ in range(ns.steps):
             start = time.perf_counter()
             step()
             times.append(time.perf_counter() - start)
+        sender_s = thread_cpu_s(sink.channel._sender.native_id) - sender_before
     finally:
         hooks.remove()
         sink.channel.close()
@@ -93,7 +98,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:18} {calls[name] / ns.steps:10.1f} {spent[name] / ns.steps / 1e3:9.1f}")
     total = sum(spent.values()) / ns.steps / 1e3
     print(f"{'all callbacks':18} {'':10} {total:9.1f}  = {total / (median * 1e6):.2%} of the median step")
+    if sender_s == sender_s:  # not NaN: /proc was readable
+        sender = sender_s / ns.steps * 1e6
+        print(f"{'sender thread CPU':18} {'':10} {sender:9.1f}  = {sender / (median * 1e6):.2%} of the median step "
+              f"(clock ticks: +-{1e6 / os.sysconf('SC_CLK_TCK') / ns.steps:.0f} us a step)")
     return 0
+
+
+def thread_cpu_s(native_id: int | None) -> float:
+    """User plus system CPU seconds of this process's thread ``native_id`` (NaN where /proc cannot say)."""
+    try:
+        with open(f"/proc/self/task/{native_id}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 if __name__ == "__main__":

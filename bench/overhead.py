@@ -31,7 +31,9 @@ repetition and overall; per advisor configuration, the ratio advisor / bare of
 the medians within each repetition (median and min..max over repetitions), a
 95% bootstrap interval of that median (each resample draws the repetitions, and
 within each drawn one both runs' steps, with replacement: the noise between and
-within runs) and the pooled ratio. Target for light probes: <= 1.03 with the
+within runs) and the pooled ratio; then the same ratio on the steps each advisor run block-timed (its report's
+``steps[].module_forward_s``: the light block timing, a few steps early in a run and
+fewer as it grows) and on the rest. Target for light probes: <= 1.03 with the
 interval's upper end below 1.05 (issue 37).
 
 Every process runs with ``OMP_NUM_THREADS=1`` by default (``--threads``): OpenMP
@@ -75,6 +77,7 @@ class Run:
     rep: int
     stamps: dict[int, float] = field(default_factory=dict)
     deep: set[int] = field(default_factory=set)
+    timed: set[int] = field(default_factory=set)  # light steps that timed their blocks (module_forward_s)
     wall_s: float = 0.0
     load: float = 0.0  # 1-minute load average when the run started (os.getloadavg)
 
@@ -154,6 +157,36 @@ def deep_steps(report_path: Path) -> set[int]:
     return {int(s["index"]) for s in report.get("steps") or [] if s.get("deep")}
 
 
+def timed_steps(report_path: Path) -> set[int]:
+    """The light steps that timed their numbered modules' forward (``module_forward_s`` not empty)."""
+    report = json.loads(report_path.read_text())
+    return {int(s["index"]) for s in report.get("steps") or [] if s.get("module_forward_s") and not s.get("deep")}
+
+
+def split_by_timing(runs: list[Run], kept: list[int], labels: list[str], reps: range) -> None:
+    """The ratio to bare on the steps an advisor run block-timed and on the rest, from each run's
+    report: what the light block timing costs where it runs, and what every other step pays."""
+    timed = set().union(*(r.timed for r in runs))
+    if not timed:
+        return
+    print()
+    print(f"{'by step (median ratio)':24s} {'block-timed':>12s} {'other':>8s}   ({len(timed & set(kept))} "
+          f"of {len(kept)} compared steps block-timed in some run)")
+    by_run = {(r.config, r.rep): r for r in runs}
+    for label in labels[1:]:
+        cells = []
+        for pick in (lambda i, run: i in run.timed, lambda i, run: i not in run.timed):
+            ratios = []
+            for rep in reps:
+                run, bare = by_run[(label, rep)], by_run[("bare", rep)]
+                own = [i for i in kept if pick(i, run)]
+                if own:
+                    ratios.append(statistics.median(run.intervals()[i] for i in own)
+                                  / statistics.median(bare.intervals()[i] for i in own))
+            cells.append(f"{statistics.median(ratios):.3f}" if ratios else "-")
+        print(f"{label:24s} {cells[0]:>12s} {cells[1]:>8s}")
+
+
 def low(series: list[float]) -> float:
     """20th percentile: the step time with less of other processes' interference in it."""
     if len(series) < 2:
@@ -180,7 +213,7 @@ def measure(args: argparse.Namespace) -> list[Run]:
                 print(f"  rep {rep + 1}/{args.reps} {label:24s} ...", end="", flush=True, file=sys.stderr)
                 run = timed_run(full, env, label, rep)
                 if advised:
-                    run.deep = deep_steps(report)
+                    run.deep, run.timed = deep_steps(report), timed_steps(report)
                 print(f" {len(run.stamps)} step lines in {run.wall_s:.1f} s", file=sys.stderr)
                 runs.append(run)
     return runs
@@ -247,6 +280,7 @@ def summarise(runs: list[Run], args: argparse.Namespace, commands: list[tuple[st
                 line += f" {statistics.median(pooled[label]) / statistics.median(pooled['bare']):8.3f}"
                 line += f" {lo:7.3f}..{hi:.3f}"
             print(line)
+    split_by_timing(runs, kept, labels, reps)
     print(f"\ntarget for light probes: advisor / bare <= {TARGET:.2f} (median over repetitions), "
           f"the interval's upper end < 1.05")
     fastest = min(med[(label, r)] for label in labels for r in reps)
