@@ -50,10 +50,11 @@ BUDGET_FRACTION = 0.7
 PEAK_TOLERANCE = 0.05
 STEP_TIME_TOLERANCE = 0.10
 SMOKE_TIMEOUT_S = 240
-# A smoke run's bare (reference) runs wait less: the slowest takes 28 s alone (hf_clm_compile), and
-# what outlasts this is a hang of torch's own (accelerate_accum's gloo teardown, without the
-# advisor), run again sooner; three of them held a suite run 12 minutes at 240 s each.
-SMOKE_BARE_TIMEOUT_S = 120
+# Bare (reference) runs wait less than attached ones: the slowest takes 28 s alone (hf_clm_compile's
+# full run), and what outlasts this is a hang of torch's own (accelerate_accum's gloo teardown,
+# without the advisor), run again sooner; three of them held a suite run 12 minutes at 240 s each,
+# and the full table 21 minutes at 420 s. An attached run keeps the longer limit: its stall is a defect.
+BARE_TIMEOUT_S = 150
 BARE_RETRIES = 3  # bare runs (without the advisor) that hang or lose a rank to a signal: run again at most this often
 _STALL = "no decision from the controller"
 _DIGEST_LINE = re.compile(r"^zoo: .* sha256 [0-9a-f]+$", re.M)
@@ -382,7 +383,7 @@ def run_entry(entry: Entry, *, home: Path, smoke: bool, steps: int | None = None
     steps = steps if steps is not None else (entry.smoke_steps if smoke else entry.full_steps)
     timeout = min(entry.timeout_s, SMOKE_TIMEOUT_S) if smoke else entry.timeout_s
     result = EntryResult(entry=entry, steps=steps)
-    bare_timeout = min(timeout, SMOKE_BARE_TIMEOUT_S) if smoke else timeout
+    bare_timeout = min(timeout, BARE_TIMEOUT_S)
     bare = execute(entry, steps, home, "bare", None, timeout_s=bare_timeout)
     hangs = killed = 0
     while hangs + killed < BARE_RETRIES:
