@@ -152,15 +152,12 @@ def bootstrap_interval(series: dict[tuple[str, int], list[float]], label: str, r
     return float(low_end), float(high_end)
 
 
-def deep_steps(report_path: Path) -> set[int]:
-    report = json.loads(report_path.read_text())
-    return {int(s["index"]) for s in report.get("steps") or [] if s.get("deep")}
-
-
-def timed_steps(report_path: Path) -> set[int]:
-    """The light steps that timed their numbered modules' forward (``module_forward_s`` not empty)."""
-    report = json.loads(report_path.read_text())
-    return {int(s["index"]) for s in report.get("steps") or [] if s.get("module_forward_s") and not s.get("deep")}
+def report_steps(report_path: Path) -> tuple[set[int], set[int]]:
+    """(the deep steps, the light steps that timed their numbered modules' forward: a non-empty
+    ``module_forward_s``) of an advisor run's report."""
+    steps = json.loads(report_path.read_text()).get("steps") or []
+    return ({int(s["index"]) for s in steps if s.get("deep")},
+            {int(s["index"]) for s in steps if s.get("module_forward_s") and not s.get("deep")})
 
 
 def split_by_timing(runs: list[Run], kept: list[int], labels: list[str], reps: range) -> None:
@@ -172,17 +169,16 @@ def split_by_timing(runs: list[Run], kept: list[int], labels: list[str], reps: r
     print()
     print(f"{'by step (median ratio)':24s} {'block-timed':>12s} {'other':>8s}   ({len(timed & set(kept))} "
           f"of {len(kept)} compared steps block-timed in some run)")
-    by_run = {(r.config, r.rep): r for r in runs}
+    by_run = {(r.config, r.rep): (r, r.intervals()) for r in runs}
     for label in labels[1:]:
         cells = []
         for pick in (lambda i, run: i in run.timed, lambda i, run: i not in run.timed):
             ratios = []
             for rep in reps:
-                run, bare = by_run[(label, rep)], by_run[("bare", rep)]
+                (run, times), (_, bare) = by_run[(label, rep)], by_run[("bare", rep)]
                 own = [i for i in kept if pick(i, run)]
                 if own:
-                    ratios.append(statistics.median(run.intervals()[i] for i in own)
-                                  / statistics.median(bare.intervals()[i] for i in own))
+                    ratios.append(statistics.median(times[i] for i in own) / statistics.median(bare[i] for i in own))
             cells.append(f"{statistics.median(ratios):.3f}" if ratios else "-")
         print(f"{label:24s} {cells[0]:>12s} {cells[1]:>8s}")
 
@@ -213,7 +209,7 @@ def measure(args: argparse.Namespace) -> list[Run]:
                 print(f"  rep {rep + 1}/{args.reps} {label:24s} ...", end="", flush=True, file=sys.stderr)
                 run = timed_run(full, env, label, rep)
                 if advised:
-                    run.deep, run.timed = deep_steps(report), timed_steps(report)
+                    run.deep, run.timed = report_steps(report)
                 print(f" {len(run.stamps)} step lines in {run.wall_s:.1f} s", file=sys.stderr)
                 runs.append(run)
     return runs
