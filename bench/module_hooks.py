@@ -1,15 +1,17 @@
-"""What a light step's global module hooks cost per module, in one process, side by side.
+"""What a step's global module hooks cost per module, in one process, side by side.
 
     python bench/module_hooks.py                   # 1000 blocks (6001 modules), 5 rounds
     python bench/module_hooks.py --blocks 200 --rounds 9
 
 One forward of an ``nn.Sequential`` of ``--blocks`` blocks (a Linear(8, 8) and four Identity),
-one thread, timed three ways, the three alternated each round: bare; with two no-op global hooks
-(a forward pre-hook, and a forward hook with ``always_call=True`` as the agent registers it), the
-cost of PyTorch's slow ``_call_impl`` path that any global hook turns on; and with the agent's own
-hooks (``advisor.agent.hooks.install`` on an agent with no probes, a light step's). Each figure is
-the best of 15 forwards; printed: the median over rounds of each, and per module the hooks' cost
-over bare and the agent's own work over the no-op hooks.
+one thread, timed four ways, alternated each round: bare; with two no-op global hooks (a
+forward pre-hook, and a forward hook with ``always_call=True`` as the agent registers it), the
+cost of PyTorch's slow ``_call_impl`` path that any global hook turns on; with the agent's own
+hooks on a light step (``advisor.agent.hooks.install`` on an agent with no probes: the pair is
+lifted inside the top-level forward, ``advisor/agent/forward_hooks.py``); and the same with one
+no-op subscriber to the agent's module events, as on a deep or block-timed step, where every
+module's call is seen. Each figure is the best of 15 forwards; printed: the median over rounds of
+each, and per module each one's cost over bare.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ def main() -> None:
     modules = sum(1 for _ in model.modules())
     x = torch.randn(2, 8)
     agent = Agent(emit=lambda record: None, settings=AgentSettings(probes=()), probes=[])
-    times: dict[str, list[float]] = {"bare": [], "no-op global hooks": [], "advisor hooks": []}
+    times: dict[str, list[float]] = {"bare": [], "no-op global hooks": [], "advisor, light step": [],
+                                     "advisor, deep step": []}
     for _ in range(args.rounds):
         times["bare"].append(best_forward(model, x))
         handles = noop_hooks()
@@ -66,15 +69,17 @@ def main() -> None:
         for handle in handles:
             handle.remove()
         hooks = install(agent)
-        times["advisor hooks"].append(best_forward(model, x))
+        times["advisor, light step"].append(best_forward(model, x))
+        unsubscribe = agent.module_events.subscribe(lambda module, args: None, lambda module, args, out: None)
+        times["advisor, deep step"].append(best_forward(model, x))
+        unsubscribe()
         hooks.remove()
     medians = {name: statistics.median(values) for name, values in times.items()}
     print(f"{modules} modules, one forward, best of {FORWARDS}, median of {args.rounds} rounds (one thread)")
-    for name, value in medians.items():
-        print(f"  {name:<20} {value * 1e3:8.2f} ms")
     per = 1e6 / modules
-    print(f"  no-op hooks over bare:         {(medians['no-op global hooks'] - medians['bare']) * per:.2f} us a module")
-    print(f"  advisor hooks over no-op hooks: {(medians['advisor hooks'] - medians['no-op global hooks']) * per:.2f} us a module")
+    for name, value in medians.items():
+        over = "" if name == "bare" else f"   {(value - medians['bare']) * per:+.2f} us a module over bare"
+        print(f"  {name:<20} {value * 1e3:8.2f} ms{over}")
 
 
 if __name__ == "__main__":

@@ -232,12 +232,14 @@ class Agent:
             self.disabled = was
 
     # -- hook callbacks --------------------------------------------------------------
-    def forward_pre(self, module: torch.nn.Module) -> None:
+    def forward_pre(self, module: torch.nn.Module) -> bool:
+        """A module's forward starts; True when it is a top-level forward (the agent's hooks may
+        then lift the per-module hooks for its length, ``advisor/agent/forward_hooks.py``)."""
         if self.disabled or torch._C._current_graph_task_id() != -1:
-            return  # recomputation under checkpointing runs forwards inside backward
+            return False  # recomputation under checkpointing runs forwards inside backward
         self._fwd_depth += 1
         if self._fwd_depth != 1:
-            return
+            return False
         self._check_interrupt()
         training = torch.is_grad_enabled()
         if training:
@@ -254,6 +256,7 @@ class Agent:
             if fetched is not None and phase == "data":
                 self._eval_iters.add(fetched)  # its next batches are eval time too
             self._set_phase("eval")
+        return True
 
     def forward_post(self, module: torch.nn.Module) -> None:
         if self.disabled or torch._C._current_graph_task_id() != -1:

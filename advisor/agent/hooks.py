@@ -6,6 +6,8 @@ calls it, so one wrapper sees both spellings and the tensor the loss is),
 ``DataLoader``'s iterator ``__next__`` (to time data waits precisely),
 ``GradScaler.scale`` (to record the unscaled loss), the constructors in ``advisor.agent.capture``
 and the ``zero_grad`` of modules and optimizers (a step boundary in loops without an optimizer).
+The module forward pair is lifted inside a light step's top-level forward
+(``advisor/agent/forward_hooks.py``): only the deep and block-timed steps pay per module.
 
 Every hook returns at once while dynamo traces (``torch.compiler.is_compiling()``): the
 body is then a constant no-op for dynamo, so a compiled model gets no graph break and no
@@ -22,11 +24,11 @@ from typing import Any, Callable
 
 import torch
 import torch.autograd
-from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
 from torch.utils.data import dataloader
 
 from advisor.agent.agent import Agent
+from advisor.agent.forward_hooks import ForwardHooks
 from advisor.records.samples import BOUNDARY_SPAN
 
 
@@ -56,7 +58,8 @@ def install(agent: Agent) -> InstalledHooks:
 
     def fwd_pre(module: torch.nn.Module, args: Any) -> None:
         if not compiling():
-            agent.forward_pre(module)
+            if agent.forward_pre(module) and not subscribed:
+                forward.lift(module)  # a light step's top-level forward: its modules' calls unhooked
             if subscribed:
                 events.pre(module, args)
 
@@ -79,14 +82,15 @@ def install(agent: Agent) -> InstalledHooks:
         call(optimizer)
 
     def opt_pre(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        forward.restore()
         boundary_work(agent.optimizer_pre, optimizer)
 
     def opt_post(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         boundary_work(agent.optimizer_post, optimizer)
 
+    forward = ForwardHooks(fwd_pre, fwd_post, ended=agent.forward_post)
+    forward.install(hooks.add)
     for handle in (
-        nn_module.register_module_forward_pre_hook(fwd_pre),
-        nn_module.register_module_forward_hook(fwd_post, always_call=True),
         optim_module.register_optimizer_step_pre_hook(opt_pre),
         optim_module.register_optimizer_step_post_hook(opt_post),
     ):
@@ -104,6 +108,7 @@ def install(agent: Agent) -> InstalledHooks:
     def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
         if compiling() or torch._C._current_graph_task_id() != -1:  # a backward inside backward
             return original_backward(tensors, *args, **kwargs)
+        forward.restore()
         agent.backward_start(tensors)
         try:
             return original_backward(tensors, *args, **kwargs)
@@ -146,6 +151,7 @@ def install(agent: Agent) -> InstalledHooks:
 
     @functools.wraps(original_next)
     def next_batch(self: Any) -> Any:
+        forward.restore()
         previous = agent.data_start(self)
         try:
             return original_next(self)

@@ -1,0 +1,113 @@
+"""The agent's pair of global module forward hooks, lifted inside a light step's top-level forward.
+
+Any global module hook sends every module call of the process down ``Module._call_impl``'s slow
+path (about 1.7 us a module on a 2-core CPU, ``bench/module_hooks.py``), and the agent's own pair
+adds its Python on top: a cost per module per step that grew with the model (a 5001-module model
+paid it 10,000 times a step). Outside the deep and block-timed steps nothing needs a module's
+event below the top level: the agent's phases, its model discovery and its step boundaries read
+the top-level forward only (``Agent.forward_pre`` says which call that is). So at a top-level
+forward with children, while no probe subscribes to module events, the pair is taken off for
+the forward's length: the module's calls inside take the fast path. One forward hook on the
+top-level module itself (``always_call``, so an exception ends it too) sees the forward end and
+puts the pair back; it is removed at once, so nothing of the agent is left on the script's
+module between its forwards (a ``torch.save(model)`` or a ``copy.deepcopy`` would carry it).
+
+``torch.compile`` guards on the global hook dicts: a compiled region traced with the pair and
+called without it (or the reverse) is compiled again (checked on torch 2.13: two graphs for
+one). So the pair stays on for good from the first ``torch.compile`` call (wrapped here, before
+dynamo traces anything) or the first frame dynamo compiled (``counters``, for code that reached
+dynamo another way), as it was before this lifting existed.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any, Callable
+
+import torch
+from torch.nn.modules import module as nn_module
+
+PreHook = Callable[[torch.nn.Module, Any], None]
+PostHook = Callable[[torch.nn.Module, Any, Any], None]
+
+
+def dynamo_compiled() -> bool:
+    """Whether dynamo has looked at any frame in this process (without importing it)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None) if utils is not None else None
+    return bool(counters and counters.get("frames", {}).get("total"))
+
+
+class ForwardHooks:
+    """The global forward pre-hook and forward hook (``always_call``) of the agent, and their lifting."""
+
+    def __init__(self, pre: PreHook, post: PostHook, *, ended: Callable[[torch.nn.Module], None]) -> None:
+        self._pre, self._post = pre, post
+        self._ended = ended  # the top-level forward's end while the pair is off (the agent's forward_post)
+        self._handles: list[Any] = []
+        self._lifted: Any = None  # the top-level module's own forward hook while the pair is off
+        self.liftable = not dynamo_compiled()  # False for good once anything is compiled
+
+    def install(self, add_undo: Callable[[Callable[[], None]], None]) -> None:
+        self._register()
+        original = torch.compile
+
+        @functools.wraps(original)
+        def compile(*args: Any, **kwargs: Any) -> Any:
+            self.liftable = False  # before dynamo traces anything: the pair stays on
+            self.restore()
+            return original(*args, **kwargs)
+
+        torch.compile = compile  # type: ignore[assignment]
+        add_undo(lambda: setattr(torch, "compile", original))
+        add_undo(self.remove)
+
+    def remove(self) -> None:
+        self._drop_lifted()
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def _register(self) -> None:
+        self._handles = [nn_module.register_module_forward_pre_hook(self._pre),
+                         nn_module.register_module_forward_hook(self._post, always_call=True)]
+
+    def lift(self, module: torch.nn.Module) -> None:
+        """``module``'s top-level forward starts (the pre-hook's call): take the pair off until it ends.
+        The caller checks that no probe subscribes to module events."""
+        self._drop_lifted()  # one an exception left behind (the pair is on: this is its pre-hook)
+        if not self.liftable or not self._handles or not module._modules:
+            return  # a leaf (a loss module) saves nothing; compiled code must see one state
+        if dynamo_compiled():
+            self.liftable = False
+            return
+        self._lifted = module.register_forward_hook(self._forward_ended, always_call=True)
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def _forward_ended(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        self._ended(module)
+        if sys.exc_info()[0] is None:
+            # ``_call_impl`` calls forward hooks from a copy of its dict: removing this one is safe.
+            # On an exception it iterates the live dict: the next ``restore`` removes it.
+            self._drop_lifted()
+        if not self._handles:
+            self._register()
+
+    def restore(self) -> None:
+        """The pair back on, if a forward left it off (an interrupt skips the always-called hooks)."""
+        if self._lifted is not None:
+            self._drop_lifted()
+            if not self._handles:
+                self._register()
+
+    def _drop_lifted(self) -> None:
+        lifted, self._lifted = self._lifted, None
+        if lifted is not None:
+            lifted.remove()
+
+    @property
+    def lifted(self) -> bool:
+        return self._lifted is not None and not self._handles

@@ -1,0 +1,150 @@
+"""A light step's top-level forward runs its modules without the agent's global hooks
+(``advisor/agent/forward_hooks.py``); deep steps, compiled code and the script's own files see
+what they saw before."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+import torch
+from fakes import Emitted
+from torch import nn
+from torch.nn.modules import module as nn_module
+
+from advisor.agent.agent import Agent
+from advisor.agent.hooks import install
+from advisor.records.samples import StepSample
+from advisor.records.settings import AgentSettings
+
+
+def net() -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 16), nn.Sequential(nn.ReLU(), nn.Linear(16, 16)), nn.Linear(16, 1))
+
+
+@pytest.fixture
+def counted():
+    """(agent, emitted, calls): the agent's hooks installed, and each module its forward pre-hook saw."""
+    emitted = Emitted()
+    agent = Agent(emit=emitted.append, settings=AgentSettings(deep_steps=()))
+    calls: list[nn.Module] = []
+    original = agent.forward_pre
+
+    def forward_pre(module):
+        calls.append(module)
+        return original(module)
+
+    agent.forward_pre = forward_pre
+    hooks = install(agent)
+    try:
+        yield agent, emitted, calls
+    finally:
+        hooks.remove()
+
+
+def pair() -> tuple[int, int]:
+    return len(nn_module._global_forward_pre_hooks), len(nn_module._global_forward_hooks)
+
+
+def test_a_light_forward_calls_the_hooks_for_its_top_level_module_only(counted) -> None:
+    agent, emitted, calls = counted
+    model, on = net(), pair()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen_inside: list[tuple[int, int]] = []
+    model[1].register_forward_pre_hook(lambda module, args: seen_inside.append(pair()))
+    for _ in range(3):
+        calls.clear()
+        model(torch.randn(4, 8)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        assert calls == [model]  # not its five other modules
+    assert seen_inside == [(on[0] - 1, on[1] - 1)] * 3  # the pair off inside the forward
+    assert pair() == on  # and back on after it
+    unsubscribe = agent.module_events.subscribe(lambda m, a: None, lambda m, a, o: None)
+    calls.clear()
+    model(torch.randn(4, 8))
+    unsubscribe()
+    assert len(calls) == len(list(model.modules()))  # a deep step's subscriber sees every module
+    steps = [r for r in emitted if isinstance(r, StepSample)]
+    assert len(steps) == 3 and all(s.phases["forward_s"] > 0 for s in steps)
+
+
+def test_nothing_of_the_agent_stays_on_the_scripts_module(counted) -> None:
+    """A whole-model ``torch.save``, a pickle or a deepcopy right after a forward holds no hook."""
+    _, _, _ = counted
+    model = net()
+    model(torch.randn(2, 8))
+    assert not model._forward_hooks and not model._forward_hooks_always_called
+    assert not model._forward_pre_hooks
+    clone = pickle.loads(pickle.dumps(model))
+    assert not clone._forward_hooks and not copy.deepcopy(model)._forward_hooks
+
+
+def test_two_top_level_forwards_in_a_row_are_both_seen(counted) -> None:
+    """A teacher's forward under no_grad, then the student's: the second one starts the forward phase."""
+    agent, _, calls = counted
+    teacher, student = net(), net()
+    opt = torch.optim.SGD(student.parameters(), lr=0.1)
+    for _ in range(2):
+        calls.clear()
+        x = torch.randn(4, 8)
+        with torch.no_grad():
+            target = teacher(x)
+        assert agent.clock.phase == "eval"
+        out = student(x)
+        assert agent.clock.phase == "forward"
+        (out - target).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        assert calls == [teacher, student]
+
+
+def test_a_forward_that_raises_puts_the_pair_back(counted) -> None:
+    agent, _, calls = counted
+    model, on = net(), pair()
+
+    class Boom(nn.Module):
+        def forward(self, x):
+            raise ValueError("boom")
+
+    model.append(Boom())
+    with pytest.raises(ValueError):
+        model(torch.randn(2, 8))
+    assert pair() == on
+    model = model[:3]  # a forward that works: seen as top level again (the depth went back to 0)
+    calls.clear()
+    model(torch.randn(2, 8))
+    assert calls == [model] and pair() == on
+    assert not any(m._forward_hooks for m in model.modules())
+
+
+def test_an_interrupt_in_a_forward_is_mended_at_the_next_event(counted) -> None:
+    """KeyboardInterrupt skips always-called hooks: the next backward puts the pair back."""
+    _, _, calls = counted
+    model, on = net(), pair()
+
+    class Interrupt(nn.Module):
+        def forward(self, x):
+            raise KeyboardInterrupt
+
+    broken = nn.Sequential(nn.Linear(8, 8), Interrupt())
+    with pytest.raises(KeyboardInterrupt):
+        broken(torch.randn(2, 8))
+    assert pair() != on
+    model(torch.randn(2, 8)).sum().backward()  # unseen (the pair is off), then the backward mends
+    assert pair() == on and not broken._forward_hooks
+    calls.clear()
+    model(torch.randn(2, 8))
+    assert calls == [model]
+
+
+def test_after_torch_compile_the_pair_stays_on(counted) -> None:
+    """Compiled code guards on the global hook dicts: from the first ``torch.compile`` call on,
+    every module's call keeps the pair (else a compiled region would be compiled again)."""
+    _, _, calls = counted
+    eager = net()
+    torch.compile(nn.Linear(2, 2), backend="eager")  # never called: the call alone decides
+    calls.clear()
+    eager(torch.randn(2, 8))
+    assert len(calls) == len(list(eager.modules()))
