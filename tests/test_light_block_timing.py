@@ -399,7 +399,7 @@ def test_a_timed_step_keeps_no_graph_that_no_backward_freed_and_changes_no_gradi
     names = {id(m): (name, weakref.ref(m)) for name, m in model.named_modules() if block_timer.numbered(name)}
     handles = []
 
-    def subscribe(pre, post):
+    def subscribe(pre, post, modules=None):
         handles.extend([torch.nn.modules.module.register_module_forward_pre_hook(pre),
                         torch.nn.modules.module.register_module_forward_hook(post)])
         return lambda: [h.remove() for h in handles]
@@ -415,3 +415,31 @@ def test_a_timed_step_keeps_no_graph_that_no_backward_freed_and_changes_no_gradi
     finally:
         timer.stop()
     assert all(torch.equal(a, b) for a, b in zip(timed, reference))
+
+
+def test_a_timed_step_hooks_its_blocks_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The global pair is lifted on a timed step too: the blocks' inner modules run unhooked (as on
+    any light step, so a block's time is what it costs there), the blocks through hooks of their
+    own for the forward's length; none is left on them after it."""
+    from torch.nn.modules import module as nn_module
+
+    seen: dict[int, list[str]] = {}
+    model = Net()
+    names = {id(m): name for name, m in model.named_modules()}
+    original = Agent.forward_pre
+
+    def forward_pre(self, module):
+        seen.setdefault(self.clock.step, []).append(names.get(id(module), "?"))
+        return original(self, module)
+
+    monkeypatch.setattr(Agent, "forward_pre", forward_pre)
+    inner: list[tuple[int, int]] = []
+    model.blocks[1].inner.register_forward_pre_hook(
+        lambda module, args: inner.append((len(nn_module._global_forward_pre_hooks), len(model.blocks[1]._forward_hooks))))
+    before = len(nn_module._global_forward_pre_hooks)
+    steps = _run({"light_timing_every": 2}, 3, model)
+    assert steps[1].module_forward_s and not steps[0].module_forward_s and not steps[2].module_forward_s
+    assert seen[0] == seen[2] == [""]  # light steps: the top-level forward only
+    assert seen[1] == ["", "blocks.0", "blocks.1", "blocks.2"]  # the timed step: and its blocks
+    assert inner[1] == (before, 1)  # inside the timed block: no global pair, the block's own hook
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.blocks)

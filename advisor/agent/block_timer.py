@@ -8,8 +8,9 @@ events and times the forward of the numbered members of containers (``blocks.3``
 ``stages.0.1``): the modules the recommender can take as a chain's blocks. Every other light
 step runs no code of this module: the light path stays the agent's own push and pop.
 
-On a timed step each module call costs one dictionary look-up; the numbered ones also a
-``perf_counter`` pair. Forwards run inside backward (checkpoint recomputation) and evaluation
+On a timed step only the timed modules' calls reach the timer (the agent lifts its global hooks
+from every other call, advisor/agent/forward_hooks.py, so a block runs as on a light step); each
+costs a ``perf_counter`` pair. Forwards run inside backward (checkpoint recomputation) and evaluation
 forwards are not counted: the figure is the training forward, summed over the step's calls.
 
 The same steps measure what a checkpoint's recomputation of each module costs. PyTorch's
@@ -111,7 +112,7 @@ class BlockTimer:
     def active(self) -> bool:
         return self._unsubscribe is not None
 
-    def start(self, modules: dict[int, tuple[str, Any]], subscribe: Callable[[Any, Any], Unsubscribe], *,
+    def start(self, modules: dict[int, tuple[str, Any]], subscribe: Callable[[Any, Any, list], Unsubscribe], *,
               device: torch.device | None = None) -> None:
         """Time ``modules`` (id(module) -> (qualified name, weak reference)) until ``stop``; on a
         CUDA ``device``, by timing events on its current stream, else by the host's clock."""
@@ -138,7 +139,9 @@ class BlockTimer:
             self._hooks, self._thread = hooks, threading.get_ident()
         except RuntimeError:  # the script disabled saved-tensor hooks: forward times only
             self._hooks = None
-        self._unsubscribe = subscribe(self.pre, self.post)
+        # The timed modules only: the agent lifts its hooks from every other module's call
+        # (advisor/agent/forward_hooks.py), so a block is timed as a light step runs it.
+        self._unsubscribe = subscribe(self.pre, self.post, [m for _, ref in modules.values() if (m := ref()) is not None])
 
     def stop(self) -> tuple[dict[str, float], dict[str, float]] | DeviceTimes:
         """Stop timing; the step's forward and recompute seconds per module name (empty when none

@@ -11,6 +11,10 @@ the forward's length: the module's calls inside take the fast path. One forward 
 top-level module itself (``always_call``, so an exception ends it too) sees the forward end and
 puts the pair back; it is removed at once, so nothing of the agent is left on the script's
 module between its forwards (a ``torch.save(model)`` or a ``copy.deepcopy`` would carry it).
+A block-timed step lifts the pair too: its timer subscribes to the blocks it times only
+(``ModuleEvents.subscribe(..., modules)``), which get the pair's calls through hooks of their own
+for the forward's length, so a block's time is what it costs on a light step, without the
+per-module hook cost inside it. Deep steps, whose probes follow every module, keep the pair.
 
 ``torch.compile`` guards on the global hook dicts: a compiled region traced with the pair and
 called without it (or the reverse) is compiled again (checked on torch 2.13: two graphs for
@@ -42,11 +46,11 @@ def dynamo_compiled() -> bool:
 class ForwardHooks:
     """The global forward pre-hook and forward hook (``always_call``) of the agent, and their lifting."""
 
-    def __init__(self, pre: PreHook, post: PostHook, *, ended: Callable[[torch.nn.Module], None]) -> None:
+    def __init__(self, pre: PreHook, post: PostHook) -> None:
         self._pre, self._post = pre, post
-        self._ended = ended  # the top-level forward's end while the pair is off (the agent's forward_post)
         self._handles: list[Any] = []
         self._lifted: Any = None  # the top-level module's own forward hook while the pair is off
+        self._scoped: list[Any] = []  # the scoped subscribers' modules' hooks while the pair is off
         self.liftable = not dynamo_compiled()  # False for good once anything is compiled
 
     def install(self, add_undo: Callable[[Callable[[], None]], None]) -> None:
@@ -73,9 +77,11 @@ class ForwardHooks:
         self._handles = [nn_module.register_module_forward_pre_hook(self._pre),
                          nn_module.register_module_forward_hook(self._post, always_call=True)]
 
-    def lift(self, module: torch.nn.Module) -> None:
-        """``module``'s top-level forward starts (the pre-hook's call): take the pair off until it ends.
-        The caller checks that no probe subscribes to module events."""
+    def lift(self, module: torch.nn.Module, scoped: list[torch.nn.Module] = ()) -> None:  # type: ignore[assignment]
+        """``module``'s top-level forward starts (the pre-hook's call): take the pair off until it
+        ends. ``scoped``: the modules a scoped subscriber follows (a block-timed step's blocks),
+        which get the pair's calls through hooks of their own for the forward's length. The
+        caller checks that no subscriber follows every module."""
         self._drop_lifted()  # one an exception left behind (the pair is on: this is its pre-hook)
         if not self.liftable or not self._handles or not module._modules:
             return  # a leaf (a loss module) saves nothing; compiled code must see one state
@@ -83,12 +89,17 @@ class ForwardHooks:
             self.liftable = False
             return
         self._lifted = module.register_forward_hook(self._forward_ended, always_call=True)
+        for inner in scoped:
+            if inner is not module:  # first among its hooks, as the global pair's calls come
+                self._scoped += [inner.register_forward_pre_hook(self._pre, prepend=True),
+                                 inner.register_forward_hook(self._post, prepend=True, always_call=True)]
         for handle in self._handles:
             handle.remove()
         self._handles = []
 
     def _forward_ended(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        self._ended(module)
+        self._post(module, args, output)
+        self._drop_scoped()
         if sys.exc_info()[0] is None:
             # ``_call_impl`` calls forward hooks from a copy of its dict: removing this one is safe.
             # On an exception it iterates the live dict: the next ``restore`` removes it.
@@ -104,9 +115,15 @@ class ForwardHooks:
                 self._register()
 
     def _drop_lifted(self) -> None:
+        self._drop_scoped()
         lifted, self._lifted = self._lifted, None
         if lifted is not None:
             lifted.remove()
+
+    def _drop_scoped(self) -> None:
+        scoped, self._scoped = self._scoped, []
+        for handle in scoped:
+            handle.remove()
 
     @property
     def lifted(self) -> bool:

@@ -58,8 +58,9 @@ def install(agent: Agent) -> InstalledHooks:
 
     def fwd_pre(module: torch.nn.Module, args: Any) -> None:
         if not compiling():
-            if agent.forward_pre(module) and not subscribed:
-                forward.lift(module)  # a light step's top-level forward: its modules' calls unhooked
+            if agent.forward_pre(module) and not events.everywhere:
+                # a light step's top-level forward: its modules' calls unhooked (a timed one's blocks kept)
+                forward.lift(module, events.scoped_modules() if subscribed else ())
             if subscribed:
                 events.pre(module, args)
 
@@ -88,7 +89,7 @@ def install(agent: Agent) -> InstalledHooks:
     def opt_post(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         boundary_work(agent.optimizer_post, optimizer)
 
-    forward = ForwardHooks(fwd_pre, fwd_post, ended=agent.forward_post)
+    forward = ForwardHooks(fwd_pre, fwd_post)
     forward.install(hooks.add)
     for handle in (
         optim_module.register_optimizer_step_pre_hook(opt_pre),

@@ -3,8 +3,8 @@
     python bench/models/many_modules.py --modules 5001 --steps 12
 
 The model is an ``nn.Sequential`` of (Linear(16, 16), Tanh) pairs, ``--modules`` modules in all
-with the root; Adam, fp32, one fixed synthetic batch. Prints ``step N loss X`` after each step
-and, at the end, ``peak rss N KiB`` (this process's ``ru_maxrss``) and ``train s X`` (the loop's
+with the root; Adam, fp32, one fixed synthetic batch. Prints ``step N loss X s T`` after each step
+(T: the step's own seconds, forward to the loss read) and, at the end, ``peak rss N KiB`` (this process's ``ru_maxrss``) and ``train s X`` (the loop's
 own wall time, first step to last).
 """
 
@@ -32,11 +32,13 @@ def main() -> None:
     x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
     start = time.perf_counter()
     for step in range(args.steps):
+        t0 = time.perf_counter()
         loss = model(x).pow(2).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
-        print(f"step {step} loss {loss.item():.6f}", flush=True)
+        value = loss.item()
+        print(f"step {step} loss {value:.6f} s {time.perf_counter() - t0:.6f}", flush=True)
     print(f"train s {time.perf_counter() - start:.3f}", flush=True)
     print(f"peak rss {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss} KiB", flush=True)
 
