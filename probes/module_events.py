@@ -14,7 +14,8 @@ module names are known before a probe asks), with ``subscribe_module_events`` re
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import weakref
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -30,18 +31,39 @@ class ModuleEvents:
         # The one list, changed in place: the agent's hooks test it directly on every module call
         # (a ``__bool__`` call there was Python work per module of every light step).
         self.subscribers: list[tuple[PreHook, PostHook]] = []
+        self.everywhere = 0  # subscribers that follow every module (the deep probes)
+        self._scopes: dict[int, list[weakref.ref]] = {}  # id(entry) -> the modules a scoped one follows
 
-    def subscribe(self, pre: PreHook, post: PostHook) -> Unsubscribe:
+    def subscribe(self, pre: PreHook, post: PostHook, modules: Iterable[torch.nn.Module] | None = None) -> Unsubscribe:
+        """``pre`` and ``post`` on module forwards until the returned function is called: every
+        module's, or (``modules``) at least those modules' and the top-level module's, which lets
+        the agent's hooks lift the global pair for the rest (``advisor/agent/forward_hooks.py``).
+        A scoped subscriber may see other modules' events too (another's scope): it filters."""
         entry = (pre, post)
         self.subscribers.append(entry)
+        if modules is None:
+            self.everywhere += 1
+        else:
+            self._scopes[id(entry)] = [weakref.ref(m) for m in modules]
 
         def unsubscribe() -> None:
             try:
                 self.subscribers.remove(entry)
             except ValueError:  # already removed
-                pass
+                return
+            if self._scopes.pop(id(entry), None) is None:
+                self.everywhere -= 1
 
         return unsubscribe
+
+    def scoped_modules(self) -> list[torch.nn.Module]:
+        """The modules the scoped subscribers follow (alive, each once)."""
+        out: dict[int, torch.nn.Module] = {}
+        for refs in self._scopes.values():
+            for ref in refs:
+                if (module := ref()) is not None:
+                    out[id(module)] = module
+        return list(out.values())
 
     def __bool__(self) -> bool:
         return bool(self.subscribers)
