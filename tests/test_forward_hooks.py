@@ -148,3 +148,29 @@ def test_after_torch_compile_the_pair_stays_on(counted) -> None:
     calls.clear()
     eager(torch.randn(2, 8))
     assert len(calls) == len(list(eager.modules()))
+
+
+def test_a_checkpoints_recomputation_in_backward_runs_unhooked(counted) -> None:
+    """The agent reads no forward inside a backward: the pair is off there too, so recomputing a
+    checkpointed block costs what its (lifted) forward did, as the remedy's prediction assumes."""
+    from torch.utils.checkpoint import checkpoint
+
+    _, _, calls = counted
+    inner = net()
+
+    class Checkpointed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return checkpoint(self.inner, x, use_reentrant=False)
+
+    model, on = Checkpointed(), pair()
+    during: list[tuple[int, int]] = []
+    inner[0].register_forward_pre_hook(lambda module, args: during.append(pair()))
+    loss = model(torch.randn(4, 8)).square().mean()
+    loss.backward()
+    assert calls == [model]  # the recomputation's six module calls reached no hook of the agent
+    assert during == [(on[0] - 1, on[1] - 1)] * 2  # off in the forward and in the recomputation
+    assert pair() == on

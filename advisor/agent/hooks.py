@@ -111,9 +111,12 @@ def install(agent: Agent) -> InstalledHooks:
             return original_backward(tensors, *args, **kwargs)
         forward.restore()
         agent.backward_start(tensors)
+        lifted = not events.everywhere and forward.lift_for_backward()  # recomputations unhooked
         try:
             return original_backward(tensors, *args, **kwargs)
         finally:
+            if lifted:
+                forward.end_backward()
             agent.backward_end()
 
     torch.autograd.backward = backward
