@@ -255,9 +255,13 @@ def pair(before: list[StepSample], after: list[StepSample], *, measure_steps: in
          warmup: int = 1) -> tuple[Measurement, Measurement]:
     """Before and after on the same kind of step: light against light, else deep against deep.
 
-    ``before`` is the history ahead of the apply (its last ``measure_steps`` of the chosen kind
-    count); ``after`` the steps since, whose first ``warmup`` count for the peak only. When one
-    side has no step of the kind the other has, its time is None: unlike steps are not compared.
+    ``before`` is the history ahead of the apply: its last ``measure_steps`` deep steps count, or
+    every settled light step in it (the executor passes the last ``max(2 * measure_steps, 8)``
+    steps): the after window runs until its mean is known to ``SPREAD_SEM`` of itself, and a
+    before window of three 4-6 ms light steps moved the rebased prediction of hf_clm's
+    checkpointing by 10-20% from one run to the next (the zoo, 2026-11-29). ``after`` is the steps
+    since, whose first ``warmup`` count for the peak only. When one side has no step of the kind
+    the other has, its time is None: unlike steps are not compared.
     """
     timed_after = after[warmup:] if len(after) > warmup else after
     kinds = [k for k in ("light", "deep")
@@ -273,7 +277,7 @@ def pair(before: list[StepSample], after: list[StepSample], *, measure_steps: in
         # Step 0 pays one-off costs (first allocations, lazy initialisation): a time only when
         # no other step of the kind came before the apply.
         same = [s for s in same if s.index > 0] or same
-        b_time = (_settled(before, same) if kind == "light" else same)[-measure_steps:]
+        b_time = _settled(before, same) if kind == "light" else same[-measure_steps:]
         a = measure(after, warmup=warmup if len(after) > warmup else 0, kind=kind)
     peak, peak_steps = _peak(peak_before)
     b = Measurement(

@@ -410,3 +410,18 @@ def test_a_refused_choice_releases_the_held_ranks_at_once_and_is_said_in_the_rep
     loop._maybe_auto_apply()
     assert sent == [{"type": "release"}]
     assert warned == [(SAID_BY_ADVICE, "not applied: refused for the test")]  # printed once, by the loop
+
+
+def test_the_before_window_takes_every_settled_light_step_it_is_given() -> None:
+    """Three light steps of a noisy job read its speed 10-20% off (hf_clm, 4-6 ms steps): the
+    before window takes every settled light step the executor hands it (the last 8), not the
+    last ``measure_steps``; a deep window keeps the last ``measure_steps``."""
+    times = [5.9, 4.8, 4.2, 4.6, 4.0, 4.3]
+    before = [_s(1, True, 9.0), *(_s(i, False, t) for i, t in zip(range(3, 9), times))]  # step 2: a light one after deep
+    before.insert(1, _s(2, False, 7.0))
+    after = [_s(i, False, 6.0) for i in range(9, 14)]
+    b, _ = pair(before, after, measure_steps=3)
+    assert b.time_steps == (3, 4, 5, 6, 7, 8) and b.step_time_s == pytest.approx(sum(times) / 6)
+    deep_before = [_s(i, True, float(i)) for i in range(1, 6)]
+    b, _ = pair(deep_before, [_s(i, True, 6.0) for i in range(6, 10)], measure_steps=3)
+    assert b.time_steps == (3, 4, 5)
