@@ -5,6 +5,7 @@ what they saw before."""
 from __future__ import annotations
 
 import copy
+import io
 import pickle
 
 import pytest
@@ -17,6 +18,13 @@ from advisor.agent.agent import Agent
 from advisor.agent.hooks import install
 from advisor.records.samples import StepSample
 from advisor.records.settings import AgentSettings
+
+
+class Interrupt(nn.Module):
+    """Ctrl-C landing inside a forward (module level: a test pickles it)."""
+
+    def forward(self, x):
+        raise KeyboardInterrupt
 
 
 def net() -> nn.Module:
@@ -124,16 +132,42 @@ def test_an_interrupt_in_a_forward_is_mended_at_the_next_event(counted) -> None:
     _, _, calls = counted
     model, on = net(), pair()
 
-    class Interrupt(nn.Module):
-        def forward(self, x):
-            raise KeyboardInterrupt
-
     broken = nn.Sequential(nn.Linear(8, 8), Interrupt())
     with pytest.raises(KeyboardInterrupt):
         broken(torch.randn(2, 8))
     assert pair() != on
     model(torch.randn(2, 8)).sum().backward()  # unseen (the pair is off), then the backward mends
     assert pair() == on and not broken._forward_hooks
+    calls.clear()
+    model(torch.randn(2, 8))
+    assert calls == [model]
+    with pytest.raises(KeyboardInterrupt):
+        broken(torch.randn(2, 8))
+    buffer = io.BytesIO()
+    torch.save(broken, buffer)  # ``except KeyboardInterrupt: torch.save(model, path)``: it pickles
+    buffer.seek(0)
+    assert not torch.load(buffer, weights_only=False)._forward_hooks and pair() == on
+
+
+def test_a_backward_inside_a_forward_keeps_the_forward_lifted(counted) -> None:
+    """A module whose forward runs a backward of its own: the forward is still running, so the
+    pair stays off until it ends, and the next forward is a top-level one again."""
+    _, _, calls = counted
+    on = pair()
+
+    class Inner(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.before, self.after = nn.Linear(8, 8), nn.Linear(8, 8)
+
+        def forward(self, x):
+            w = torch.ones(1, requires_grad=True)
+            (w * 2).sum().backward()
+            return self.after(self.before(x))
+
+    model = nn.Sequential(Inner(), nn.Linear(8, 1))
+    model(torch.randn(2, 8))
+    assert calls == [model] and pair() == on
     calls.clear()
     model(torch.randn(2, 8))
     assert calls == [model]

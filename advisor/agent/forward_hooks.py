@@ -46,6 +46,19 @@ def dynamo_compiled() -> bool:
     return bool(counters and counters.get("frames", {}).get("total"))
 
 
+_CALL_IMPL = torch.nn.Module._call_impl.__code__
+
+
+def _running(module: torch.nn.Module | None) -> bool:
+    """Whether ``module``'s call is on this thread's stack (a frame walk: rare paths only)."""
+    frame = sys._getframe(1)
+    while frame is not None and module is not None:
+        if frame.f_code is _CALL_IMPL and frame.f_locals.get("self") is module:
+            return True
+        frame = frame.f_back
+    return False
+
+
 class ForwardHooks:
     """The global forward pre-hook and forward hook (``always_call``) of the agent, and their lifting."""
 
@@ -53,6 +66,7 @@ class ForwardHooks:
         self._pre, self._post = pre, post
         self._handles: list[Any] = []
         self._lifted: Any = None  # the top-level module's own forward hook while the pair is off
+        self._top: torch.nn.Module | None = None  # and that module
         self._scoped: list[Any] = []  # the scoped subscribers' modules' hooks while the pair is off
         self.liftable = not dynamo_compiled()  # False for good once anything is compiled
 
@@ -68,6 +82,15 @@ class ForwardHooks:
 
         torch.compile = compile  # type: ignore[assignment]
         add_undo(lambda: setattr(torch, "compile", original))
+        original_save = torch.save
+
+        @functools.wraps(original_save)
+        def save(*args: Any, **kwargs: Any) -> Any:
+            self.restore()  # a model saved whole after an interrupt in its forward: no hook of ours in it
+            return original_save(*args, **kwargs)
+
+        torch.save = save  # type: ignore[assignment]
+        add_undo(lambda: setattr(torch, "save", original_save))
         add_undo(self.remove)
 
     def remove(self) -> None:
@@ -92,6 +115,7 @@ class ForwardHooks:
             self.liftable = False
             return
         self._lifted = module.register_forward_hook(self._forward_ended, always_call=True)
+        self._top = module
         for inner in scoped:
             if inner is not module:  # first among its hooks, as the global pair's calls come
                 self._scoped += [inner.register_forward_pre_hook(self._pre, prepend=True),
@@ -130,14 +154,16 @@ class ForwardHooks:
             self._register()
 
     def restore(self) -> None:
-        """The pair back on, if a forward left it off (an interrupt skips the always-called hooks)."""
-        if self._lifted is not None:
+        """The pair back on, if a forward left it off (an interrupt skips the always-called hooks),
+        unless that forward is still running (a backward inside a module's forward)."""
+        if self._lifted is not None and not _running(self._top):
             self._drop_lifted()
             if not self._handles:
                 self._register()
 
     def _drop_lifted(self) -> None:
         self._drop_scoped()
+        self._top = None
         lifted, self._lifted = self._lifted, None
         if lifted is not None:
             lifted.remove()
