@@ -61,6 +61,8 @@ def test_a_light_forward_calls_the_hooks_for_its_top_level_module_only(counted) 
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     seen_inside: list[tuple[int, int]] = []
     model[1].register_forward_pre_hook(lambda module, args: seen_inside.append(pair()))
+    depth_in_own_hook: list[int] = []  # the model's own forward hook runs after the agent's, as the global one did
+    model.register_forward_hook(lambda module, args, out: depth_in_own_hook.append(agent._fwd_depth))
     for _ in range(3):
         calls.clear()
         model(torch.randn(4, 8)).square().mean().backward()
@@ -68,6 +70,7 @@ def test_a_light_forward_calls_the_hooks_for_its_top_level_module_only(counted) 
         opt.zero_grad()
         assert calls == [model]  # not its five other modules
     assert seen_inside == [(on[0] - 1, on[1] - 1)] * 3  # the pair off inside the forward
+    assert depth_in_own_hook == [0, 0, 0]
     assert pair() == on  # and back on after it
     unsubscribe = agent.module_events.subscribe(lambda m, a: None, lambda m, a, o: None)
     calls.clear()

@@ -114,7 +114,8 @@ class ForwardHooks:
         if dynamo_compiled():
             self.liftable = False
             return
-        self._lifted = module.register_forward_hook(self._forward_ended, always_call=True)
+        # First among its forward hooks, where the global one ran (before FSDP's post-forward work).
+        self._lifted = module.register_forward_hook(self._forward_ended, prepend=True, always_call=True)
         self._top = module
         for inner in scoped:
             if inner is not module:  # first among its hooks, as the global pair's calls come
