@@ -211,3 +211,33 @@ def test_a_checkpoints_recomputation_in_backward_runs_unhooked(counted) -> None:
     assert calls == [model]  # the recomputation's six module calls reached no hook of the agent
     assert during == [(on[0] - 1, on[1] - 1)] * 2  # off in the forward and in the recomputation
     assert pair() == on
+
+
+def test_a_module_compiled_inside_a_forward_is_compiled_once(counted) -> None:
+    """A module compiled at its first use inside the model's forward, on a deep step (the pair on:
+    dynamo guards on it): the pair stays on from the ``torch.compile`` call, so the light steps
+    after it match that trace (lifted, they would compile it again)."""
+    from torch._dynamo.utils import counters
+
+    agent, _, _ = counted
+
+    class Lazy(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj, self.act = nn.Linear(8, 8), nn.Sequential(nn.Tanh())
+            self.compiled: list = []  # not a submodule
+
+        def forward(self, x):
+            if not self.compiled:
+                self.compiled.append(torch.compile(self.act, backend="eager"))
+            return self.compiled[0](self.proj(x))
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = nn.Sequential(Lazy(), nn.Linear(8, 1))
+    unsubscribe = agent.module_events.subscribe(lambda m, a: None, lambda m, a, o: None)  # a deep step
+    model(torch.randn(2, 8)).sum().backward()
+    unsubscribe()
+    for _ in range(2):
+        model(torch.randn(2, 8)).sum().backward()
+    assert counters["stats"]["unique_graphs"] == 1

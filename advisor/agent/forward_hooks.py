@@ -77,7 +77,7 @@ class ForwardHooks:
         @functools.wraps(original)
         def compile(*args: Any, **kwargs: Any) -> Any:
             self.liftable = False  # before dynamo traces anything: the pair stays on
-            self.restore()
+            self.restore(force=True)  # inside a lifted forward too (a kernel compiled at first use)
             return original(*args, **kwargs)
 
         torch.compile = compile  # type: ignore[assignment]
@@ -154,10 +154,12 @@ class ForwardHooks:
         if not self._handles and self._lifted is None:
             self._register()
 
-    def restore(self) -> None:
+    def restore(self, *, force: bool = False) -> None:
         """The pair back on, if a forward left it off (an interrupt skips the always-called hooks),
-        unless that forward is still running (a backward inside a module's forward)."""
-        if self._lifted is not None and not _running(self._top):
+        unless that forward is still running (a backward inside a module's forward) and not
+        ``force``. Back on inside a forward is safe: the modules it entered took the fast path,
+        which runs no post-hook, and the top-level module's ends through the global one."""
+        if self._lifted is not None and (force or not _running(self._top)):
             self._drop_lifted()
             if not self._handles:
                 self._register()
