@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import io
 import pickle
+import sys
 
 import pytest
 import torch
@@ -31,9 +32,17 @@ def net() -> nn.Module:
     return nn.Sequential(nn.Linear(8, 16), nn.Sequential(nn.ReLU(), nn.Linear(16, 16)), nn.Linear(16, 1))
 
 
+def forget_compiles() -> None:
+    """Dynamo's counters are the process's: a compile in an earlier test keeps the pair on for good."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is not None:
+        utils.counters.clear()
+
+
 @pytest.fixture
 def counted():
     """(agent, emitted, calls): the agent's hooks installed, and each module its forward pre-hook saw."""
+    forget_compiles()
     emitted = Emitted()
     agent = Agent(emit=emitted.append, settings=AgentSettings(deep_steps=()))
     calls: list[nn.Module] = []
@@ -241,3 +250,50 @@ def test_a_module_compiled_inside_a_forward_is_compiled_once(counted) -> None:
     for _ in range(2):
         model(torch.randn(2, 8)).sum().backward()
     assert counters["stats"]["unique_graphs"] == 1
+    forget_compiles()
+
+
+def test_the_agents_own_forwards_run_with_the_pair_off(counted) -> None:
+    """A checkpoint trial's copy runs inside the agent's quiet context: unhooked, as a light step
+    runs the block the trial prices; the pair is back after it."""
+    agent, _, calls = counted
+    on = pair()
+    block = net()
+    with agent._quiet():
+        inside = pair()
+        block(torch.randn(2, 8)).sum().backward()
+    assert inside == (on[0] - 1, on[1] - 1) and pair() == on and calls == []
+
+
+def test_light_steps_after_deep_ones_with_every_probe_are_lifted() -> None:
+    """Deep steps with every probe (memory, compute, comm: their dispatch modes, profiler, trackers)
+    leave nothing that keeps the pair on: the light steps after them call the hooks once."""
+    from advisor.agent.probe_registry import build_probes
+
+    forget_compiles()
+    settings = AgentSettings(deep_steps=(1, 2), light_timing_every=0)
+    probes, warnings = build_probes(settings)
+    assert not warnings
+    agent = Agent(emit=Emitted().append, settings=settings, probes=probes)
+    calls: dict[int, int] = {}
+    original = agent.forward_pre
+
+    def forward_pre(module):
+        calls[agent.clock.step] = calls.get(agent.clock.step, 0) + 1
+        return original(module)
+
+    agent.forward_pre = forward_pre
+    model = net()
+    opt = torch.optim.Adam(model.parameters())
+    hooks = install(agent)
+    try:
+        for _ in range(5):
+            model(torch.randn(4, 8)).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    finally:
+        hooks.remove()
+        agent.close()
+    modules = len(list(model.modules()))
+    assert calls[1] == calls[2] == modules  # deep: every module
+    assert calls[0] == calls[3] == calls[4] == 1

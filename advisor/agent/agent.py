@@ -108,6 +108,8 @@ class Agent:
         self._stop_pending = False
         self.disabled = False
         self.interrupt_pending = False  # a Ctrl-C swallowed where Python ignores exceptions
+        # The module hooks lifted for the agent's own forwards (``hooks.install`` sets it: ForwardHooks.aside).
+        self.hooks_aside: Callable[[], contextlib.AbstractContextManager] | None = None
 
     @property
     def step(self) -> int:
@@ -223,6 +225,8 @@ class Agent:
         was, self.disabled = self.disabled, True
         try:
             with contextlib.ExitStack() as stack:
+                if self.hooks_aside is not None:  # the module hooks off: the copy runs as a light step does
+                    stack.enter_context(self.hooks_aside())
                 for probe in self.probes:
                     quiet = getattr(probe, "quiet", None)
                     if callable(quiet):

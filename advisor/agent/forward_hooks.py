@@ -28,9 +28,10 @@ dynamo another way), as it was before this lifting existed.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.nn.modules import module as nn_module
@@ -149,6 +150,17 @@ class ForwardHooks:
             handle.remove()
         self._handles = []
         return True
+
+    @contextlib.contextmanager
+    def aside(self) -> Iterator[None]:
+        """The pair off for the agent's own forwards and backwards between steps (a checkpoint
+        trial's copy of a block), which then run as a light step runs them; as it was after."""
+        lifted = self.lift_for_backward()
+        try:
+            yield
+        finally:
+            if lifted:
+                self.end_backward()
 
     def end_backward(self) -> None:
         if not self._handles and self._lifted is None:

@@ -91,6 +91,8 @@ def install(agent: Agent) -> InstalledHooks:
 
     forward = ForwardHooks(fwd_pre, fwd_post)
     forward.install(hooks.add)
+    agent.hooks_aside = forward.aside
+    hooks.add(lambda: setattr(agent, "hooks_aside", None))
     for handle in (
         optim_module.register_optimizer_step_pre_hook(opt_pre),
         optim_module.register_optimizer_step_post_hook(opt_post),
