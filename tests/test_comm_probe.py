@@ -77,6 +77,34 @@ def test_async_work_overlapped_by_compute_is_not_exposed(world_of_one):
     assert stat.exposed_s < stat.time_s  # it finished while the main thread computed
 
 
+def test_steps_without_collectives_book_nothing_and_the_first_call_is_timed_as_ever(world_of_one):
+    """Before any collective the probe follows the phase under way and books nothing (its light
+    steps' cost on a one-process job); a first call then gets the compute of the phase it was
+    issued in, as on a probe that saw calls all along."""
+    ctx = FakeContext()
+    probe = CommProbe()
+    probe.attach(ctx)
+    try:
+        for step in range(3):
+            for name in ("forward", "backward", "optimizer", "other"):
+                _phase(probe, ctx, name)
+            probe.on_step_end(ctx, step)
+            assert probe._compute == [] and probe._quiet_so_far
+        ctx.step = 3
+        _phase(probe, ctx, "backward")
+        work = dist.all_reduce(torch.ones(1000), async_op=True)
+        a = torch.randn(200, 200)
+        for _ in range(20):
+            a = a @ a / 200
+        _phase(probe, ctx, "other")
+        work.wait()
+        probe.on_step_end(ctx, 3)
+    finally:
+        probe.detach(ctx)
+    (stat,) = ctx.of_kind("collective")
+    assert stat.step == 3 and 0 <= stat.exposed_s < stat.time_s  # the backward's compute covered it
+
+
 def test_detach_removes_interception(world_of_one):
     ctx = FakeContext()
     probe = CommProbe()
