@@ -7,7 +7,8 @@
 The agent is installed as ``bench/overhead_inproc.py`` installs it (its records through a real
 ``AgentChannel``, deep probes off, light block timing on), and each of its callbacks (a forward
 pre/post hook, the backward's start and end, the optimizer's pre and post hooks, zero_grad) is
-timed with ``time.perf_counter_ns`` around it. Printed: calls and microseconds per step of each,
+timed with ``time.perf_counter_ns`` around it, and so is the lifting of the module hooks around a
+top-level forward and a backward (advisor/agent/forward_hooks.py). Printed: calls and microseconds per step of each,
 their sum, and that sum over the measured step time; then the channel's sender thread's CPU time
 per step over the same steps (``/proc``: user and system time, so its waits' kernel time too; the
 part it runs under the interpreter lock is what the training thread can wait for between ops). The callbacks run once a step between
@@ -37,12 +38,17 @@ from advisor.agent.hooks import install  # noqa: E402
 
 CALLBACKS = ("forward_pre", "forward_post", "backward_start", "backward_end", "optimizer_pre",
              "optimizer_post", "zero_grad_called")
+# advisor/agent/forward_hooks.py: taking the module hooks off for a top-level forward or a
+# backward and putting them back (the hooks call these beside the agent's callbacks).
+LIFTING = ("lift", "_forward_ended", "lift_for_backward", "end_backward")
 
 
-def timed_callbacks(agent, spent: dict[str, int], calls: dict[str, int]) -> None:
-    """Wrap each of ``agent``'s callbacks (an instance attribute over the method) to add its time."""
-    for name in CALLBACKS:
-        method = getattr(agent, name)
+def timed_callbacks(agent, spent: dict[str, int], calls: dict[str, int], owner=None, names=CALLBACKS) -> None:
+    """Wrap each of ``owner``'s (the agent's) callbacks ``names`` (an instance attribute over the
+    method) to add its time."""
+    owner = agent if owner is None else owner
+    for name in names:
+        method = getattr(owner, name)
 
         def timed(*args, _method=method, _name=name, **kwargs):
             start = time.perf_counter_ns()
@@ -52,7 +58,7 @@ def timed_callbacks(agent, spent: dict[str, int], calls: dict[str, int]) -> None
                 spent[_name] += time.perf_counter_ns() - start
                 calls[_name] += 1
 
-        setattr(agent, name, timed)
+        setattr(owner, name, timed)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     calls: dict[str, int] = defaultdict(int)
     timed_callbacks(agent, spent, calls)
     hooks = install(agent)
+    # The lifting's own calls, timed on their own (``_forward_ended`` calls ``forward_post``, timed
+    # above too: its row is the lifting's work around it).
+    timed_callbacks(agent, spent, calls, agent.hooks_aside.__self__, LIFTING)
     try:
         for _ in range(20):  # warm-up: the model found, the period learned
             step()
@@ -96,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'callback':18} {'calls/step':>10} {'us/step':>9}")
     for name in sorted(spent, key=lambda n: -spent[n]):
         print(f"{name:18} {calls[name] / ns.steps:10.1f} {spent[name] / ns.steps / 1e3:9.1f}")
-    total = sum(spent.values()) / ns.steps / 1e3
+    total = sum(spent[n] for n in spent if n != "_forward_ended") / ns.steps / 1e3  # forward_post is inside it
     print(f"{'all callbacks':18} {'':10} {total:9.1f}  = {total / (median * 1e6):.2%} of the median step")
     if sender_s == sender_s:  # not NaN: /proc was readable
         sender = sender_s / ns.steps * 1e6

@@ -16,6 +16,7 @@ from torch import nn
 from torch.nn.modules import module as nn_module
 
 from advisor.agent.agent import Agent
+from advisor.agent.forward_hooks import ForwardHooks
 from advisor.agent.hooks import install
 from advisor.records.samples import StepSample
 from advisor.records.settings import AgentSettings
@@ -40,9 +41,11 @@ def forget_compiles() -> None:
 
 
 @pytest.fixture
-def counted():
-    """(agent, emitted, calls): the agent's hooks installed, and each module its forward pre-hook saw."""
+def counted(monkeypatch):
+    """(agent, emitted, calls): the agent's hooks installed, and each module its forward pre-hook
+    saw; models of any size lifted (these tests' models are small)."""
     forget_compiles()
+    monkeypatch.setattr(ForwardHooks, "MIN_MODULES", 2)
     emitted = Emitted()
     agent = Agent(emit=emitted.append, settings=AgentSettings(deep_steps=()))
     calls: list[nn.Module] = []
@@ -259,18 +262,21 @@ def test_the_agents_own_forwards_run_with_the_pair_off(counted) -> None:
     agent, _, calls = counted
     on = pair()
     block = net()
+    net()(torch.randn(2, 8))  # the job's model: lifted, so the agent's own forwards are too
+    calls.clear()
     with agent._quiet():
         inside = pair()
         block(torch.randn(2, 8)).sum().backward()
     assert inside == (on[0] - 1, on[1] - 1) and pair() == on and calls == []
 
 
-def test_light_steps_after_deep_ones_with_every_probe_are_lifted() -> None:
+def test_light_steps_after_deep_ones_with_every_probe_are_lifted(monkeypatch) -> None:
     """Deep steps with every probe (memory, compute, comm: their dispatch modes, profiler, trackers)
     leave nothing that keeps the pair on: the light steps after them call the hooks once."""
     from advisor.agent.probe_registry import build_probes
 
     forget_compiles()
+    monkeypatch.setattr(ForwardHooks, "MIN_MODULES", 2)
     settings = AgentSettings(deep_steps=(1, 2), light_timing_every=0)
     probes, warnings = build_probes(settings)
     assert not warnings
@@ -297,3 +303,33 @@ def test_light_steps_after_deep_ones_with_every_probe_are_lifted() -> None:
     modules = len(list(model.modules()))
     assert calls[1] == calls[2] == modules  # deep: every module
     assert calls[0] == calls[3] == calls[4] == 1
+
+
+def test_a_small_model_keeps_the_pair_and_a_large_one_is_lifted() -> None:
+    """Lifting costs more than a few modules' hook calls: below ``MIN_MODULES`` the forward and
+    its backward keep the pair; at it, both are lifted."""
+    forget_compiles()
+    emitted = Emitted()
+    agent = Agent(emit=emitted.append, settings=AgentSettings(deep_steps=()))
+    calls: list[nn.Module] = []
+    original = agent.forward_pre
+
+    def forward_pre(module):
+        calls.append(module)
+        return original(module)
+
+    agent.forward_pre = forward_pre
+    small = net()
+    large = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(ForwardHooks.MIN_MODULES // 3 + 1)])
+    assert len(list(small.modules())) < ForwardHooks.MIN_MODULES <= len(list(large.modules()))
+    hooks = install(agent)
+    try:
+        during: list[int] = []
+        small[0].register_forward_pre_hook(lambda module, args: during.append(len(nn_module._global_forward_pre_hooks)))
+        small(torch.randn(2, 8)).sum().backward()
+        assert len(calls) == len(list(small.modules())) and during == [pair()[0]]
+        calls.clear()
+        large(torch.randn(2, 8)).sum().backward()
+        assert calls == [large]
+    finally:
+        hooks.remove()

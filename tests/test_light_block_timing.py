@@ -436,6 +436,9 @@ def test_a_timed_step_hooks_its_blocks_only(monkeypatch: pytest.MonkeyPatch) -> 
     from test_forward_hooks import forget_compiles
 
     forget_compiles()  # an earlier test's compile would keep the pair on
+    from advisor.agent.forward_hooks import ForwardHooks
+
+    monkeypatch.setattr(ForwardHooks, "MIN_MODULES", 2)  # this Net is small
     inner: list[tuple[int, int]] = []
     model.blocks[1].inner.register_forward_pre_hook(
         lambda module, args: inner.append((len(nn_module._global_forward_pre_hooks), len(model.blocks[1]._forward_hooks))))

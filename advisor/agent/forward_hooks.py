@@ -31,10 +31,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+from collections import OrderedDict
 from typing import Any, Callable, Iterator
 
 import torch
 from torch.nn.modules import module as nn_module
+from torch.utils.hooks import RemovableHandle
 
 PreHook = Callable[[torch.nn.Module, Any], None]
 PostHook = Callable[[torch.nn.Module, Any, Any], None]
@@ -61,18 +63,36 @@ def _running(module: torch.nn.Module | None) -> bool:
 
 
 class ForwardHooks:
-    """The global forward pre-hook and forward hook (``always_call``) of the agent, and their lifting."""
+    """The global forward pre-hook and forward hook (``always_call``) of the agent, and their lifting.
+
+    The pair is registered once (``register_module_forward_*``); lifting takes its two entries out
+    of PyTorch's global hook dicts and puts them back under the same ids, and the top-level
+    module's end hook goes into that module's hook dicts under an id of its own: a handle made
+    and removed per step cost 100 us of a 20 ms step in place (``bench/light_step_cost.py``), dict
+    operations a few. Nothing is lifted while another global module hook exists: PyTorch's slow
+    path would stay on for every module anyway.
+    """
+
+    # A lifted forward costs about 40 us in place and saves 3.5 us per module call inside it
+    # (``bench/light_step_cost.py``, ``bench/module_hooks.py``): below this many modules it is not worth it.
+    MIN_MODULES = 32
 
     def __init__(self, pre: PreHook, post: PostHook) -> None:
         self._pre, self._post = pre, post
-        self._handles: list[Any] = []
-        self._lifted: Any = None  # the top-level module's own forward hook while the pair is off
-        self._top: torch.nn.Module | None = None  # and that module
+        self._sizes: dict[int, int] = {}  # id(module) -> its module count, once read (an id reused: a guess)
+        self._backward_too = False  # a top-level forward was lifted since the last backward: it is too
+        self._ever_lifted = False  # the job's model is large enough: the agent's own forwards are too
+        self._handles: list[Any] = []  # the pair's registration (removed at uninstall)
+        self._on = False  # the pair's entries are in the global dicts
+        self._end_id = RemovableHandle(OrderedDict()).id  # a hook id no one else holds
+        self._top: torch.nn.Module | None = None  # the lifted top-level module: its end hook in place
         self._scoped: list[Any] = []  # the scoped subscribers' modules' hooks while the pair is off
         self.liftable = not dynamo_compiled()  # False for good once anything is compiled
 
     def install(self, add_undo: Callable[[Callable[[], None]], None]) -> None:
-        self._register()
+        self._handles = [nn_module.register_module_forward_pre_hook(self._pre),
+                         nn_module.register_module_forward_hook(self._post, always_call=True)]
+        self._on = True
         original = torch.compile
 
         @functools.wraps(original)
@@ -98,64 +118,90 @@ class ForwardHooks:
         self._drop_lifted()
         for handle in self._handles:
             handle.remove()
-        self._handles = []
+        self._handles, self._on = [], False
 
-    def _register(self) -> None:
-        self._handles = [nn_module.register_module_forward_pre_hook(self._pre),
-                         nn_module.register_module_forward_hook(self._post, always_call=True)]
+    # -- the pair's entries ----------------------------------------------------------------
+    def _can_lift(self) -> bool:
+        """The pair is on, alone among global module hooks, and nothing was compiled."""
+        if not (self.liftable and self._on):
+            return False
+        if dynamo_compiled():
+            self.liftable = False
+            return False
+        return (len(nn_module._global_forward_pre_hooks) == 1 and len(nn_module._global_forward_hooks) == 1
+                and not nn_module._global_backward_hooks and not nn_module._global_backward_pre_hooks)
 
+    def _off(self) -> None:
+        pre, post = self._handles
+        del nn_module._global_forward_pre_hooks[pre.id], nn_module._global_forward_hooks[post.id]
+        self._on = False  # (the post's ``always_call`` entry stays: read only beside its hook)
+
+    def _back_on(self) -> None:
+        if not self._on and self._handles:
+            pre, post = self._handles
+            nn_module._global_forward_pre_hooks[pre.id] = self._pre
+            nn_module._global_forward_hooks[post.id] = self._post
+            self._on = True
+
+    # -- a top-level forward ---------------------------------------------------------------
     def lift(self, module: torch.nn.Module, scoped: list[torch.nn.Module] = ()) -> None:  # type: ignore[assignment]
         """``module``'s top-level forward starts (the pre-hook's call): take the pair off until it
         ends. ``scoped``: the modules a scoped subscriber follows (a block-timed step's blocks),
         which get the pair's calls through hooks of their own for the forward's length. The
         caller checks that no subscriber follows every module."""
         self._drop_lifted()  # one an exception left behind (the pair is on: this is its pre-hook)
-        if not self.liftable or not self._handles or not module._modules:
-            return  # a leaf (a loss module) saves nothing; compiled code must see one state
-        if dynamo_compiled():
-            self.liftable = False
+        if not module._modules:
+            return  # a leaf (a loss module): nothing inside it to save
+        size = self._sizes.get(id(module))
+        if size is None:
+            size = self._sizes[id(module)] = sum(1 for _ in module.modules())
+        if size < self.MIN_MODULES or not self._can_lift():  # compiled code must see one state
             return
+        self._backward_too = self._ever_lifted = True
         # First among its forward hooks, where the global one ran (before FSDP's post-forward work).
-        self._lifted = module.register_forward_hook(self._forward_ended, prepend=True, always_call=True)
+        hooks = module._forward_hooks
+        hooks[self._end_id] = self._forward_ended
+        hooks.move_to_end(self._end_id, last=False)
+        module._forward_hooks_always_called[self._end_id] = True
         self._top = module
         for inner in scoped:
             if inner is not module:  # first among its hooks, as the global pair's calls come
                 self._scoped += [inner.register_forward_pre_hook(self._pre, prepend=True),
                                  inner.register_forward_hook(self._post, prepend=True, always_call=True)]
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        self._off()
 
     def _forward_ended(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         self._post(module, args, output)
         self._drop_scoped()
         if sys.exc_info()[0] is None:
             # ``_call_impl`` calls forward hooks from a copy of its dict: removing this one is safe.
-            # On an exception it iterates the live dict: the next ``restore`` removes it.
+            # On an exception it iterates the live dict: the next ``restore`` or lift removes it.
             self._drop_lifted()
-        if not self._handles:
-            self._register()
+        self._back_on()
 
+    # -- a backward, the agent's own work --------------------------------------------------
     def lift_for_backward(self) -> bool:
         """Take the pair off for a backward (the agent reads no forward inside one: a checkpoint's
         recomputation would otherwise pay the per-module cost its forward, lifted, did not);
         True when taken off, and ``end_backward`` puts it back. The caller checks that no
         subscriber follows every module."""
-        if not self.liftable or not self._handles or self._lifted is not None:
+        lifted_forward, self._backward_too = self._backward_too, False
+        if not lifted_forward:
+            return False  # its forward ran with the pair: so does a recomputation in it
+        return self._lift_now()
+
+    def _lift_now(self) -> bool:
+        if self._top is not None or not self._can_lift():
             return False
-        if dynamo_compiled():
-            self.liftable = False
-            return False
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        self._off()
         return True
 
     @contextlib.contextmanager
     def aside(self) -> Iterator[None]:
         """The pair off for the agent's own forwards and backwards between steps (a checkpoint
-        trial's copy of a block), which then run as a light step runs them; as it was after."""
-        lifted = self.lift_for_backward()
+        trial's copy of a block), which then run as the light step they price runs them; as it
+        was after."""
+        lifted = self._ever_lifted and self._lift_now()
         try:
             yield
         finally:
@@ -163,25 +209,24 @@ class ForwardHooks:
                 self.end_backward()
 
     def end_backward(self) -> None:
-        if not self._handles and self._lifted is None:
-            self._register()
+        if self._top is None:
+            self._back_on()
 
     def restore(self, *, force: bool = False) -> None:
         """The pair back on, if a forward left it off (an interrupt skips the always-called hooks),
         unless that forward is still running (a backward inside a module's forward) and not
         ``force``. Back on inside a forward is safe: the modules it entered took the fast path,
         which runs no post-hook, and the top-level module's ends through the global one."""
-        if self._lifted is not None and (force or not _running(self._top)):
+        if self._top is not None and (force or not _running(self._top)):
             self._drop_lifted()
-            if not self._handles:
-                self._register()
+            self._back_on()
 
     def _drop_lifted(self) -> None:
         self._drop_scoped()
-        self._top = None
-        lifted, self._lifted = self._lifted, None
-        if lifted is not None:
-            lifted.remove()
+        top, self._top = self._top, None
+        if top is not None:
+            top._forward_hooks.pop(self._end_id, None)
+            top._forward_hooks_always_called.pop(self._end_id, None)
 
     def _drop_scoped(self) -> None:
         scoped, self._scoped = self._scoped, []
@@ -190,4 +235,4 @@ class ForwardHooks:
 
     @property
     def lifted(self) -> bool:
-        return self._lifted is not None and not self._handles
+        return self._top is not None and not self._on
