@@ -26,6 +26,18 @@ def _phase(probe: CommProbe, ctx: FakeContext, name: str) -> None:
     probe.on_phase(ctx, name, time.perf_counter())
 
 
+def _overlapped_all_reduce(probe: CommProbe, ctx: FakeContext, step: int) -> None:
+    """Step ``step``: an async all-reduce issued in backward, compute while it runs, its wait after."""
+    _phase(probe, ctx, "backward")
+    work = dist.all_reduce(torch.ones(1000), async_op=True)
+    a = torch.randn(200, 200)
+    for _ in range(20):  # compute while the all-reduce runs
+        a = a @ a / 200
+    _phase(probe, ctx, "other")
+    work.wait()
+    probe.on_step_end(ctx, step)
+
+
 def test_explicit_calls_recorded_with_bytes_and_seq(world_of_one):
     ctx = FakeContext(settings=AgentSettings())
     probe = CommProbe()
@@ -62,14 +74,7 @@ def test_async_work_overlapped_by_compute_is_not_exposed(world_of_one):
     probe = CommProbe()
     probe.attach(ctx)
     try:
-        _phase(probe, ctx, "backward")
-        work = dist.all_reduce(torch.ones(1000), async_op=True)
-        a = torch.randn(200, 200)
-        for _ in range(20):  # compute while the all-reduce runs
-            a = a @ a / 200
-        _phase(probe, ctx, "other")
-        work.wait()
-        probe.on_step_end(ctx, 0)
+        _overlapped_all_reduce(probe, ctx, 0)
     finally:
         probe.detach(ctx)
     (stat,) = ctx.of_kind("collective")
@@ -91,14 +96,7 @@ def test_steps_without_collectives_book_nothing_and_the_first_call_is_timed_as_e
             probe.on_step_end(ctx, step)
             assert probe._compute == [] and probe._quiet_so_far
         ctx.step = 3
-        _phase(probe, ctx, "backward")
-        work = dist.all_reduce(torch.ones(1000), async_op=True)
-        a = torch.randn(200, 200)
-        for _ in range(20):
-            a = a @ a / 200
-        _phase(probe, ctx, "other")
-        work.wait()
-        probe.on_step_end(ctx, 3)
+        _overlapped_all_reduce(probe, ctx, 3)
     finally:
         probe.detach(ctx)
     (stat,) = ctx.of_kind("collective")

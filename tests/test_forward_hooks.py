@@ -40,12 +40,8 @@ def forget_compiles() -> None:
         utils.counters.clear()
 
 
-@pytest.fixture
-def counted(monkeypatch):
-    """(agent, emitted, calls): the agent's hooks installed, and each module its forward pre-hook
-    saw; models of any size lifted (these tests' models are small)."""
-    forget_compiles()
-    monkeypatch.setattr(ForwardHooks, "MIN_MODULES", 2)
+def counting_agent() -> tuple[Agent, Emitted, list[nn.Module]]:
+    """(agent, emitted, calls): an agent without deep steps, and each module its forward pre-hook sees."""
     emitted = Emitted()
     agent = Agent(emit=emitted.append, settings=AgentSettings(deep_steps=()))
     calls: list[nn.Module] = []
@@ -56,6 +52,16 @@ def counted(monkeypatch):
         return original(module)
 
     agent.forward_pre = forward_pre
+    return agent, emitted, calls
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """(agent, emitted, calls): the agent's hooks installed, and each module its forward pre-hook
+    saw; models of any size lifted (these tests' models are small)."""
+    forget_compiles()
+    monkeypatch.setattr(ForwardHooks, "MIN_MODULES", 2)
+    agent, emitted, calls = counting_agent()
     hooks = install(agent)
     try:
         yield agent, emitted, calls
@@ -309,16 +315,7 @@ def test_a_small_model_keeps_the_pair_and_a_large_one_is_lifted() -> None:
     """Lifting costs more than a few modules' hook calls: below ``MIN_MODULES`` the forward and
     its backward keep the pair; at it, both are lifted."""
     forget_compiles()
-    emitted = Emitted()
-    agent = Agent(emit=emitted.append, settings=AgentSettings(deep_steps=()))
-    calls: list[nn.Module] = []
-    original = agent.forward_pre
-
-    def forward_pre(module):
-        calls.append(module)
-        return original(module)
-
-    agent.forward_pre = forward_pre
+    agent, _, calls = counting_agent()
     small = net()
     large = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(ForwardHooks.MIN_MODULES // 3 + 1)])
     assert len(list(small.modules())) < ForwardHooks.MIN_MODULES <= len(list(large.modules()))
