@@ -330,3 +330,17 @@ def test_a_small_model_keeps_the_pair_and_a_large_one_is_lifted() -> None:
         assert calls == [large]
     finally:
         hooks.remove()
+
+
+def test_module_counts_remembered_stay_bounded(monkeypatch) -> None:
+    """A script that builds a new top-level module every step: the counts kept by id stay bounded."""
+    from advisor.agent import forward_hooks
+
+    monkeypatch.setattr(forward_hooks, "MAX_SIZES", 8)
+    hooks = ForwardHooks(lambda m, a: None, lambda m, a, o: None)
+    kept = []
+    for _ in range(50):
+        module = nn.Sequential(nn.ReLU())
+        kept.append(module)  # alive: ids not reused
+        hooks.lift(module)
+    assert len(hooks._sizes) <= 8

@@ -50,6 +50,7 @@ def dynamo_compiled() -> bool:
 
 
 _CALL_IMPL = torch.nn.Module._call_impl.__code__
+MAX_SIZES = 4096  # module counts remembered (by id) before they are read again
 
 
 def _running(module: torch.nn.Module | None) -> bool:
@@ -154,6 +155,8 @@ class ForwardHooks:
             return  # a leaf (a loss module): nothing inside it to save
         size = self._sizes.get(id(module))
         if size is None:
+            if len(self._sizes) >= MAX_SIZES:  # a script building a top-level module every step: bounded
+                self._sizes.clear()
             size = self._sizes[id(module)] = sum(1 for _ in module.modules())
         if size < self.MIN_MODULES or not self._can_lift():  # compiled code must see one state
             return
