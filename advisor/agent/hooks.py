@@ -83,7 +83,8 @@ def install(agent: Agent) -> InstalledHooks:
         call(optimizer)
 
     def opt_pre(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        forward.restore()
+        if not compiling():  # (a compiled step traces this hook: nothing of ours for dynamo to guard on)
+            forward.restore()
         boundary_work(agent.optimizer_pre, optimizer)
 
     def opt_post(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
