@@ -6,8 +6,8 @@ adds its Python on top: a cost per module per step that grew with the model (a 5
 paid it 10,000 times a step). Outside the deep and block-timed steps nothing needs a module's
 event below the top level: the agent's phases, its model discovery and its step boundaries read
 the top-level forward only (``Agent.forward_pre`` says which call that is). So at a top-level
-forward with children, while no probe subscribes to module events, the pair is taken off for
-the forward's length: the module's calls inside take the fast path. One forward hook on the
+forward of a model of ``MIN_MODULES`` or more, while no probe follows every module, the pair is
+taken off for the forward's length: the module's calls inside take the fast path. One forward hook on the
 top-level module itself (``always_call``, so an exception ends it too) sees the forward end and
 puts the pair back; it is removed at once, so nothing of the agent is left on the script's
 module between its forwards (a ``torch.save(model)`` or a ``copy.deepcopy`` would carry it).
@@ -32,7 +32,7 @@ import contextlib
 import functools
 import sys
 from collections import OrderedDict
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch.nn.modules import module as nn_module
@@ -145,7 +145,7 @@ class ForwardHooks:
             self._on = True
 
     # -- a top-level forward ---------------------------------------------------------------
-    def lift(self, module: torch.nn.Module, scoped: list[torch.nn.Module] = ()) -> None:  # type: ignore[assignment]
+    def lift(self, module: torch.nn.Module, scoped: Sequence[torch.nn.Module] = ()) -> None:
         """``module``'s top-level forward starts (the pre-hook's call): take the pair off until it
         ends. ``scoped``: the modules a scoped subscriber follows (a block-timed step's blocks),
         which get the pair's calls through hooks of their own for the forward's length. The
@@ -235,7 +235,3 @@ class ForwardHooks:
         scoped, self._scoped = self._scoped, []
         for handle in scoped:
             handle.remove()
-
-    @property
-    def lifted(self) -> bool:
-        return self._top is not None and not self._on
