@@ -18,7 +18,6 @@ their range). Targets (issue 37) at 5001 modules and
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -29,6 +28,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from overhead import report_steps  # noqa: E402  (a run's deep and block-timed steps, from its report)
 SCRIPT = ROOT / "bench" / "models" / "many_modules.py"
 FIGURE = re.compile(r"^(train s|peak rss) (\S+)")
 STEP = re.compile(r"^step (\d+) loss \S+ s (\S+)")
@@ -47,20 +48,12 @@ def run(cmd: list[str], env: dict[str, str], report: Path | None = None) -> dict
     if report is None:
         out["light"] = statistics.median(t for i, t in steps.items() if i >= 1)
         return out
-    light, deep = step_kinds(json.loads(report.read_text()))
-    out["light"] = statistics.median(steps[i] for i in light if i in steps)
+    deep, timed = report_steps(report)
+    # Ordinary steps: not step 0, not deep, not block-timed, not right after a deep step.
+    light = [t for i, t in steps.items() if i >= 1 and i not in deep and i not in timed and i - 1 not in deep]
+    out["light"] = statistics.median(light)
     out["deep"] = statistics.median(steps[i] for i in deep if i in steps) if deep else float("nan")
     return out
-
-
-def step_kinds(report: dict) -> tuple[list[int], list[int]]:
-    """(light, deep): the report's ordinary steps (not step 0, not deep, not block-timed, not right
-    after a deep step) and its deep steps, by index."""
-    rows = {s["index"]: s for s in report["steps"] if s.get("rank", 0) == 0}
-    deep = [i for i, s in rows.items() if s.get("deep")]
-    light = [i for i, s in rows.items() if i >= 1 and not s.get("deep") and not s.get("module_forward_s")
-             and not rows.get(i - 1, {}).get("deep")]
-    return light, deep
 
 
 def ratio_text(ratios: list[float]) -> str:
