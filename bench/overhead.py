@@ -6,6 +6,7 @@
     python bench/overhead.py --inproc [ARGS]    # the in-process mode: bench/overhead_inproc.py ARGS
     python bench/overhead.py --script bench/models/chain.py --script-args "--dim 256 --widths 1024,1024,1024,1024" \
         --reps 8 --steps 60                     # a plain MLP (issue 37's 20 ms step)
+    python bench/overhead.py --split ...        # also the agent without its controller process
 
 Runs ``python examples/gpt.py --steps N`` bare and under
 ``python -m advisor attach --headless --steps N --json R examples/gpt.py --steps N``
@@ -109,8 +110,12 @@ def timed_run(cmd: list[str], env: dict[str, str], config: str, rep: int) -> Run
     return run
 
 
+ALONE = "agent, no controller"  # the --split configuration's label
+
+
 def configurations(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
-    """(label, command without --json) for bare, advisor with --probes, advisor with --probes none."""
+    """(label, command without --json) for bare, advisor with --probes, advisor with --probes none,
+    and with ``--split`` the training process's agent alone (``alone_env``)."""
     script = [str(args.script), "--steps", str(args.steps), *shlex.split(args.script_args)]
     attach = [sys.executable, "-m", "advisor", "attach", "--headless", "--steps", str(args.steps)]
     probes = args.probes or "all"
@@ -119,7 +124,28 @@ def configurations(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
            (f"advisor --probes {probes}", [*attach, *extra, *script])]
     if probes != "none":
         out.append(("advisor --probes none", [*attach, "--probes", "none", *script]))
+    if args.split:
+        if str(ROOT) not in sys.path:  # (run from a checkout that is not installed)
+            sys.path.append(str(ROOT))
+        from advisor.launch import BOOTSTRAP, python_command
+
+        out.append((ALONE, python_command(BOOTSTRAP, script)))
     return out
+
+
+def alone_env(args: argparse.Namespace, session_dir: Path) -> dict[str, str]:
+    """What the controller gives a training process (its settings: --probes, --steps), less the
+    controller's socket: the agent runs and spills its records to ``session_dir``, and no
+    controller process shares the machine. Against attach, this splits what the training process
+    pays from what a second process on the cores costs it."""
+    from advisor.records.settings import AgentSettings, encode_settings
+
+    probes = tuple(p for p in (args.probes or "all").split(",") if p not in ("", "none", "all"))
+    settings = AgentSettings(max_steps=args.steps) if (args.probes or "all") == "all" else \
+        AgentSettings(probes=probes, max_steps=args.steps)
+    session_dir.mkdir(mode=0o700)
+    return {"ADVISOR_CONFIG": encode_settings(settings), "ADVISOR_SESSION_DIR": str(session_dir),
+            "PYTHONUNBUFFERED": "1", "KINETO_LOG_LEVEL": "6"}
 
 
 def with_json(cmd: list[str], path: Path, script: Path) -> list[str]:
@@ -204,10 +230,11 @@ def measure(args: argparse.Namespace) -> list[Run]:
             shift = rep % len(configs)  # rotate the order so no configuration always runs first
             for label, cmd in configs[shift:] + configs[:shift]:
                 report = Path(tmp) / f"r{rep}-{len(runs)}.json"
-                advised = label != "bare"
+                advised = label not in ("bare", ALONE)
                 full = with_json(cmd, report, args.script) if advised else cmd
                 print(f"  rep {rep + 1}/{args.reps} {label:24s} ...", end="", flush=True, file=sys.stderr)
-                run = timed_run(full, env, label, rep)
+                extra = alone_env(args, Path(tmp) / f"s{rep}") if label == ALONE else {}
+                run = timed_run(full, {**env, **extra}, label, rep)
                 if advised:
                     run.deep, run.timed = report_steps(report)
                 print(f" {len(run.stamps)} step lines in {run.wall_s:.1f} s", file=sys.stderr)
@@ -253,6 +280,10 @@ def summarise(runs: list[Run], args: argparse.Namespace, commands: list[tuple[st
     print(f"steady-state steps compared: {len(kept)} per run (indices {kept[0]}..{kept[-1]}); "
           f"excluded warm-up 0..{args.warmup - 1} and deep steps {deep} with neighbours")
     for label, cmd in commands:
+        if label == ALONE:
+            print(f"  {label:24s} advisor.agent.bootstrap {os.path.relpath(args.script, ROOT)} ... with the "
+                  "settings of attach and no socket (records spilled to a file)")
+            continue
         shown = with_json(cmd, Path("R"), args.script) if label != "bare" else cmd
         print(f"  {label:24s} {display(shown, args.script)}")
     print()
@@ -300,6 +331,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="the training script (default examples/gpt.py); it takes --steps N and prints "
                         "'step i loss x' lines")
     p.add_argument("--script-args", default="", help='extra arguments for the script, e.g. "--layers 8"')
+    p.add_argument("--split", action="store_true",
+                   help="also run the training process's agent alone, without the controller process (the "
+                        "settings attach gives it, records spilled to a file): what the training process pays "
+                        "against what the second process costs it")
     args = p.parse_args(argv)
     args.script = args.script.resolve()
     if args.steps < args.warmup + 3 or args.reps < 1:
