@@ -64,6 +64,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # --split imports the advisor: also from a checkout that is not installed
+    sys.path.append(str(ROOT))
 SCRIPT = ROOT / "examples" / "gpt.py"  # the default --script
 BOOTSTRAP_RESAMPLES = 2000
 STEP_LINE = re.compile(rb"^step (\d+) loss (\S+)\s*$")
@@ -125,8 +127,6 @@ def configurations(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
     if probes != "none":
         out.append(("advisor --probes none", [*attach, "--probes", "none", *script]))
     if args.split:
-        if str(ROOT) not in sys.path:  # (run from a checkout that is not installed)
-            sys.path.append(str(ROOT))
         from advisor.launch import BOOTSTRAP, python_command
 
         out.append((ALONE, python_command(BOOTSTRAP, script)))
@@ -138,11 +138,9 @@ def alone_env(args: argparse.Namespace, session_dir: Path) -> dict[str, str]:
     controller's socket: the agent runs and spills its records to ``session_dir``, and no
     controller process shares the machine. Against attach, this splits what the training process
     pays from what a second process on the cores costs it."""
-    from advisor.records.settings import AgentSettings, encode_settings
+    from advisor.records.settings import AgentSettings, encode_settings, probe_names
 
-    probes = tuple(p for p in (args.probes or "all").split(",") if p not in ("", "none", "all"))
-    settings = AgentSettings(max_steps=args.steps) if (args.probes or "all") == "all" else \
-        AgentSettings(probes=probes, max_steps=args.steps)
+    settings = AgentSettings(probes=tuple(probe_names(args.probes)), max_steps=args.steps)
     session_dir.mkdir(mode=0o700)
     return {"ADVISOR_CONFIG": encode_settings(settings), "ADVISOR_SESSION_DIR": str(session_dir),
             "PYTHONUNBUFFERED": "1", "KINETO_LOG_LEVEL": "6"}
